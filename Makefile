@@ -1,0 +1,59 @@
+# vgpud — build, test and run. `make help` lists the targets.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+export CGO_ENABLED := 1
+# go-nvml wraps deprecated NVML calls; their warnings are not ours.
+export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
+# Keep builds and tests within two cores.
+GOFLAGS_PAR ?= -p 2
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/vgpud/vgpud/pkg/version.Version=$(VERSION)
+PREFIX ?= /usr/local
+DESTDIR ?=
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: all build deps test unit e2e bench bench-placement bench-metrics soak demo lint fuzz install uninstall man clean help
+
+all: build
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+build: ## build bin/vgpud and bin/vgpuctl
+	$(GO) build $(GOFLAGS_PAR) -trimpath -ldflags '$(LDFLAGS)' -o bin/ ./cmd/vgpud ./cmd/vgpuctl
+
+deps: ## install the system packages (Debian; root)
+	scripts/install-deps.sh
+
+test: deps build unit e2e ## the whole suite: unit tests, fuzz seed corpora, e2e
+
+unit: ## unit tests (race detector on), fuzz seed corpora included
+	$(GO) test $(GOFLAGS_PAR) -race -count=1 ./pkg/... ./cmd/... ./profiles/...
+
+e2e: build ## end-to-end tests against the built binaries and real services
+	$(GO) test $(GOFLAGS_PAR) -count=1 -timeout 30m ./e2e/...
+
+bench: ## Go benchmarks and the scripted comparisons
+	$(GO) test $(GOFLAGS_PAR) -run '^$$' -bench . -benchmem ./pkg/...
+
+fuzz: ## run each fuzz target for FUZZTIME (default 20s)
+	scripts/fuzz.sh $(or $(FUZZTIME),20s)
+
+demo: deps build ## the main job on the built-in simulated host
+	scripts/demo.sh
+
+lint: ## gofmt, go vet, staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+install: build ## install into $(DESTDIR)$(PREFIX)
+	install -D -m 0755 bin/vgpud $(DESTDIR)$(PREFIX)/sbin/vgpud
+	install -D -m 0755 bin/vgpuctl $(DESTDIR)$(PREFIX)/bin/vgpuctl
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/sbin/vgpud $(DESTDIR)$(PREFIX)/bin/vgpuctl
+
+clean:
+	rm -rf bin/

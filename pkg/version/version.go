@@ -1,0 +1,6 @@
+// Package version holds the build's version string, set by the linker
+// (make build) and printed by vgpud --version and vgpuctl --version.
+package version
+
+// Version is overwritten at link time with -X.
+var Version = "dev"
