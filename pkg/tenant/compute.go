@@ -1,0 +1,34 @@
+package tenant
+
+// Entitled compute per instance, in milli-GPU (see ARCHITECTURE.md,
+// "Shares"). Every helper rounds down, so the entitlements of instances that
+// fill a GPU never add up to more than the GPU (seven 1/7 MIG slices give
+// 7 × 142 = 994, not 1001), and admission against a compute quota never
+// counts an instance as more than it gets.
+
+// PassthroughComputeMilli is the entitlement of a whole GPU handed to one VM.
+const PassthroughComputeMilli uint64 = 1000
+
+// MIGComputeMilli is a MIG instance's entitlement: its GPU instance's
+// compute slices over the GPU's compute-slice grid, times 1000, rounded
+// down (3 of 7 slices is 428). MIG isolates compute in hardware, so this is
+// what the instance gets whatever its neighbours do. Arguments out of range
+// (grid not positive, slices negative or above grid) give 0: a bad catalog
+// entry then entitles nothing rather than more than a GPU.
+func MIGComputeMilli(giComputeSlices, gridComputeSlices int) uint64 {
+	if gridComputeSlices <= 0 || giComputeSlices < 0 || giComputeSlices > gridComputeSlices {
+		return 0
+	}
+	return uint64(giComputeSlices) * 1000 / uint64(gridComputeSlices)
+}
+
+// TimeSlicedComputeMilli is a time-sliced vGPU's entitlement under the
+// FIXED_SHARE scheduler: 1000 over the vGPU type's maximum instances per
+// GPU, rounded down (a type with 3 per GPU gets 333). A non-positive
+// maximum gives 0.
+func TimeSlicedComputeMilli(maxInstances int) uint64 {
+	if maxInstances <= 0 {
+		return 0
+	}
+	return 1000 / uint64(maxInstances)
+}
