@@ -1,0 +1,175 @@
+package store
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/tenant"
+)
+
+// Tenant is a stored tenant.
+type Tenant struct {
+	tenant.Tenant
+	// Generation is set by the store: 1 when the record is created, one
+	// more on every put.
+	Generation uint64 `json:"generation"`
+}
+
+// InstanceKind is how an instance is carved from its GPU.
+type InstanceKind string
+
+const (
+	KindMIG         InstanceKind = "mig"
+	KindVGPU        InstanceKind = "vgpu"
+	KindMIGVGPU     InstanceKind = "mig-vgpu"
+	KindPassthrough InstanceKind = "passthrough"
+)
+
+// InstanceState is where an instance is in its life.
+type InstanceState string
+
+const (
+	StateCreating   InstanceState = "creating"
+	StateReady      InstanceState = "ready"
+	StateFailed     InstanceState = "failed"
+	StateLost       InstanceState = "lost"
+	StateDestroying InstanceState = "destroying"
+)
+
+// Flow is the vGPU creation flow (see the host-interfaces reference).
+type Flow string
+
+const (
+	FlowMdev Flow = "mdev"
+	FlowVFIO Flow = "vfio"
+)
+
+// Instance is a MIG instance, vGPU or passed-through GPU held by a tenant.
+type Instance struct {
+	UUID    string       `json:"uuid"`
+	Tenant  string       `json:"tenant"`
+	Kind    InstanceKind `json:"kind"`
+	Profile string       `json:"profile"` // the profile name as requested
+	Model   string       `json:"model"`   // catalog model name of the GPU
+	GPUUUID string       `json:"gpuUUID"`
+	GPUPCI  string       `json:"gpuPCI"`
+
+	// MIG parts; -1 when unused.
+	GIProfileID int `json:"giProfileID"`
+	GIStart     int `json:"giStart"`
+	GISize      int `json:"giSize"`
+	GIID        int `json:"giID"`
+	CIProfileID int `json:"ciProfileID"`
+	CIID        int `json:"ciID"`
+
+	// vGPU parts.
+	TypeID     int    `json:"typeID"`
+	TypeName   string `json:"typeName,omitempty"`
+	Flow       Flow   `json:"flow,omitempty"`
+	MdevUUID   string `json:"mdevUUID,omitempty"`
+	MdevParent string `json:"mdevParent,omitempty"`
+	VF         string `json:"vf,omitempty"`
+
+	VRAMBytes    uint64 `json:"vramBytes"`
+	ComputeMilli uint64 `json:"computeMilli"`
+
+	State   InstanceState `json:"state"`
+	Reason  string        `json:"reason,omitempty"`
+	Created time.Time     `json:"created"`
+	Updated time.Time     `json:"updated"`
+	// Generation is set by the store, as for Tenant.
+	Generation uint64 `json:"generation"`
+}
+
+// Attachment records that an instance is a hostdev of a libvirt domain.
+// An instance has at most one.
+type Attachment struct {
+	Instance   string    `json:"instance"` // instance UUID
+	Domain     string    `json:"domain"`
+	DomainUUID string    `json:"domainUUID"`
+	URI        string    `json:"uri"` // libvirt connection URI
+	Live       bool      `json:"live"`
+	Created    time.Time `json:"created"`
+}
+
+// Op is the operation an intent records.
+type Op string
+
+const (
+	OpCreate    Op = "create"
+	OpDestroy   Op = "destroy"
+	OpAttach    Op = "attach"
+	OpDetach    Op = "detach"
+	OpMove      Op = "move"
+	OpReconcile Op = "reconcile"
+)
+
+// Intent is one in-flight operation: what it is, its plan and the steps it
+// has finished, so that reconcile can finish or undo it after a crash.
+type Intent struct {
+	ID       string `json:"id"`
+	Op       Op     `json:"op"`
+	Instance string `json:"instance,omitempty"`
+	// Payload is the operation's plan, opaque to the store; it must be JSON.
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Steps are the names of finished steps, in the order they finished.
+	Steps   []string  `json:"steps,omitempty"`
+	Started time.Time `json:"started"`
+	Updated time.Time `json:"updated"`
+}
+
+func (in *Instance) validate() error {
+	switch {
+	case in.UUID == "":
+		return fmt.Errorf("%w: instance without a UUID", ErrInvalid)
+	case in.Tenant == "":
+		return fmt.Errorf("%w: instance %s without a tenant", ErrInvalid, in.UUID)
+	}
+	switch in.Kind {
+	case KindMIG, KindVGPU, KindMIGVGPU, KindPassthrough:
+	default:
+		return fmt.Errorf("%w: instance %s: kind %q: want mig, vgpu, mig-vgpu or passthrough", ErrInvalid, in.UUID, in.Kind)
+	}
+	switch in.State {
+	case StateCreating, StateReady, StateFailed, StateLost, StateDestroying:
+	default:
+		return fmt.Errorf("%w: instance %s: state %q: want creating, ready, failed, lost or destroying", ErrInvalid, in.UUID, in.State)
+	}
+	switch in.Flow {
+	case "", FlowMdev, FlowVFIO:
+	default:
+		return fmt.Errorf("%w: instance %s: flow %q: want mdev, vfio or none", ErrInvalid, in.UUID, in.Flow)
+	}
+	return nil
+}
+
+func (a *Attachment) validate() error {
+	switch {
+	case a.Instance == "":
+		return fmt.Errorf("%w: attachment without an instance", ErrInvalid)
+	case a.Domain == "" && a.DomainUUID == "":
+		return fmt.Errorf("%w: attachment of instance %s names no domain", ErrInvalid, a.Instance)
+	}
+	return nil
+}
+
+func (it *Intent) validate() error {
+	if it.ID == "" {
+		return fmt.Errorf("%w: intent without an ID", ErrInvalid)
+	}
+	switch it.Op {
+	case OpCreate, OpDestroy, OpAttach, OpDetach, OpMove, OpReconcile:
+	default:
+		return fmt.Errorf("%w: intent %s: op %q: want create, destroy, attach, detach, move or reconcile", ErrInvalid, it.ID, it.Op)
+	}
+	if len(it.Payload) > 0 && !json.Valid(it.Payload) {
+		return fmt.Errorf("%w: intent %s: payload is not JSON", ErrInvalid, it.ID)
+	}
+	for _, s := range it.Steps {
+		if s == "" {
+			return fmt.Errorf("%w: intent %s: empty step name", ErrInvalid, it.ID)
+		}
+	}
+	return nil
+}

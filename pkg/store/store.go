@@ -1,0 +1,230 @@
+// Package store owns vgpud's persistent state: tenants, instances, their
+// attachments to libvirt domains, and the intent log of in-flight
+// operations, in one bbolt file with a versioned schema.
+//
+// Records are JSON, one bucket per kind. DB.Update runs one bbolt
+// transaction, so a caller changes several records atomically (commit an
+// intent's step and the instance it produced, or admit an instance against
+// a tenant's usage and store it). Every commit is fsynced.
+//
+// Open refuses, without writing a byte, a file that is locked by another
+// process, corrupt, or written by a newer vgpud; it migrates an older one
+// after copying it aside. Only the manager and the daemon's wiring import
+// this package; it imports pkg/tenant and nothing else from vgpud.
+package store
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+)
+
+// Errors callers tell apart. Each is wrapped with what it concerns.
+var (
+	// ErrNotFound: no record of that kind with that key.
+	ErrNotFound = errors.New("not found")
+	// ErrLocked: another process holds the database file.
+	ErrLocked = errors.New("state database locked")
+	// ErrCorrupt: the file is not a readable vgpud state database, or a
+	// record in it does not decode.
+	ErrCorrupt = errors.New("state database corrupt")
+	// ErrNewerSchema: the file was written by a newer vgpud.
+	ErrNewerSchema = errors.New("state database schema is newer than this vgpud")
+	// ErrSchema: the schema version is unreadable, a migration failed, or
+	// the file lacks a bucket its schema version requires.
+	ErrSchema = errors.New("state database schema error")
+	// ErrInvalid: a record to put fails validation.
+	ErrInvalid = errors.New("invalid record")
+	// ErrConflict: a put carried a Generation other than the stored one.
+	ErrConflict = errors.New("generation conflict")
+	// ErrInUse: a delete would leave a dangling reference (a tenant that
+	// still holds instances, an instance still attached).
+	ErrInUse = errors.New("in use")
+)
+
+// DefaultTimeout is how long Open waits for another process's lock when
+// Options.Timeout is zero.
+const DefaultTimeout = time.Second
+
+// Options configure Open.
+type Options struct {
+	// Timeout bounds the wait for the file lock; zero means DefaultTimeout.
+	Timeout time.Duration
+	// Logger receives creation and migration events; nil discards them.
+	Logger *slog.Logger
+	// Now stamps Intent.Updated in AppendStep; nil means time.Now.
+	Now func() time.Time
+
+	// schema replaces the production schema (its migrations), so tests can
+	// exercise the migration mechanism.
+	schema *schema
+}
+
+// DB is an open state database. Its methods are safe for concurrent use;
+// bbolt runs one writer at a time and readers alongside.
+type DB struct {
+	bolt    *bbolt.DB
+	path    string
+	version int
+	now     func() time.Time
+}
+
+// Open opens the state database at path, creating it (schema
+// SchemaVersion) when the file is absent or empty. The directory must
+// exist. An older schema is migrated in one transaction after the file is
+// copied to path+".v<N>.bak". Errors wrap ErrLocked, ErrCorrupt,
+// ErrNewerSchema or ErrSchema as their doc comments say; a refused file is
+// left byte for byte as it was.
+func Open(path string, opts Options) (*DB, error) {
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	sch := productionSchema()
+	if opts.schema != nil {
+		sch = *opts.schema
+	}
+
+	// Read-only first: nothing is written to a file until it is known to
+	// be ours, readable and not newer.
+	found, err := inspect(path, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if found > sch.current() {
+		return nil, fmt.Errorf("%w: %s has schema version %d, this vgpud reads up to %d: run a newer vgpud, or restore a backup",
+			ErrNewerSchema, path, found, sch.current())
+	}
+
+	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: timeout})
+	if err != nil {
+		return nil, openError(path, timeout, err)
+	}
+	db := &DB{bolt: bdb, path: path, version: sch.current(), now: now}
+	if err := db.prepare(found, sch, log); err != nil {
+		_ = bdb.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// openError turns bbolt.Open's error into the package's.
+func openError(path string, timeout time.Duration, err error) error {
+	var pathErr *fs.PathError
+	var errno syscall.Errno
+	switch {
+	case errors.Is(err, bbolt.ErrTimeout):
+		return fmt.Errorf("%w: %s is held by another process (waited %s): is another vgpud running?", ErrLocked, path, timeout)
+	case errors.As(err, &pathErr), errors.As(err, &errno):
+		// The file system's own error (permission, missing directory, mmap
+		// failure): not a verdict on the file's content.
+		return fmt.Errorf("store: open %s: %w", path, err)
+	default:
+		// bbolt's meta-page checks: invalid, checksum, version, too small.
+		return fmt.Errorf("%s: %w: %w", path, ErrCorrupt, err)
+	}
+}
+
+// Path is the database file's path.
+func (db *DB) Path() string { return db.path }
+
+// SchemaVersion is the schema version of the open file.
+func (db *DB) SchemaVersion() int { return db.version }
+
+// Close waits for open transactions and closes the file, releasing the lock.
+func (db *DB) Close() error {
+	if err := db.bolt.Close(); err != nil {
+		return fmt.Errorf("store: close %s: %w", db.path, err)
+	}
+	return nil
+}
+
+// View runs fn in a read-only transaction. fn's error is returned as is.
+func (db *DB) View(fn func(*Tx) error) error {
+	return db.bolt.View(func(btx *bbolt.Tx) error {
+		return fn(&Tx{tx: btx, now: db.now})
+	})
+}
+
+// Update runs fn in a read-write transaction, committed (and fsynced) when
+// fn returns nil. When fn returns an error or panics, every write it made
+// is rolled back and the error (or panic) passes through unchanged.
+func (db *DB) Update(fn func(*Tx) error) error {
+	var fnErr error
+	err := db.bolt.Update(func(btx *bbolt.Tx) error {
+		fnErr = fn(&Tx{tx: btx, now: db.now})
+		return fnErr
+	})
+	if err != nil && fnErr == nil {
+		return fmt.Errorf("store: commit to %s: %w", db.path, err)
+	}
+	return err
+}
+
+// syncDir fsyncs a directory so that a file created or renamed in it
+// survives a crash.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// backupPath is where Open copies a file at schema version v before
+// migrating it.
+func backupPath(path string, v int) string {
+	return fmt.Sprintf("%s.v%d.bak", path, v)
+}
+
+// backup copies the open database, as of one read transaction, to
+// backupPath atomically: a crash leaves the previous backup or the new one,
+// never half of one.
+func (db *DB) backup(v int) (string, error) {
+	dst := backupPath(db.path, v)
+	tmp := dst + ".tmp"
+	err := db.bolt.View(func(tx *bbolt.Tx) error {
+		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = tx.WriteTo(f)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(dst))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return "", fmt.Errorf("store: back up %s to %s before migrating: %w", db.path, dst, err)
+	}
+	return dst, nil
+}
