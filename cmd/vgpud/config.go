@@ -1,0 +1,223 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+)
+
+// defaultConfigPath is read when --config is not given; absent is fine.
+const defaultConfigPath = "/etc/vgpud/vgpud.yaml"
+
+// Config is the daemon's whole configuration: /etc/vgpud/vgpud.yaml, with
+// command-line flags overriding the file.
+type Config struct {
+	// Version of the file format: "v1".
+	Version string `json:"version,omitempty"`
+	// StateDir holds state.db (and the simulated host under sim/).
+	StateDir string `json:"stateDir,omitempty"`
+	// Sim runs on the simulated host instead of the real driver.
+	Sim bool `json:"sim,omitempty"`
+	// SimHost is a simulated host description file; "" is the built-in host.
+	SimHost string `json:"simHost,omitempty"`
+	// SysfsRoot is where sysfs is mounted (tests point it elsewhere).
+	SysfsRoot string `json:"sysfsRoot,omitempty"`
+	// ProfilesDir overrides and extends the built-in catalog.
+	ProfilesDir string `json:"profilesDir,omitempty"`
+	// LibvirtURI and LibvirtSocket select the libvirt daemon.
+	LibvirtURI    string `json:"libvirtURI,omitempty"`
+	LibvirtSocket string `json:"libvirtSocket,omitempty"`
+	// MetricsListen is the Prometheus endpoint's address ("" disables it).
+	MetricsListen string `json:"metricsListen,omitempty"`
+	// BusAddress overrides the system bus address (tests use a private bus).
+	BusAddress string `json:"busAddress,omitempty"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `json:"logLevel,omitempty"`
+	// DriverWait bounds how long start-up waits for the NVIDIA driver.
+	DriverWait Duration `json:"driverWait,omitempty"`
+	// CollectInterval is the metrics collection period.
+	CollectInterval Duration `json:"collectInterval,omitempty"`
+	// UndefinePolicy is what happens to a VM's instances when it is
+	// undefined: release (destroy them) or keep.
+	UndefinePolicy string `json:"undefinePolicy,omitempty"`
+
+	file  string
+	flags *flagValues
+}
+
+// Duration is a time.Duration written as "30s" in YAML.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON reads "30s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes "30s".
+func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
+
+func defaultConfig() *Config {
+	return &Config{
+		StateDir:        "/var/lib/vgpud",
+		SysfsRoot:       "/sys",
+		ProfilesDir:     "/etc/vgpud/profiles.d",
+		LibvirtURI:      "qemu:///system",
+		LibvirtSocket:   "/run/libvirt/libvirt-sock",
+		MetricsListen:   "127.0.0.1:9835",
+		LogLevel:        "info",
+		DriverWait:      Duration{2 * time.Minute},
+		CollectInterval: Duration{time.Second},
+		UndefinePolicy:  "release",
+	}
+}
+
+// flagValues holds the flags' raw values until load decides which win.
+type flagValues struct {
+	cfg  Config
+	file string
+}
+
+func (c *Config) bindFlags(fs *pflag.FlagSet) {
+	v := &flagValues{cfg: *c}
+	c.flags = v
+	fs.StringVar(&v.file, "config", "", "configuration file (default "+defaultConfigPath+" when present)")
+	fs.StringVar(&v.cfg.StateDir, "state-dir", c.StateDir, "state directory (state.db; the simulated host under sim/)")
+	fs.BoolVar(&v.cfg.Sim, "sim", false, "run on the simulated GPU host instead of the NVIDIA driver")
+	fs.StringVar(&v.cfg.SimHost, "sim-host", "", "simulated host description (YAML); default: the built-in host")
+	fs.StringVar(&v.cfg.SysfsRoot, "sysfs-root", c.SysfsRoot, "sysfs mount point")
+	fs.StringVar(&v.cfg.ProfilesDir, "profiles-dir", c.ProfilesDir, "directory of catalog files overriding the built-in ones")
+	fs.StringVar(&v.cfg.LibvirtURI, "libvirt-uri", c.LibvirtURI, "libvirt connection URI")
+	fs.StringVar(&v.cfg.LibvirtSocket, "libvirt-socket", c.LibvirtSocket, "libvirt daemon socket")
+	fs.StringVar(&v.cfg.MetricsListen, "metrics-listen", c.MetricsListen, "address of the Prometheus /metrics endpoint (empty: off)")
+	fs.StringVar(&v.cfg.BusAddress, "bus-address", "", "D-Bus bus address (default: the system bus, or $DBUS_SYSTEM_BUS_ADDRESS)")
+	fs.StringVar(&v.cfg.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.DurationVar(&v.cfg.DriverWait.Duration, "driver-wait", c.DriverWait.Duration, "how long start-up waits for the NVIDIA driver")
+	fs.DurationVar(&v.cfg.CollectInterval.Duration, "collect-interval", c.CollectInterval.Duration, "metrics collection interval")
+	fs.StringVar(&v.cfg.UndefinePolicy, "undefine-policy", c.UndefinePolicy, "when a VM is undefined: release or keep its instances")
+}
+
+// load reads the configuration file, then applies the flags the user set.
+func (c *Config) load(fs *pflag.FlagSet) error {
+	v := c.flags
+	file, explicit := v.file, v.file != ""
+	if !explicit {
+		file = defaultConfigPath
+	}
+	next := defaultConfig()
+	data, err := os.ReadFile(file)
+	switch {
+	case err == nil:
+		if err := yaml.UnmarshalStrict(data, next); err != nil {
+			return fmt.Errorf("configuration %s: %s", file, strings.TrimPrefix(err.Error(), "error unmarshaling JSON: while decoding JSON: "))
+		}
+		next.file = file
+	case errors.Is(err, os.ErrNotExist) && !explicit:
+	default:
+		return fmt.Errorf("configuration: %w", err)
+	}
+	fs.Visit(func(f *pflag.Flag) {
+		switch f.Name {
+		case "state-dir":
+			next.StateDir = v.cfg.StateDir
+		case "sim":
+			next.Sim = v.cfg.Sim
+		case "sim-host":
+			next.SimHost = v.cfg.SimHost
+		case "sysfs-root":
+			next.SysfsRoot = v.cfg.SysfsRoot
+		case "profiles-dir":
+			next.ProfilesDir = v.cfg.ProfilesDir
+		case "libvirt-uri":
+			next.LibvirtURI = v.cfg.LibvirtURI
+		case "libvirt-socket":
+			next.LibvirtSocket = v.cfg.LibvirtSocket
+		case "metrics-listen":
+			next.MetricsListen = v.cfg.MetricsListen
+		case "bus-address":
+			next.BusAddress = v.cfg.BusAddress
+		case "log-level":
+			next.LogLevel = v.cfg.LogLevel
+		case "driver-wait":
+			next.DriverWait = v.cfg.DriverWait
+		case "collect-interval":
+			next.CollectInterval = v.cfg.CollectInterval
+		case "undefine-policy":
+			next.UndefinePolicy = v.cfg.UndefinePolicy
+		}
+	})
+	if err := next.validate(); err != nil {
+		where := "flags"
+		if next.file != "" {
+			where = next.file + " (or flags)"
+		}
+		return usageError{fmt.Errorf("configuration %s: %w", where, err)}
+	}
+	next.flags = v
+	*c = *next
+	return nil
+}
+
+func (c *Config) validate() error {
+	if c.Version != "" && c.Version != "v1" {
+		return fmt.Errorf("version: %q is not supported; this build reads v1", c.Version)
+	}
+	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
+		if abs, err := filepath.Abs(c.StateDir); err == nil && c.StateDir != "" {
+			c.StateDir = abs
+		} else {
+			return fmt.Errorf("stateDir: %q must be a directory path", c.StateDir)
+		}
+	}
+	if c.SimHost != "" && !c.Sim {
+		return errors.New("simHost: only with sim (pass --sim)")
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			return fmt.Errorf("metricsListen: %q: %w", c.MetricsListen, err)
+		}
+	}
+	if _, err := c.level(); err != nil {
+		return err
+	}
+	if c.DriverWait.Duration < 0 || c.DriverWait.Duration > time.Hour {
+		return fmt.Errorf("driverWait: %v must be 0..1h", c.DriverWait.Duration)
+	}
+	if c.CollectInterval.Duration < 100*time.Millisecond || c.CollectInterval.Duration > time.Hour {
+		return fmt.Errorf("collectInterval: %v must be 100ms..1h", c.CollectInterval.Duration)
+	}
+	if c.UndefinePolicy != "release" && c.UndefinePolicy != "keep" {
+		return fmt.Errorf("undefinePolicy: %q must be release or keep", c.UndefinePolicy)
+	}
+	return nil
+}
+
+func (c *Config) level() (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return l, fmt.Errorf("logLevel: %q must be debug, info, warn or error", c.LogLevel)
+	}
+	return l, nil
+}
+
+// simDir is where the simulated host lives.
+func (c *Config) simDir() string { return filepath.Join(c.StateDir, "sim") }
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return !errors.Is(err, fs.ErrNotExist)
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	nvmlbackend "github.com/vgpud/vgpud/pkg/gpu/nvml"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
+	"github.com/vgpud/vgpud/pkg/profile"
+	"github.com/vgpud/vgpud/profiles"
+)
+
+// host is the GPU side of the wiring: the catalog and the two backends,
+// over the real driver or the simulated host.
+type host struct {
+	cat   *profile.Catalog
+	sim   *sim.Host
+	nvml  *nvmlbackend.Backend
+	sysfs *sysfs.Sysfs
+}
+
+func newLogger(cfg *Config) *slog.Logger {
+	lvl, _ := cfg.level()
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+}
+
+func loadCatalog(cfg *Config) (*profile.Catalog, error) {
+	cat, err := profile.Load(profiles.FS, cfg.ProfilesDir)
+	if err != nil {
+		return nil, fmt.Errorf("load GPU catalog: %w", err)
+	}
+	return cat, nil
+}
+
+// openSim opens (creating on first use) the simulated host under the state dir.
+func openSim(cfg *Config, cat *profile.Catalog, log *slog.Logger) (*sim.Host, error) {
+	var spec *sim.Spec
+	if cfg.SimHost != "" {
+		s, err := sim.LoadSpec(cfg.SimHost)
+		if err != nil {
+			return nil, err
+		}
+		spec = s
+	}
+	return sim.Open(cfg.simDir(), spec, cat, log.With("component", "sim"))
+}
+
+func openHost(cfg *Config, log *slog.Logger, observe nvmlbackend.Observer) (*host, error) {
+	cat, err := loadCatalog(cfg)
+	if err != nil {
+		return nil, err
+	}
+	h := &host{cat: cat}
+	var lib gonvml.Interface
+	var fsys sysfs.FS
+	if cfg.Sim {
+		sh, err := openSim(cfg, cat, log)
+		if err != nil {
+			return nil, err
+		}
+		h.sim = sh
+		lib, fsys = sh.NVML(), sh.FS()
+	} else {
+		lib, fsys = gonvml.New(), sysfs.OSFS{Root: cfg.SysfsRoot}
+	}
+	h.nvml = nvmlbackend.New(lib, cat, nvmlbackend.Options{Logger: log.With("component", "nvml"), Observer: observe})
+	h.sysfs = sysfs.New(fsys)
+	return h, nil
+}
+
+func (h *host) Close() {
+	if h.sim != nil {
+		h.sim.Close()
+	}
+}

@@ -1,0 +1,58 @@
+// Command vgpud is the vgpud host daemon. Subcommands print the host
+// inventory and drive the simulated host; without one it runs the daemon.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vgpud/vgpud/pkg/version"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "vgpud:", err)
+		var ec exitCoder
+		if errors.As(err, &ec) {
+			os.Exit(ec.ExitCode())
+		}
+		os.Exit(1)
+	}
+}
+
+type exitCoder interface{ ExitCode() int }
+
+type usageError struct{ error }
+
+func (usageError) ExitCode() int { return 2 }
+
+func run() error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	cfg := defaultConfig()
+	root := &cobra.Command{
+		Use:           "vgpud",
+		Short:         "vgpud carves NVIDIA GPUs into MIG instances and vGPUs for libvirt VMs",
+		Version:       version.Version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cfg.load(cmd.Flags()); err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cfg)
+		},
+	}
+	root.SetVersionTemplate("vgpud {{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	cfg.bindFlags(root.PersistentFlags())
+	root.AddCommand(inventoryCmd(cfg), simCmd(cfg))
+	return root.ExecuteContext(ctx)
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+)
+
+// simCmd drives the simulated host: what a real host's hardware, kernel or
+// administrator would do (reboot, lose a GPU, inject faults). It works
+// while the daemon runs: both share the host's directory and lock.
+func simCmd(cfg *Config) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Drive the simulated GPU host (reboot, faults, GPU loss, VM device use)",
+	}
+	withHost := func(fn func(h *sim.Host, args []string) error) func(*cobra.Command, []string) error {
+		return func(c *cobra.Command, args []string) error {
+			if err := cfg.load(c.Flags()); err != nil {
+				return err
+			}
+			cat, err := loadCatalog(cfg)
+			if err != nil {
+				return err
+			}
+			h, err := openSim(cfg, cat, newLogger(cfg))
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			return fn(h, args)
+		}
+	}
+	sub := func(use, short string, args cobra.PositionalArgs, fn func(h *sim.Host, args []string) error) *cobra.Command {
+		return &cobra.Command{Use: use, Short: short, Args: args, RunE: withHost(fn)}
+	}
+	cmd.AddCommand(
+		sub("summary", "Print the simulated hardware state", cobra.NoArgs, func(h *sim.Host, _ []string) error {
+			s, err := h.Summary()
+			fmt.Print(s)
+			return err
+		}),
+		sub("reboot", "Simulate a host reboot: MIG instances, vGPUs and mdevs are gone", cobra.NoArgs, func(h *sim.Host, _ []string) error {
+			return h.Reboot()
+		}),
+		sub("reset-gpu GPU", "Simulate nvidia-smi -r: commit a pending MIG mode", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+			return h.ResetGPU(a[0])
+		}),
+		sub("lose-gpu GPU", "Simulate the GPU falling off the bus (XID 79)", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+			return h.LoseGPU(a[0])
+		}),
+		sub("recover-gpu GPU", "Bring a lost GPU back (its instances are gone)", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+			return h.RecoverGPU(a[0])
+		}),
+		sub("vfs GPU on|off", "Simulate sriov-manage -e / -d", cobra.ExactArgs(2), func(h *sim.Host, a []string) error {
+			return h.SetVFs(a[0], a[1] == "on")
+		}),
+		sub("driver load|unload", "Simulate the NVIDIA driver being loaded or not", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+			return h.SetDriverLoaded(a[0] == "load")
+		}),
+		sub("close-device DEV", "Simulate the VM using an mdev UUID or VF address stopping", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+			return h.CloseDevice(a[0])
+		}),
+		sub("latency DURATION", "Add a latency to every NVML call", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+			d, err := time.ParseDuration(a[0])
+			if err != nil {
+				return usageError{err}
+			}
+			return h.SetCallLatency(d)
+		}),
+		sub("fault-clear", "Remove every injected fault", cobra.NoArgs, func(h *sim.Host, _ []string) error {
+			return h.ClearFaults()
+		}),
+	)
+	var gi int
+	xid := sub("xid GPU CODE", "Queue an XID event", cobra.ExactArgs(2), func(h *sim.Host, a []string) error {
+		code, err := strconv.ParseUint(a[1], 10, 32)
+		if err != nil {
+			return usageError{fmt.Errorf("XID %q: %w", a[1], err)}
+		}
+		return h.InjectXID(a[0], code, gi)
+	})
+	xid.Flags().IntVar(&gi, "gpu-instance", -1, "GPU instance the XID is scoped to")
+	var vmUUID, vmName string
+	open := sub("open-device DEV", "Simulate a VM starting with an mdev UUID or VF address (the vGPU becomes active)", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+		if vmUUID == "" {
+			return usageError{fmt.Errorf("--vm-uuid is required")}
+		}
+		return h.OpenDevice(a[0], vmUUID, vmName)
+	})
+	open.Flags().StringVar(&vmUUID, "vm-uuid", "", "UUID of the VM")
+	open.Flags().StringVar(&vmName, "vm-name", "", "name of the VM")
+	var f sim.Fault
+	fault := sub("fault", "Inject a fault into NVML calls or sysfs operations", cobra.NoArgs, func(h *sim.Host, _ []string) error {
+		return h.AddFault(f)
+	})
+	fault.Flags().StringVar(&f.Op, "op", "", `NVML method ("CreateGpuInstanceWithPlacement", "*") or sysfs "write:<attr>" / "read:<attr>"`)
+	fault.Flags().StringVar(&f.GPU, "gpu", "", "limit to one GPU (PCI address or UUID)")
+	fault.Flags().IntVar(&f.Return, "return", 0, "NVML return code to fail with")
+	fault.Flags().IntVar(&f.Errno, "errno", 0, "errno a sysfs operation fails with")
+	fault.Flags().StringVar(&f.Delay, "delay", "", "delay added to the call")
+	fault.Flags().IntVar(&f.Count, "count", 0, "fire this many times (0: forever)")
+	fault.Flags().IntVar(&f.Skip, "skip", 0, "let this many matching calls pass first")
+	cmd.AddCommand(xid, open, fault)
+	return cmd
+}

@@ -1,0 +1,204 @@
+// Package nvml is the GPU backend on NVIDIA's NVML (github.com/NVIDIA/go-nvml):
+// device enumeration, MIG mode and GPU/compute instances with explicit
+// placements, vGPU type and instance queries, the vGPU scheduler, utilization
+// and events. It drives whatever nvml.Interface it is given: the real library
+// (dlopened at Init, so the binary starts on hosts without the driver) or the
+// simulator's.
+//
+// Every call runs with a deadline: a driver call that does not return in
+// time is reported as gpu.ErrTimeout, and its effect is unknown until the
+// next discovery. Errors wrap a pkg/gpu sentinel and the nvml.Return.
+//
+// It imports pkg/gpu and pkg/profile.
+package nvml
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/profile"
+)
+
+// DefaultCallTimeout bounds a driver call when the context has no deadline.
+const DefaultCallTimeout = 30 * time.Second
+
+// Observer is told of every NVML call (for metrics); it must not block.
+type Observer func(op string, d time.Duration, ret gonvml.Return)
+
+// Backend is the NVML backend.
+type Backend struct {
+	lib     gonvml.Interface
+	cat     *profile.Catalog
+	log     *slog.Logger
+	observe Observer
+
+	mu sync.Mutex
+	// profiles caches, per GPU UUID, the GI profile index of each real id;
+	// the table is fixed per GPU.
+	profiles map[string]map[int]int
+}
+
+// Options configure a Backend.
+type Options struct {
+	Logger   *slog.Logger
+	Observer Observer
+}
+
+// New returns a backend over lib (gonvml.New() on a real host).
+func New(lib gonvml.Interface, cat *profile.Catalog, opts Options) *Backend {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Backend{lib: lib, cat: cat, log: log, observe: opts.Observer, profiles: map[string]map[int]int{}}
+}
+
+// wrap turns an nvml.Return into an error carrying the matching gpu sentinel.
+func wrap(ret gonvml.Return) error {
+	if ret == gonvml.SUCCESS {
+		return nil
+	}
+	var s error
+	switch ret {
+	case gonvml.ERROR_LIBRARY_NOT_FOUND, gonvml.ERROR_DRIVER_NOT_LOADED, gonvml.ERROR_LIB_RM_VERSION_MISMATCH, gonvml.ERROR_UNINITIALIZED:
+		s = gpu.ErrDriverNotLoaded
+	case gonvml.ERROR_GPU_IS_LOST:
+		s = gpu.ErrGPULost
+	case gonvml.ERROR_NOT_SUPPORTED:
+		s = gpu.ErrNotSupported
+	case gonvml.ERROR_IN_USE:
+		s = gpu.ErrInUse
+	case gonvml.ERROR_INSUFFICIENT_RESOURCES:
+		s = gpu.ErrNoResources
+	case gonvml.ERROR_RESET_REQUIRED:
+		s = gpu.ErrResetRequired
+	case gonvml.ERROR_INVALID_ARGUMENT, gonvml.ERROR_ARGUMENT_VERSION_MISMATCH:
+		s = gpu.ErrInvalid
+	case gonvml.ERROR_NOT_FOUND:
+		s = gpu.ErrNotFound
+	case gonvml.ERROR_TIMEOUT:
+		s = gpu.ErrTimeout
+	default:
+		return ret
+	}
+	return fmt.Errorf("%w: %w", s, ret)
+}
+
+// do runs fn with the context's deadline (DefaultCallTimeout when it has
+// none). fn keeps running after a timeout, as a driver call cannot be
+// interrupted; its result is then dropped.
+func (b *Backend) do(ctx context.Context, op string, fn func() gonvml.Return) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
+		defer cancel()
+	}
+	done := make(chan gonvml.Return, 1)
+	start := time.Now()
+	go func() { done <- fn() }()
+	select {
+	case ret := <-done:
+		if b.observe != nil {
+			b.observe(op, time.Since(start), ret)
+		}
+		return wrap(ret)
+	case <-ctx.Done():
+		if b.observe != nil {
+			b.observe(op, time.Since(start), gonvml.ERROR_TIMEOUT)
+		}
+		b.log.Warn("NVML call did not return in time; its effect is unknown", "op", op, "after", time.Since(start))
+		return fmt.Errorf("NVML %s: %w: %w", op, gpu.ErrTimeout, ctx.Err())
+	}
+}
+
+// Init loads NVML. Without the driver it returns gpu.ErrDriverNotLoaded.
+func (b *Backend) Init(ctx context.Context) error {
+	if err := b.do(ctx, "Init", b.lib.Init); err != nil {
+		return fmt.Errorf("initialize NVML: %w", err)
+	}
+	return nil
+}
+
+// Shutdown releases NVML.
+func (b *Backend) Shutdown(ctx context.Context) error {
+	return b.do(ctx, "Shutdown", b.lib.Shutdown)
+}
+
+// Driver reports the driver and NVML versions.
+func (b *Backend) Driver(ctx context.Context) (gpu.DriverInfo, error) {
+	var d gpu.DriverInfo
+	err := b.do(ctx, "SystemGetDriverVersion", func() (r gonvml.Return) { d.Version, r = b.lib.SystemGetDriverVersion(); return })
+	if err != nil {
+		return d, fmt.Errorf("driver version: %w", err)
+	}
+	err = b.do(ctx, "SystemGetNVMLVersion", func() (r gonvml.Return) { d.NVMLVersion, r = b.lib.SystemGetNVMLVersion(); return })
+	if err != nil {
+		return d, fmt.Errorf("NVML version: %w", err)
+	}
+	return d, nil
+}
+
+// device returns the handle of the GPU with uuid.
+func (b *Backend) device(ctx context.Context, uuid string) (gonvml.Device, error) {
+	var d gonvml.Device
+	err := b.do(ctx, "DeviceGetHandleByUUID", func() (r gonvml.Return) { d, r = b.lib.DeviceGetHandleByUUID(uuid); return })
+	if err != nil {
+		return nil, fmt.Errorf("GPU %s: %w", uuid, err)
+	}
+	return d, nil
+}
+
+// giProfileInfo resolves a real GI profile id to NVML's profile info on a GPU.
+func (b *Backend) giProfileInfo(ctx context.Context, uuid string, d gonvml.Device, id int) (gonvml.GpuInstanceProfileInfo, error) {
+	b.mu.Lock()
+	idx, ok := b.profiles[uuid][id]
+	b.mu.Unlock()
+	if !ok {
+		table := map[int]int{}
+		for i := 0; i < gonvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
+			var info gonvml.GpuInstanceProfileInfo
+			err := b.do(ctx, "GetGpuInstanceProfileInfo", func() (r gonvml.Return) { info, r = d.GetGpuInstanceProfileInfo(i); return })
+			if errors.Is(err, gpu.ErrNotSupported) || errors.Is(err, gpu.ErrInvalid) {
+				continue
+			}
+			if err != nil {
+				return info, fmt.Errorf("GPU %s: GPU-instance profile index %d: %w", uuid, i, err)
+			}
+			table[int(info.Id)] = i
+		}
+		b.mu.Lock()
+		b.profiles[uuid] = table
+		b.mu.Unlock()
+		if idx, ok = table[id]; !ok {
+			return gonvml.GpuInstanceProfileInfo{}, fmt.Errorf("GPU %s has no GPU-instance profile %d: %w", uuid, id, gpu.ErrNotSupported)
+		}
+	}
+	var info gonvml.GpuInstanceProfileInfo
+	err := b.do(ctx, "GetGpuInstanceProfileInfo", func() (r gonvml.Return) { info, r = d.GetGpuInstanceProfileInfo(idx); return })
+	if err != nil {
+		return info, fmt.Errorf("GPU %s: GPU-instance profile %d: %w", uuid, id, err)
+	}
+	return info, nil
+}
+
+func cString(b []int8) string {
+	n := 0
+	for n < len(b) && b[n] != 0 {
+		n++
+	}
+	out := make([]byte, n)
+	for i := 0; i < n; i++ {
+		out[i] = byte(b[i])
+	}
+	return string(out)
+}

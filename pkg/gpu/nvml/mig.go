@@ -1,0 +1,217 @@
+package nvml
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+)
+
+// SetMIGMode enables or disables MIG. It returns nil once the mode is
+// current; when the driver leaves it pending (a client holds the GPU, VFs
+// are enabled, or the host needs a reset) it returns gpu.ErrResetRequired
+// wrapping the activation status, and the change takes effect at the next
+// GPU reset. Disabling with GPU instances left fails with gpu.ErrInUse.
+func (b *Backend) SetMIGMode(ctx context.Context, uuid string, enable bool) error {
+	d, err := b.device(ctx, uuid)
+	if err != nil {
+		return err
+	}
+	mode := gonvml.DEVICE_MIG_DISABLE
+	if enable {
+		mode = gonvml.DEVICE_MIG_ENABLE
+	}
+	var activation gonvml.Return
+	if err := b.do(ctx, "SetMigMode", func() (r gonvml.Return) { activation, r = d.SetMigMode(mode); return }); err != nil {
+		return fmt.Errorf("set MIG mode %v on GPU %s: %w", enable, uuid, err)
+	}
+	if activation != gonvml.SUCCESS {
+		return fmt.Errorf("MIG mode %v on GPU %s is pending (activation: %w): %w", enable, uuid, activation, gpu.ErrResetRequired)
+	}
+	return nil
+}
+
+// CreateGPUInstance creates a GPU instance of real profile id profileID at
+// placement start. It is idempotent: an instance of that profile already
+// at that start is returned as is.
+func (b *Backend) CreateGPUInstance(ctx context.Context, uuid string, profileID, start int) (gpu.GPUInstance, error) {
+	d, err := b.device(ctx, uuid)
+	if err != nil {
+		return gpu.GPUInstance{}, err
+	}
+	info, err := b.giProfileInfo(ctx, uuid, d, profileID)
+	if err != nil {
+		return gpu.GPUInstance{}, err
+	}
+	if gi, ok, err := b.findGI(ctx, d, &info, start); err != nil || ok {
+		return gi, err
+	}
+	pl := gonvml.GpuInstancePlacement{Start: uint32(start), Size: 0}
+	var pls []gonvml.GpuInstancePlacement
+	if err := b.do(ctx, "GetGpuInstancePossiblePlacements", func() (r gonvml.Return) { pls, r = d.GetGpuInstancePossiblePlacements(&info); return }); err != nil {
+		return gpu.GPUInstance{}, fmt.Errorf("placements of profile %d on GPU %s: %w", profileID, uuid, err)
+	}
+	for _, p := range pls {
+		if int(p.Start) == start {
+			pl.Size = p.Size
+		}
+	}
+	if pl.Size == 0 {
+		return gpu.GPUInstance{}, fmt.Errorf("GPU %s: profile %d cannot start at slot %d: %w", uuid, profileID, start, gpu.ErrInvalid)
+	}
+	var h gonvml.GpuInstance
+	err = b.do(ctx, "CreateGpuInstanceWithPlacement", func() (r gonvml.Return) { h, r = d.CreateGpuInstanceWithPlacement(&info, &pl); return })
+	if err != nil {
+		return gpu.GPUInstance{}, fmt.Errorf("create GPU instance of profile %d at %d on GPU %s: %w", profileID, start, uuid, err)
+	}
+	return b.readGI(ctx, h, "")
+}
+
+func (b *Backend) findGI(ctx context.Context, d gonvml.Device, info *gonvml.GpuInstanceProfileInfo, start int) (gpu.GPUInstance, bool, error) {
+	var gis []gonvml.GpuInstance
+	if err := b.do(ctx, "GetGpuInstances", func() (r gonvml.Return) { gis, r = d.GetGpuInstances(info); return }); err != nil {
+		return gpu.GPUInstance{}, false, fmt.Errorf("list GPU instances: %w", err)
+	}
+	for _, h := range gis {
+		gi, err := b.readGI(ctx, h, "")
+		if err != nil {
+			return gi, false, err
+		}
+		if gi.Placement.Start == start {
+			return gi, true, nil
+		}
+	}
+	return gpu.GPUInstance{}, false, nil
+}
+
+func (b *Backend) gpuInstance(ctx context.Context, uuid string, giID int) (gonvml.GpuInstance, error) {
+	d, err := b.device(ctx, uuid)
+	if err != nil {
+		return nil, err
+	}
+	var h gonvml.GpuInstance
+	if err := b.do(ctx, "GetGpuInstanceById", func() (r gonvml.Return) { h, r = d.GetGpuInstanceById(giID); return }); err != nil {
+		return nil, fmt.Errorf("GPU instance %d on GPU %s: %w", giID, uuid, err)
+	}
+	return h, nil
+}
+
+// DestroyGPUInstance destroys GPU instance giID. Idempotent: a missing
+// instance is success. Compute instances or vGPUs on it: gpu.ErrInUse.
+func (b *Backend) DestroyGPUInstance(ctx context.Context, uuid string, giID int) error {
+	h, err := b.gpuInstance(ctx, uuid, giID)
+	if errors.Is(err, gpu.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := b.do(ctx, "GpuInstanceDestroy", h.Destroy); err != nil {
+		return fmt.Errorf("destroy GPU instance %d on GPU %s: %w", giID, uuid, err)
+	}
+	return nil
+}
+
+// CreateComputeInstance creates a compute instance in GPU instance giID.
+// ciProfile is the compute-instance profile index, or -1 for the one that
+// covers the whole GPU instance. Idempotent: an existing compute instance
+// of that profile is returned.
+func (b *Backend) CreateComputeInstance(ctx context.Context, uuid string, giID, ciProfile int) (gpu.ComputeInstance, error) {
+	h, err := b.gpuInstance(ctx, uuid, giID)
+	if err != nil {
+		return gpu.ComputeInstance{}, err
+	}
+	var giInfo gonvml.GpuInstanceInfo
+	if err := b.do(ctx, "GpuInstanceGetInfo", func() (r gonvml.Return) { giInfo, r = h.GetInfo(); return }); err != nil {
+		return gpu.ComputeInstance{}, err
+	}
+	var info gonvml.ComputeInstanceProfileInfo
+	found := false
+	best := uint32(0)
+	for idx := 0; idx < gonvml.COMPUTE_INSTANCE_PROFILE_COUNT; idx++ {
+		var c gonvml.ComputeInstanceProfileInfo
+		err := b.do(ctx, "GetComputeInstanceProfileInfo", func() (r gonvml.Return) {
+			c, r = h.GetComputeInstanceProfileInfo(idx, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+			return
+		})
+		if errors.Is(err, gpu.ErrNotSupported) || errors.Is(err, gpu.ErrInvalid) {
+			continue
+		}
+		if err != nil {
+			return gpu.ComputeInstance{}, err
+		}
+		if ciProfile >= 0 && idx == ciProfile {
+			info, found = c, true
+			break
+		}
+		// Without a profile: the one with the most slices covers the GI.
+		if ciProfile < 0 && c.SliceCount > best {
+			info, found, best = c, true, c.SliceCount
+		}
+	}
+	if !found {
+		return gpu.ComputeInstance{}, fmt.Errorf("GPU instance %d on GPU %s (profile %d) has no compute-instance profile %d: %w",
+			giID, uuid, giInfo.ProfileId, ciProfile, gpu.ErrNotSupported)
+	}
+	var cis []gonvml.ComputeInstance
+	if err := b.do(ctx, "GetComputeInstances", func() (r gonvml.Return) { cis, r = h.GetComputeInstances(&info); return }); err != nil {
+		return gpu.ComputeInstance{}, err
+	}
+	var c gonvml.ComputeInstance
+	if len(cis) > 0 {
+		c = cis[0]
+	} else if err := b.do(ctx, "CreateComputeInstance", func() (r gonvml.Return) { c, r = h.CreateComputeInstance(&info); return }); err != nil {
+		return gpu.ComputeInstance{}, fmt.Errorf("create compute instance in GPU instance %d on GPU %s: %w", giID, uuid, err)
+	}
+	var ci gonvml.ComputeInstanceInfo
+	if err := b.do(ctx, "ComputeInstanceGetInfo", func() (r gonvml.Return) { ci, r = c.GetInfo(); return }); err != nil {
+		return gpu.ComputeInstance{}, err
+	}
+	return gpu.ComputeInstance{ID: int(ci.Id), ProfileID: int(ci.ProfileId), Placement: gpu.Range{Start: int(ci.Placement.Start), Size: int(ci.Placement.Size)}}, nil
+}
+
+// DestroyComputeInstance destroys compute instance ciID of GPU instance
+// giID. Idempotent: a missing compute or GPU instance is success.
+func (b *Backend) DestroyComputeInstance(ctx context.Context, uuid string, giID, ciID int) error {
+	h, err := b.gpuInstance(ctx, uuid, giID)
+	if errors.Is(err, gpu.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var c gonvml.ComputeInstance
+	err = b.do(ctx, "GetComputeInstanceById", func() (r gonvml.Return) { c, r = h.GetComputeInstanceById(ciID); return })
+	if errors.Is(err, gpu.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("compute instance %d of GPU instance %d on GPU %s: %w", ciID, giID, uuid, err)
+	}
+	if err := b.do(ctx, "ComputeInstanceDestroy", c.Destroy); err != nil {
+		return fmt.Errorf("destroy compute instance %d of GPU instance %d on GPU %s: %w", ciID, giID, uuid, err)
+	}
+	return nil
+}
+
+// SetHeterogeneous switches a GPU between homogeneous and mixed-size
+// time-sliced vGPUs. Idempotent; gpu.ErrInUse while any vGPU exists,
+// gpu.ErrNotSupported with MIG on or on GPUs without the mode.
+func (b *Backend) SetHeterogeneous(ctx context.Context, uuid string, on bool) error {
+	d, err := b.device(ctx, uuid)
+	if err != nil {
+		return err
+	}
+	m := gonvml.VgpuHeterogeneousMode{}
+	m.Version = gonvml.STRUCT_VERSION(m, 1)
+	if on {
+		m.Mode = 1
+	}
+	if err := b.do(ctx, "SetVgpuHeterogeneousMode", func() gonvml.Return { return d.SetVgpuHeterogeneousMode(m) }); err != nil {
+		return fmt.Errorf("set heterogeneous vGPU mode %v on GPU %s: %w", on, uuid, err)
+	}
+	return nil
+}
