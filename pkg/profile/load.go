@@ -64,13 +64,37 @@ func (c *Catalog) Identify(pciDeviceID uint16, product string) (*Model, bool) {
 func Parse(name string, data []byte) (*Model, error) {
 	var m Model
 	if err := yaml.UnmarshalStrict(data, &m); err != nil {
-		return nil, fmt.Errorf("%w: %s: %s", ErrInvalid, name, cleanYAMLError(err))
+		return nil, fmt.Errorf("%w: %s: %s%s", ErrInvalid, name, modelLabel(data), cleanYAMLError(err))
 	}
 	m.source = name
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, name, err)
 	}
 	return &m, nil
+}
+
+// modelLabel returns "model <name>: " for a file that failed to decode, so
+// that the error names the model as well as the file: a lenient decode finds
+// the name when the strict one failed on a field; for a syntax error, the
+// first top-level "name:" line is taken. It returns "" when neither works.
+func modelLabel(data []byte) string {
+	var probe struct {
+		Name string `json:"name"`
+	}
+	if err := yaml.Unmarshal(data, &probe); err == nil {
+		if probe.Name != "" {
+			return "model " + probe.Name + ": "
+		}
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "name:"); ok {
+			if v, _, _ = strings.Cut(v, "#"); strings.TrimSpace(v) != "" {
+				return "model " + strings.Trim(strings.TrimSpace(v), `"'`) + ": "
+			}
+		}
+	}
+	return ""
 }
 
 // cleanYAMLError drops the converter's internal wording so that the message
@@ -85,13 +109,17 @@ func cleanYAMLError(err error) string {
 
 // Load reads every *.yaml file of base, then of each override directory in
 // order; an override file whose model name is already known replaces that
-// model, a new name adds one. A missing override directory is not an error.
+// model, a new name adds one. A missing override directory, or an empty
+// path (none configured), is not an error.
 func Load(base fs.FS, overrideDirs ...string) (*Catalog, error) {
 	byName := map[string]*Model{}
 	if err := loadFS(base, ".", byName, false); err != nil {
 		return nil, err
 	}
 	for _, dir := range overrideDirs {
+		if dir == "" {
+			continue
+		}
 		fsys := os.DirFS(dir)
 		if _, err := fs.Stat(fsys, "."); errors.Is(err, fs.ErrNotExist) {
 			continue

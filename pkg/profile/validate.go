@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -142,7 +143,7 @@ func (m *Model) validateMIG(f *fieldErrs) {
 		if p.MemoryMiB == 0 || p.MemoryMiB > m.MemoryMiB {
 			f.add(fld+".memoryMiB", "%d must be 1..%d (the GPU's memory)", p.MemoryMiB, m.MemoryMiB)
 		}
-		if p.MemoryMiB*uint64(p.MaxInstances) > m.MemoryMiB {
+		if p.MemoryMiB > 0 && p.MaxInstances > 0 && uint64(p.MaxInstances) > m.MemoryMiB/p.MemoryMiB {
 			f.add(fld+".memoryMiB", "%d x maxInstances %d exceeds the GPU's %d MiB", p.MemoryMiB, p.MaxInstances, m.MemoryMiB)
 		}
 		if p.SMs <= 0 || p.SMs > m.SMs {
@@ -152,11 +153,17 @@ func (m *Model) validateMIG(f *fieldErrs) {
 			f.add(fld+".maxInstances", "a media (+me) profile is limited to 1 instance, got %d", p.MaxInstances)
 		}
 	}
+	sets := map[int]bool{}
 	for i, s := range g.ComputeInstanceProfiles {
 		fld := fmt.Sprintf("mig.computeInstanceProfiles[%d] (giSlices %d)", i, s.GISlices)
 		if s.GISlices <= 0 || s.GISlices > g.ComputeSlices {
 			f.add(fld+".giSlices", "%d must be 1..%d", s.GISlices, g.ComputeSlices)
 		}
+		// ComputeInstanceProfiles(n) returns the first set: a second one would be ignored.
+		if sets[s.GISlices] {
+			f.add(fld+".giSlices", "%d listed twice", s.GISlices)
+		}
+		sets[s.GISlices] = true
 		seen := map[int]bool{}
 		full := false
 		for j, c := range s.Profiles {
@@ -167,7 +174,7 @@ func (m *Model) validateMIG(f *fieldErrs) {
 			seen[c.ID] = true
 			if c.Slices <= 0 || c.Slices > s.GISlices {
 				f.add(cf+".slices", "%d must be 1..%d", c.Slices, s.GISlices)
-			} else if c.MaxInstances <= 0 || c.MaxInstances*c.Slices > s.GISlices {
+			} else if c.MaxInstances <= 0 || c.MaxInstances > s.GISlices/c.Slices {
 				f.add(cf+".maxInstances", "%d x %d slices does not fit %d slices", c.MaxInstances, c.Slices, s.GISlices)
 			}
 			if c.Slices == s.GISlices {
@@ -212,7 +219,9 @@ func (m *Model) validateVGPU(f *fieldErrs) {
 	for _, fl := range v.Flows {
 		vfio = vfio || fl == FlowVFIO
 	}
-	if vfio && v.SRIOVVFs <= 0 {
+	if v.SRIOVVFs < 0 {
+		f.add("vgpu.sriovVFs", "%d must not be negative", v.SRIOVVFs)
+	} else if vfio && v.SRIOVVFs == 0 {
 		f.add("vgpu.sriovVFs", "the vfio flow needs SR-IOV virtual functions")
 	}
 	if v.TypePrefix == "" {
@@ -256,12 +265,16 @@ func (m *Model) validateVGPU(f *fieldErrs) {
 		if t.MaxInstancesMixed < 0 || t.MaxInstancesMixed > t.MaxInstances {
 			f.add(fld+".maxInstancesMixed", "%d must be 0..maxInstances (%d)", t.MaxInstancesMixed, t.MaxInstances)
 		}
-		if vfio && v.SRIOVVFs > 0 && t.MaxInstances > v.SRIOVVFs && m.HasFlow(t, FlowVFIO) {
+		// On an SR-IOV GPU each VF holds at most one vGPU, with either flow
+		// (reference 1.1 and 2.2), so the VFs bound every type.
+		if v.SRIOVVFs > 0 && t.MaxInstances > v.SRIOVVFs {
 			f.add(fld+".maxInstances", "%d exceeds the %d SR-IOV VFs", t.MaxInstances, v.SRIOVVFs)
 		}
 		for j, fl := range t.Flows {
 			if fl != FlowMdev && fl != FlowVFIO {
 				f.add(fmt.Sprintf("%s.flows[%d]", fld, j), "%q is not mdev or vfio", fl)
+			} else if !slices.Contains(v.Flows, fl) {
+				f.add(fmt.Sprintf("%s.flows[%d]", fld, j), "%q is not one of the model's flows %v", fl, v.Flows)
 			}
 		}
 		if t.MaxResolution != "" && !resRE.MatchString(t.MaxResolution) {
@@ -271,7 +284,7 @@ func (m *Model) validateVGPU(f *fieldErrs) {
 			if t.MaxPerGPUInstance != 0 {
 				f.add(fld+".maxPerGPUInstance", "only for MIG-backed types")
 			}
-			if t.FramebufferMiB*uint64(t.MaxInstances) > m.MemoryMiB {
+			if t.FramebufferMiB > 0 && t.MaxInstances > 0 && uint64(t.MaxInstances) > m.MemoryMiB/t.FramebufferMiB {
 				f.add(fld+".maxInstances", "%d x %d MiB exceeds the GPU's %d MiB", t.MaxInstances, t.FramebufferMiB, m.MemoryMiB)
 			}
 			continue
@@ -285,7 +298,8 @@ func (m *Model) validateVGPU(f *fieldErrs) {
 			f.add(fld+".maxPerGPUInstance", "a MIG-backed type needs it")
 			continue
 		}
-		if t.MaxInstances > t.MaxPerGPUInstance*gi.MaxInstances {
+		// ceil(maxInstances / GIs) > maxPerGPUInstance, without a product that could overflow.
+		if gi.MaxInstances > 0 && t.MaxInstances > 0 && (t.MaxInstances-1)/gi.MaxInstances >= t.MaxPerGPUInstance {
 			f.add(fld+".maxInstances", "%d exceeds maxPerGPUInstance %d x %d instances of %s", t.MaxInstances, t.MaxPerGPUInstance, gi.MaxInstances, gi.Name)
 		}
 		if t.Series != SeriesC && m.hasGraphicsProfiles() && !gi.Graphics {
