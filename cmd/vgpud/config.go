@@ -29,6 +29,8 @@ type Config struct {
 	Sim bool `json:"sim,omitempty"`
 	// SimHost is a simulated host description file; "" is the built-in host.
 	SimHost string `json:"simHost,omitempty"`
+	// SimMirror also writes the simulated sysfs tree to disk (STATE/sim/sys).
+	SimMirror bool `json:"simMirror,omitempty"`
 	// SysfsRoot is where sysfs is mounted (tests point it elsewhere).
 	SysfsRoot string `json:"sysfsRoot,omitempty"`
 	// ProfilesDir overrides and extends the built-in catalog.
@@ -99,6 +101,7 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&v.cfg.StateDir, "state-dir", c.StateDir, "state directory (state.db; the simulated host under sim/)")
 	fs.BoolVar(&v.cfg.Sim, "sim", false, "run on the simulated GPU host instead of the NVIDIA driver")
 	fs.StringVar(&v.cfg.SimHost, "sim-host", "", "simulated host description (YAML); default: the built-in host")
+	fs.BoolVar(&v.cfg.SimMirror, "sim-mirror", false, "also write the simulated sysfs tree to STATE/sim/sys for inspection")
 	fs.StringVar(&v.cfg.SysfsRoot, "sysfs-root", c.SysfsRoot, "sysfs mount point")
 	fs.StringVar(&v.cfg.ProfilesDir, "profiles-dir", c.ProfilesDir, "directory of catalog files overriding the built-in ones")
 	fs.StringVar(&v.cfg.LibvirtURI, "libvirt-uri", c.LibvirtURI, "libvirt connection URI")
@@ -138,6 +141,8 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 			next.Sim = v.cfg.Sim
 		case "sim-host":
 			next.SimHost = v.cfg.SimHost
+		case "sim-mirror":
+			next.SimMirror = v.cfg.SimMirror
 		case "sysfs-root":
 			next.SysfsRoot = v.cfg.SysfsRoot
 		case "profiles-dir":

@@ -46,7 +46,7 @@ func openSim(cfg *Config, cat *profile.Catalog, log *slog.Logger) (*sim.Host, er
 		}
 		spec = s
 	}
-	return sim.Open(cfg.simDir(), spec, cat, log.With("component", "sim"))
+	return sim.Open(cfg.simDir(), spec, cat, sim.OpenOptions{Logger: log.With("component", "sim"), Mirror: cfg.SimMirror})
 }
 
 func openHost(cfg *Config, log *slog.Logger, observe nvmlbackend.Observer) (*host, error) {

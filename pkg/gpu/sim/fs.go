@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -24,21 +24,22 @@ type FS struct{ h *Host }
 // FS returns the host's sysfs view.
 func (h *Host) FS() *FS { return &FS{h: h} }
 
-// Root is the directory the tree is rendered in.
+// Root is the directory the on-disk mirror is written to (with Options.Mirror).
 func (f *FS) Root() string { return f.h.SysRoot() }
 
 func pathErr(op, name string, err error) error { return &fs.PathError{Op: op, Path: name, Err: err} }
 
 func (f *FS) clean(op, name string) (string, error) {
-	c := filepath.Clean("/" + name)[1:]
+	c := path.Clean("/" + name)[1:]
 	if c == "" || strings.HasPrefix(c, "..") {
 		return "", pathErr(op, name, fs.ErrInvalid)
 	}
 	return c, nil
 }
 
-// readOp runs a read under the shared lock, with read faults applied.
-func (f *FS) readOp(op, name string, fn func(full, canon string) error) error {
+// readOp runs a read under the shared lock, with read faults applied. fn
+// gets the tree and the cleaned name.
+func (f *FS) readOp(op, name string, fn func(t *tree, name string) error) error {
 	c, err := f.clean(op, name)
 	if err != nil {
 		return err
@@ -46,19 +47,16 @@ func (f *FS) readOp(op, name string, fn func(full, canon string) error) error {
 	h := f.h
 	var faultErr error
 	var delay time.Duration
-	attr := filepath.Base(c)
+	attr := path.Base(c)
 	err = h.view(func(st *state) error {
-		full := filepath.Join(h.SysRoot(), c)
-		canon := h.canon(full)
 		if hasSysfsFault(st, "read:"+attr) {
 			return errNeedWrite
 		}
-		return fn(full, canon)
+		return fn(h.tree, c)
 	})
 	if errors.Is(err, errNeedWrite) {
 		err = h.mutate(func(st *state) (bool, error) {
-			full := filepath.Join(h.SysRoot(), c)
-			canon := h.canon(full)
+			canon, _, _ := h.tree.resolve(c, true)
 			flt, moved := st.checkFault("read:"+attr, st.gpuOfPath(canon), true)
 			if flt != nil {
 				delay = flt.delay()
@@ -67,7 +65,7 @@ func (f *FS) readOp(op, name string, fn func(full, canon string) error) error {
 					return moved, nil
 				}
 			}
-			return moved, fn(full, canon)
+			return moved, fn(h.tree, c)
 		})
 	}
 	if delay > 0 {
@@ -75,6 +73,12 @@ func (f *FS) readOp(op, name string, fn func(full, canon string) error) error {
 	}
 	if faultErr != nil {
 		return faultErr
+	}
+	if err != nil {
+		var pe *fs.PathError
+		if !errors.As(err, &pe) {
+			err = pathErr(op, name, err)
+		}
 	}
 	return err
 }
@@ -90,45 +94,40 @@ func hasSysfsFault(st *state, op string) bool {
 	return false
 }
 
-// canon resolves symlinks inside the tree and returns the path relative to
-// the root ("" when it does not exist).
-func (h *Host) canon(full string) string {
-	r, err := filepath.EvalSymlinks(full)
-	if err != nil {
-		return ""
-	}
-	root, err := filepath.EvalSymlinks(h.SysRoot())
-	if err != nil {
-		return ""
-	}
-	rel, err := filepath.Rel(root, r)
-	if err != nil || strings.HasPrefix(rel, "..") {
-		return ""
-	}
-	return rel
-}
-
 // ReadFile reads an attribute.
 func (f *FS) ReadFile(name string) ([]byte, error) {
 	var data []byte
-	err := f.readOp("read", name, func(full, canon string) error {
-		if e, ok := f.h.errFiles[canon]; ok {
-			return pathErr("read", name, e)
+	err := f.readOp("read", name, func(t *tree, c string) error {
+		_, e, err := t.resolve(c, true)
+		switch {
+		case err != nil:
+			return err
+		case e.kind == 'd':
+			return syscall.EISDIR
+		case e.errno != 0:
+			return e.errno
 		}
-		var err error
-		data, err = os.ReadFile(full)
-		return err
+		data = []byte(e.data)
+		return nil
 	})
 	return data, err
 }
 
-// ReadDir lists a directory.
+// ReadDir lists a directory, sorted by name.
 func (f *FS) ReadDir(name string) ([]fs.DirEntry, error) {
 	var out []fs.DirEntry
-	err := f.readOp("readdir", name, func(full, _ string) error {
-		var err error
-		out, err = os.ReadDir(full)
-		return err
+	err := f.readOp("readdir", name, func(t *tree, c string) error {
+		canon, e, err := t.resolve(c, true)
+		if err != nil {
+			return err
+		}
+		if e.kind != 'd' {
+			return syscall.ENOTDIR
+		}
+		for _, n := range t.children[canon] {
+			out = append(out, fileInfo{name: n, e: t.entries[path.Join(canon, n)]})
+		}
+		return nil
 	})
 	return out, err
 }
@@ -136,10 +135,16 @@ func (f *FS) ReadDir(name string) ([]fs.DirEntry, error) {
 // Readlink reads a symlink.
 func (f *FS) Readlink(name string) (string, error) {
 	var out string
-	err := f.readOp("readlink", name, func(full, _ string) error {
-		var err error
-		out, err = os.Readlink(full)
-		return err
+	err := f.readOp("readlink", name, func(t *tree, c string) error {
+		_, e, err := t.resolve(c, false)
+		if err != nil {
+			return err
+		}
+		if e.kind != 'l' {
+			return syscall.EINVAL
+		}
+		out = e.data
+		return nil
 	})
 	return out, err
 }
@@ -147,10 +152,13 @@ func (f *FS) Readlink(name string) (string, error) {
 // Stat stats a path, following links.
 func (f *FS) Stat(name string) (fs.FileInfo, error) {
 	var out fs.FileInfo
-	err := f.readOp("stat", name, func(full, _ string) error {
-		var err error
-		out, err = os.Stat(full)
-		return err
+	err := f.readOp("stat", name, func(t *tree, c string) error {
+		canon, e, err := t.resolve(c, true)
+		if err != nil {
+			return err
+		}
+		out = fileInfo{name: path.Base(canon), e: e}
+		return nil
 	})
 	return out, err
 }
@@ -179,10 +187,13 @@ func (f *FS) WriteFile(name string, data []byte) error {
 	var delay time.Duration
 	var werr error
 	err = h.mutate(func(st *state) (bool, error) {
-		full := filepath.Join(h.SysRoot(), c)
-		canon := h.canon(full)
-		if canon == "" {
-			werr = syscall.ENOENT
+		canon, ent, rerr := h.tree.resolve(c, true)
+		if rerr != nil {
+			werr = rerr
+			return false, nil
+		}
+		if ent.kind == 'd' {
+			werr = syscall.EISDIR
 			return false, nil
 		}
 		g := st.gpuOfPath(canon)
@@ -254,10 +265,6 @@ func (h *Host) store(st *state, g *gpuState, canon string, data []byte) (bool, e
 			return false, syscall.ENODEV
 		}
 		return storeParams(v.VGPU, v, data)
-	}
-	fi, err := os.Lstat(filepath.Join(h.SysRoot(), canon))
-	if err == nil && fi.IsDir() {
-		return false, syscall.EISDIR
 	}
 	return false, syscall.EACCES
 }

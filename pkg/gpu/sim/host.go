@@ -54,13 +54,24 @@ type Host struct {
 	st      *state
 	stamp   fileStamp
 	latency time.Duration
-	// rendered caches the sysfs entries last written, so that a mutation
-	// rewrites only what changed. nil means unknown: rewrite all.
+	// tree is the sysfs tree the state implies; FS reads are served from it.
+	tree *tree
+	// mirror: also keep the tree on disk under DIR/sys (for people and
+	// tools that read files). rendered caches what was last written there,
+	// so that a mutation rewrites only what changed; nil means unknown.
+	mirror   bool
 	rendered map[string]entry
-	// errFiles are attributes whose read fails with an errno (ENXIO for an
-	// idle VF's gpu_instance_id, EACCES for write-only files).
-	errFiles map[string]syscall.Errno
 	sleep    func(time.Duration)
+}
+
+// OpenOptions configure Open.
+type OpenOptions struct {
+	// Logger receives the simulated driver's log lines.
+	Logger *slog.Logger
+	// Mirror keeps the sysfs tree on disk under DIR/sys as well. Every
+	// read goes through FS either way; the mirror costs a file write per
+	// changed attribute.
+	Mirror bool
 }
 
 type fileStamp struct {
@@ -72,7 +83,8 @@ type fileStamp struct {
 // Open opens the simulated host in dir, creating it from spec when dir
 // holds none. A dir created from another spec is refused unless spec is nil
 // (nil: use whatever dir holds, or the default host when it is new).
-func Open(dir string, spec *Spec, cat *profile.Catalog, log *slog.Logger) (*Host, error) {
+func Open(dir string, spec *Spec, cat *profile.Catalog, opts OpenOptions) (*Host, error) {
+	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -83,7 +95,7 @@ func Open(dir string, spec *Spec, cat *profile.Catalog, log *slog.Logger) (*Host
 	if err != nil {
 		return nil, fmt.Errorf("open simulated host lock: %w", err)
 	}
-	h := &Host{dir: dir, cat: cat, log: log, lock: lf, errFiles: map[string]syscall.Errno{}, sleep: time.Sleep}
+	h := &Host{dir: dir, cat: cat, log: log, lock: lf, mirror: opts.Mirror, sleep: time.Sleep}
 	if err := h.flock(unix.LOCK_EX); err != nil {
 		lf.Close()
 		return nil, err
@@ -129,7 +141,8 @@ func Open(dir string, spec *Spec, cat *profile.Catalog, log *slog.Logger) (*Host
 		return nil, fmt.Errorf("stat simulated host state: %w", statErr)
 	}
 	h.latency, _ = h.st.Spec.callLatency()
-	if err := h.renderAll(); err != nil {
+	h.tree = newTree(h.desired())
+	if err := h.writeMirror(); err != nil {
 		lf.Close()
 		return nil, err
 	}
@@ -272,7 +285,7 @@ func (h *Host) load() error {
 	h.stamp = stampOf(fi)
 	h.rendered = nil
 	h.latency, _ = st.Spec.callLatency()
-	h.setErrFiles(h.desired())
+	h.tree = newTree(h.desired())
 	return nil
 }
 
@@ -369,7 +382,8 @@ func (h *Host) mutate(fn func(st *state) (changed bool, err error)) error {
 	if serr := h.save(); serr != nil {
 		return serr
 	}
-	if rerr := h.renderAll(); rerr != nil {
+	h.tree = newTree(h.desired())
+	if rerr := h.writeMirror(); rerr != nil {
 		return rerr
 	}
 	return err

@@ -83,6 +83,7 @@ func (h *Host) desired() map[string]entry {
 		if !st.DriverLoaded {
 			continue
 		}
+		creatable := creatableTypes(g, st.Spec.Options)
 		for n, v := range g.VFs {
 			link(fmt.Sprintf("%s/virtfn%d", pf, n), "../"+v.PCI)
 			d := pciDev(v.PCI, devID, v.IOMMUGroup)
@@ -92,7 +93,7 @@ func (h *Host) desired() map[string]entry {
 				continue
 			}
 			dir(d + "/nvidia")
-			file(d+"/nvidia/creatable_vgpu_types", creatableFile(g, v, st.Spec.Options))
+			file(d+"/nvidia/creatable_vgpu_types", creatableFile(g, v, creatable))
 			cur, params := 0, v.Params
 			if v.VGPU != nil {
 				cur, params = v.VGPU.Type, v.VGPU.Params
@@ -100,6 +101,13 @@ func (h *Host) desired() map[string]entry {
 			file(d+"/nvidia/current_vgpu_type", fmt.Sprintf("%d\n", cur))
 			file(d+"/nvidia/vgpu_params", params+"\n")
 			renderGIFiles(d, v.VGPU, file, errFile)
+		}
+		roomOf := map[int]int{}
+		for i := range g.model.VGPU.Types {
+			if g.Flavour == string(gpu.FlavourMdev) {
+				t := &g.model.VGPU.Types[i]
+				roomOf[t.ID] = room(g, t, st.Spec.Options)
+			}
 		}
 		for _, parent := range g.mdevParents() {
 			pd := devDir(parent)
@@ -114,7 +122,7 @@ func (h *Host) desired() map[string]entry {
 				dir(td)
 				file(td+"/name", "NVIDIA "+t.Name+"\n")
 				file(td+"/description", description(t))
-				file(td+"/available_instances", fmt.Sprintf("%d\n", mdevAvailable(g, parent, t, st.Spec.Options)))
+				file(td+"/available_instances", fmt.Sprintf("%d\n", availableFrom(g, parent, roomOf[t.ID])))
 				file(td+"/device_api", "vfio-pci\n")
 				errFile(td+"/create", syscall.EIO)
 				dir(td + "/devices")
@@ -163,13 +171,13 @@ func renderGIFiles(d string, v *vgpu, file func(p, data string), errFile func(st
 // creatableFile is nvidia/creatable_vgpu_types of a VF (reference 2.3):
 // a header, then "%-5d : %s" per type the VF can create now; only the
 // header once the VF has a vGPU or nothing fits.
-func creatableFile(g *gpuState, v *vf, opts Options) string {
+func creatableFile(g *gpuState, v *vf, creatable []*profile.VGPUType) string {
 	var b strings.Builder
 	b.WriteString("ID    : vGPU Name\n")
 	if v.VGPU != nil || g.Lost {
 		return b.String()
 	}
-	for _, t := range creatableTypes(g, opts) {
+	for _, t := range creatable {
 		fmt.Fprintf(&b, "%-5d : NVIDIA %s\n", t.ID, t.Name)
 	}
 	return b.String()
@@ -182,21 +190,33 @@ func description(t *profile.VGPUType) string {
 		heads, frl, t.FramebufferMiB, res, t.MaxInstances)
 }
 
-// renderAll brings the tree on disk to the state: a full rewrite when the
-// cache is unknown, else only the entries that changed.
-func (h *Host) renderAll() error {
-	want := h.desired()
+// mirrorMarker records, in the mirror, the state generation it shows.
+const mirrorMarker = ".generation"
+
+// writeMirror brings the on-disk mirror to the tree: a full rewrite when
+// what is on disk is unknown (unless its marker shows this generation),
+// else only the entries that changed.
+func (h *Host) writeMirror() error {
+	if !h.mirror {
+		return nil
+	}
+	want := h.tree.entries
 	root := h.SysRoot()
+	marker := filepath.Join(root, mirrorMarker)
+	gen := fmt.Sprintf("%d\n", h.st.Generation)
 	if h.rendered == nil {
+		if b, err := os.ReadFile(marker); err == nil && string(b) == gen {
+			h.rendered = want
+			return nil
+		}
 		if err := os.RemoveAll(root); err != nil {
-			return fmt.Errorf("reset simulated sysfs: %w", err)
+			return fmt.Errorf("reset simulated sysfs mirror: %w", err)
 		}
 		if err := os.MkdirAll(root, 0o755); err != nil {
-			return fmt.Errorf("create simulated sysfs: %w", err)
+			return fmt.Errorf("create simulated sysfs mirror: %w", err)
 		}
 		h.rendered = map[string]entry{}
 	}
-	// Remove what is gone, deepest first.
 	var gone []string
 	for p := range h.rendered {
 		if _, ok := want[p]; !ok {
@@ -206,11 +226,10 @@ func (h *Host) renderAll() error {
 	sort.Slice(gone, func(i, j int) bool { return len(gone[i]) > len(gone[j]) })
 	for _, p := range gone {
 		if err := os.RemoveAll(filepath.Join(root, p)); err != nil {
-			return fmt.Errorf("render simulated sysfs: %w", err)
+			return fmt.Errorf("write simulated sysfs mirror: %w", err)
 		}
 		delete(h.rendered, p)
 	}
-	// Write what is new or changed, parents first.
 	paths := make([]string, 0, len(want))
 	for p, e := range want {
 		if old, ok := h.rendered[p]; !ok || old != e {
@@ -225,7 +244,7 @@ func (h *Host) renderAll() error {
 		full := filepath.Join(root, p)
 		if old, ok := h.rendered[p]; ok && old.kind != e.kind {
 			if err := os.RemoveAll(full); err != nil {
-				return fmt.Errorf("render simulated sysfs: %w", err)
+				return fmt.Errorf("write simulated sysfs mirror: %w", err)
 			}
 		}
 		var err error
@@ -241,19 +260,9 @@ func (h *Host) renderAll() error {
 			}
 		}
 		if err != nil && !errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("render simulated sysfs %s: %w", p, err)
+			return fmt.Errorf("write simulated sysfs mirror %s: %w", p, err)
 		}
 		h.rendered[p] = e
 	}
-	h.setErrFiles(want)
-	return nil
-}
-
-func (h *Host) setErrFiles(want map[string]entry) {
-	h.errFiles = map[string]syscall.Errno{}
-	for p, e := range want {
-		if e.errno != 0 {
-			h.errFiles[p] = e.errno
-		}
-	}
+	return os.WriteFile(marker, []byte(gen), 0o644)
 }

@@ -334,7 +334,12 @@ func (g *gpuState) freeMdevVFs() int {
 
 // mdevAvailable is available_instances of type t under parent.
 func mdevAvailable(g *gpuState, parent string, t *profile.VGPUType, opts Options) int {
-	r := room(g, t, opts)
+	return availableFrom(g, parent, room(g, t, opts))
+}
+
+// availableFrom turns the GPU's room for a type into one parent's
+// available_instances: a VF parent holds at most one vGPU.
+func availableFrom(g *gpuState, parent string, r int) int {
 	if r <= 0 {
 		return 0
 	}
