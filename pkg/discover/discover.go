@@ -77,3 +77,25 @@ func Merge(g *gpu.GPU, s Sysfs) {
 		g.MIG.Instances[i].VGPUs = perGI[g.MIG.Instances[i].ID]
 	}
 }
+
+// Host is a Discoverer over the two backends.
+type Host struct {
+	NVML interface {
+		NVML
+		Describe(ctx context.Context, uuid string) (gpu.GPU, error)
+	}
+	Sysfs Sysfs
+}
+
+// Inventory discovers every GPU.
+func (h Host) Inventory(ctx context.Context) (gpu.Inventory, error) { return Inventory(ctx, h.NVML, h.Sysfs) }
+
+// GPU re-reads one GPU.
+func (h Host) GPU(ctx context.Context, uuid string) (gpu.GPU, error) {
+	g, err := h.NVML.Describe(ctx, uuid)
+	if err != nil {
+		return g, err
+	}
+	Merge(&g, h.Sysfs)
+	return g, nil
+}

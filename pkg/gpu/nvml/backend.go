@@ -43,6 +43,10 @@ type Backend struct {
 	// profiles caches, per GPU UUID, the GI profile index of each real id;
 	// the table is fixed per GPU.
 	profiles map[string]map[int]int
+	// known keeps each enumerated GPU's identity by NVML index, so that a GPU
+	// that fell off the bus (every query GPU_IS_LOST) is still reported by
+	// its UUID and PCI address. The index only bridges one driver session.
+	known map[int]gpu.GPU
 }
 
 // Options configure a Backend.
@@ -57,7 +61,7 @@ func New(lib gonvml.Interface, cat *profile.Catalog, opts Options) *Backend {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Backend{lib: lib, cat: cat, log: log, observe: opts.Observer, profiles: map[string]map[int]int{}}
+	return &Backend{lib: lib, cat: cat, log: log, observe: opts.Observer, profiles: map[string]map[int]int{}, known: map[int]gpu.GPU{}}
 }
 
 // wrap turns an nvml.Return into an error carrying the matching gpu sentinel.

@@ -44,12 +44,34 @@ func (b *Backend) Describe(ctx context.Context, uuid string) (gpu.GPU, error) {
 	}
 	var idx int
 	if err := b.do(ctx, "GetIndex", func() (r gonvml.Return) { idx, r = d.GetIndex(); return }); err != nil {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, k := range b.known {
+			if k.UUID == uuid {
+				k.Lost, k.Errors = errors.Is(err, gpu.ErrGPULost), []string{err.Error()}
+				return k, nil
+			}
+		}
 		return gpu.GPU{UUID: uuid, Lost: errors.Is(err, gpu.ErrGPULost), Errors: []string{err.Error()}}, nil
 	}
 	return b.describe(ctx, idx, d)
 }
 
 func (b *Backend) describe(ctx context.Context, i int, d gonvml.Device) (gpu.GPU, error) {
+	g, err := b.describeDevice(ctx, i, d)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if g.Lost {
+		if k, ok := b.known[i]; ok && (g.UUID == "" || g.UUID == k.UUID) {
+			g.UUID, g.PCI, g.Product, g.Model, g.PCIDeviceID, g.MemoryBytes = k.UUID, k.PCI, k.Product, k.Model, k.PCIDeviceID, k.MemoryBytes
+		}
+	} else if g.UUID != "" && g.PCI != "" {
+		b.known[i] = gpu.GPU{Index: i, UUID: g.UUID, PCI: g.PCI, Product: g.Product, Model: g.Model, PCIDeviceID: g.PCIDeviceID, MemoryBytes: g.MemoryBytes}
+	}
+	return g, err
+}
+
+func (b *Backend) describeDevice(ctx context.Context, i int, d gonvml.Device) (gpu.GPU, error) {
 	g := gpu.GPU{Index: i, NUMANode: -1}
 	// soft records a per-GPU failure; only a context error aborts discovery.
 	soft := func(what string, err error) bool {
