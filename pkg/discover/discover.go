@@ -88,7 +88,9 @@ type Host struct {
 }
 
 // Inventory discovers every GPU.
-func (h Host) Inventory(ctx context.Context) (gpu.Inventory, error) { return Inventory(ctx, h.NVML, h.Sysfs) }
+func (h Host) Inventory(ctx context.Context) (gpu.Inventory, error) {
+	return Inventory(ctx, h.NVML, h.Sysfs)
+}
 
 // GPU re-reads one GPU.
 func (h Host) GPU(ctx context.Context, uuid string) (gpu.GPU, error) {
