@@ -1,0 +1,450 @@
+// Package libvirtd gives tests a real libvirtd with the QEMU driver: it uses
+// a libvirtd already answering on the default socket, or starts virtlogd and
+// libvirtd as child processes that it owns and stops at cleanup. It also
+// defines tiny TCG domains that are undefined at cleanup.
+//
+// Only tests import it (pkg/virt's tests and the e2e suite).
+//
+// How libvirtd runs here (Debian 12, root, no systemd):
+//
+//   - A libvirtd started by Start listens on a private socket in a temporary
+//     directory (its own libvirtd.conf sets unix_sock_dir), which the QEMU
+//     driver accepts as root. The driver's state is NOT private: a privileged
+//     libvirtd always keeps domains in /etc/libvirt/qemu and /run/libvirt/qemu
+//     and holds /run/libvirt/*/driver.pid, so only one privileged libvirtd
+//     can run on a machine. virtlogd's socket is fixed too
+//     (/run/libvirt/virtlogd-sock).
+//   - Because of that, Start takes a machine-wide lock (flock on
+//     /run/lock/vgpud-testenv-libvirtd.lock) for the life of the Env, so test
+//     binaries that use this package take turns, and it removes domains that a
+//     crashed earlier run of this package left defined (they carry a marker in
+//     their metadata; no other domain is touched).
+//   - /etc/libvirt/qemu.conf is written with user and group root when it is
+//     missing, which TCG guests need when libvirtd runs as root. An existing
+//     file is left alone.
+//
+// Tests skip, with the reason printed, when libvirtd, virtlogd or
+// qemu-system-x86_64 is missing or the test does not run as root and no
+// libvirtd answers. Setting VGPUD_TEST_REQUIRE_LIBVIRTD=1 turns those skips
+// into failures, for CI machines that install the packages.
+// VGPUD_TEST_LIBVIRTD_LOG_FILTERS (libvirtd's log_filters syntax, e.g.
+// "1:qemu 3:*") turns on debug logging in a libvirtd that Start runs; its log
+// is printed when a test fails.
+package libvirtd
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+)
+
+// DefaultSocket is where a system libvirtd listens.
+const DefaultSocket = "/run/libvirt/libvirt-sock"
+
+const (
+	virtlogdSocket = "/run/libvirt/virtlogd-sock"
+	qemuConf       = "/etc/libvirt/qemu.conf"
+	lockPath       = "/run/lock/vgpud-testenv-libvirtd.lock"
+	requireEnv     = "VGPUD_TEST_REQUIRE_LIBVIRTD"
+	debugEnv       = "VGPUD_TEST_LIBVIRTD_LOG_FILTERS"
+
+	readyTimeout = 60 * time.Second
+	stopTimeout  = 20 * time.Second
+	lockTimeout  = 5 * time.Minute
+)
+
+// inProcess keeps two Envs of one test binary from waiting on each other's
+// machine-wide lock forever: a second Start while one is live fails at once.
+// It guards a process-wide resource (the one libvirtd a machine can run), which
+// is why it is package state.
+var inProcess sync.Mutex
+
+// Env is a libvirtd a test can use.
+type Env struct {
+	socket string
+	owned  bool   // started by Start: Restart and Stop are allowed
+	dir    string // private directory: config, socket, pid files, logs
+
+	mu       sync.Mutex
+	libvirtd *proc
+	virtlogd *proc
+}
+
+// proc is a daemon child process and the channel closed when it exits.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// Start returns a libvirtd for the test. It fails or skips the test when none
+// can be had. Only one Env may be live in a process at a time.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	if !inProcess.TryLock() {
+		t.Fatal("libvirtd.Start: another Env is live in this test binary; pass it down instead of starting a second one")
+	}
+	t.Cleanup(inProcess.Unlock)
+	lock := acquireLock(t)
+	t.Cleanup(func() { lock.Close() })
+
+	e := &Env{socket: DefaultSocket}
+	if answers(DefaultSocket) {
+		t.Logf("using the libvirtd already answering on %s", DefaultSocket)
+		e.sweepStale(t)
+		return e
+	}
+	for _, bin := range []string{"libvirtd", "virtlogd", "qemu-system-x86_64"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			skip(t, fmt.Sprintf("%s is not installed (apt-get install libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86)", bin))
+		}
+	}
+	if os.Geteuid() != 0 {
+		skip(t, "no libvirtd answers on "+DefaultSocket+" and starting one needs root")
+	}
+	dir, err := os.MkdirTemp("", "vgpud-libvirtd-")
+	if err != nil {
+		t.Fatalf("libvirtd: temp dir: %v", err)
+	}
+	e.dir = dir
+	e.socket = filepath.Join(dir, "libvirt-sock")
+	e.owned = true
+	t.Cleanup(func() {
+		e.stopAll(t)
+		if t.Failed() {
+			e.dumpLogs(t)
+			if os.Getenv(debugEnv) != "" {
+				t.Logf("libvirtd debug logs kept in %s", dir)
+				return
+			}
+		}
+		os.RemoveAll(dir)
+	})
+	if err := ensureQEMUConf(); err != nil {
+		t.Fatalf("libvirtd: %v", err)
+	}
+	conf := fmt.Sprintf("unix_sock_dir = %q\nunix_sock_rw_perms = \"0700\"\nauth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\n", dir)
+	if f := os.Getenv(debugEnv); f != "" {
+		// libvirtd's own log filter syntax, e.g. "1:qemu 3:*".
+		conf += fmt.Sprintf("log_filters = %q\nlog_outputs = %q\n", f, "1:stderr")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "libvirtd.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatalf("libvirtd: write config: %v", err)
+	}
+	if !answers(virtlogdSocket) {
+		e.virtlogd = e.spawn(t, "virtlogd", "-p", filepath.Join(dir, "virtlogd.pid"))
+		e.waitFor(t, e.virtlogd, func() bool { return answers(virtlogdSocket) })
+	}
+	e.StartDaemon(t)
+	e.sweepStale(t)
+	return e
+}
+
+// Socket is the path of libvirtd's read-write unix socket.
+func (e *Env) Socket() string { return e.socket }
+
+// URI is the connection URI for clients that take one (virsh -c): it names
+// the socket when it is not the default one.
+func (e *Env) URI() string {
+	if e.socket == DefaultSocket {
+		return "qemu:///system"
+	}
+	return "qemu:///system?socket=" + e.socket
+}
+
+// Owned reports whether this Env started libvirtd, so that it may stop and
+// restart it.
+func (e *Env) Owned() bool { return e.owned }
+
+// Restart stops libvirtd and starts it again, as a package upgrade or a crash
+// and restart would. Running guests keep running; the new libvirtd reattaches
+// to them. It skips the test when the libvirtd was not started by Start.
+func (e *Env) Restart(t testing.TB) {
+	t.Helper()
+	e.StopDaemon(t)
+	e.StartDaemon(t)
+}
+
+// StopDaemon stops libvirtd (SIGTERM, then SIGKILL after 20 s) and waits for
+// it to exit. It skips the test when the libvirtd was not started by Start.
+func (e *Env) StopDaemon(t testing.TB) {
+	t.Helper()
+	e.requireOwned(t)
+	e.mu.Lock()
+	p := e.libvirtd
+	e.libvirtd = nil
+	e.mu.Unlock()
+	if p == nil {
+		return
+	}
+	if err := p.stop(); err != nil {
+		t.Fatalf("libvirtd: stop: %v", err)
+	}
+}
+
+// StartDaemon starts libvirtd (after StopDaemon, or the first time) and waits
+// until it answers RPCs on the socket.
+func (e *Env) StartDaemon(t testing.TB) {
+	t.Helper()
+	e.requireOwned(t)
+	e.mu.Lock()
+	running := e.libvirtd != nil
+	e.mu.Unlock()
+	if running {
+		t.Fatal("libvirtd: StartDaemon while it is running")
+	}
+	p := e.spawn(t, "libvirtd", "-f", filepath.Join(e.dir, "libvirtd.conf"), "-p", filepath.Join(e.dir, "libvirtd.pid"))
+	e.mu.Lock()
+	e.libvirtd = p
+	e.mu.Unlock()
+	e.waitFor(t, p, func() bool { return answers(e.socket) })
+}
+
+func (e *Env) requireOwned(t testing.TB) {
+	t.Helper()
+	if !e.owned {
+		t.Skipf("libvirtd at %s was not started by this test; it cannot be stopped or restarted", e.socket)
+	}
+}
+
+// spawn starts a daemon with its output in a log file in the private dir.
+func (e *Env) spawn(t testing.TB, name string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(e.dir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatalf("libvirtd: %v", err)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Stdout = f
+	cmd.Stderr = f
+	// If the test binary dies without running its cleanups, the daemons go
+	// with it instead of holding the machine's only libvirtd slot.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatalf("libvirtd: start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	t.Logf("started %s (pid %d), log %s", name, cmd.Process.Pid, logPath)
+	return p
+}
+
+// waitFor polls ready until it holds, failing early if p exits.
+func (e *Env) waitFor(t testing.TB, p *proc, ready func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(readyTimeout)
+	for !ready() {
+		select {
+		case <-p.done:
+			t.Fatalf("libvirtd: %s exited during start-up (%v); log:\n%s", p.name, p.err, tail(p.log))
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("libvirtd: %s did not answer within %v; log:\n%s", p.name, readyTimeout, tail(p.log))
+		}
+	}
+}
+
+func (p *proc) stop() error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("signal %s: %w", p.name, err)
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(stopTimeout):
+	}
+	p.cmd.Process.Kill()
+	<-p.done
+	return fmt.Errorf("%s ignored SIGTERM for %v and was killed", p.name, stopTimeout)
+}
+
+func (e *Env) stopAll(t testing.TB) {
+	e.mu.Lock()
+	lv, vl := e.libvirtd, e.virtlogd
+	e.libvirtd, e.virtlogd = nil, nil
+	e.mu.Unlock()
+	for _, p := range []*proc{lv, vl} {
+		if p == nil {
+			continue
+		}
+		if err := p.stop(); err != nil {
+			t.Errorf("libvirtd: %v", err)
+		}
+	}
+}
+
+func (e *Env) dumpLogs(t testing.TB) {
+	for _, name := range []string{"libvirtd", "virtlogd"} {
+		p := filepath.Join(e.dir, name+".log")
+		if _, err := os.Stat(p); err == nil {
+			t.Logf("%s log (tail):\n%s", name, tail(p))
+		}
+	}
+}
+
+// Client opens a raw go-libvirt connection to the Env's libvirtd, closed at
+// cleanup. Tests use it to arrange state that pkg/virt does not offer.
+func (e *Env) Client(t testing.TB) *libvirt.Libvirt {
+	t.Helper()
+	l, err := dial(e.socket)
+	if err != nil {
+		t.Fatalf("libvirtd: connect to %s: %v", e.socket, err)
+	}
+	t.Cleanup(func() { l.Disconnect() })
+	return l
+}
+
+// Virsh runs virsh against the Env's libvirtd and returns its output; a
+// non-zero exit fails the test.
+func (e *Env) Virsh(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := e.VirshErr(args...)
+	if err != nil {
+		t.Fatalf("virsh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// VirshErr runs virsh against the Env's libvirtd and returns its combined
+// output and exit error.
+func (e *Env) VirshErr(args ...string) (string, error) {
+	cmd := exec.Command("virsh", append([]string{"-q", "-c", e.URI()}, args...)...)
+	var buf bytes.Buffer
+	cmd.Stdout = &buf
+	cmd.Stderr = &buf
+	err := cmd.Run()
+	return buf.String(), err
+}
+
+func dial(socket string) (*libvirt.Libvirt, error) {
+	l := libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(socket), dialers.WithLocalTimeout(2*time.Second)))
+	done := make(chan error, 1)
+	go func() { done <- l.ConnectToURI(libvirt.QEMUSystem) }()
+	select {
+	case err := <-done:
+		return l, err
+	case <-time.After(10 * time.Second):
+		return nil, fmt.Errorf("no answer from %s within 10s", socket)
+	}
+}
+
+// answers reports whether something accepts connections on a unix socket
+// and, for libvirtd's socket, answers a version RPC.
+func answers(socket string) bool {
+	if socket == virtlogdSocket {
+		c, err := net.DialTimeout("unix", socket, time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	}
+	if _, err := os.Stat(socket); err != nil {
+		return false
+	}
+	l, err := dial(socket)
+	if err != nil {
+		return false
+	}
+	defer l.Disconnect()
+	_, err = l.ConnectGetLibVersion()
+	return err == nil
+}
+
+func ensureQEMUConf() error {
+	if _, err := os.Stat(qemuConf); err == nil {
+		return nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("stat %s: %w", qemuConf, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(qemuConf), 0o755); err != nil {
+		return err
+	}
+	// Without it the QEMU driver runs guests as libvirt-qemu, which cannot
+	// open what a root test prepares.
+	content := "# Written by vgpud's test harness: TCG guests run as root here.\nuser = \"root\"\ngroup = \"root\"\n"
+	if err := os.WriteFile(qemuConf, []byte(content), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", qemuConf, err)
+	}
+	return nil
+}
+
+// acquireLock takes the machine-wide harness lock, waiting up to lockTimeout
+// for another test binary to finish with libvirtd.
+func acquireLock(t testing.TB) *os.File {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(lockPath), 0o1777); err != nil {
+		t.Fatalf("libvirtd: %v", err)
+	}
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		skip(t, fmt.Sprintf("cannot open %s: %v", lockPath, err))
+	}
+	deadline := time.Now().Add(lockTimeout)
+	logged := false
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			t.Fatalf("libvirtd: lock %s: %v", lockPath, err)
+		}
+		if !logged {
+			t.Logf("waiting for %s: another test binary is using libvirtd", lockPath)
+			logged = true
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			t.Fatalf("libvirtd: %s still held after %v", lockPath, lockTimeout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func skip(t testing.TB, reason string) {
+	t.Helper()
+	if os.Getenv(requireEnv) == "1" {
+		t.Fatalf("libvirtd test environment unavailable (%s=1): %s", requireEnv, reason)
+	}
+	t.Skipf("skipping: %s", reason)
+}
+
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	const max = 4000
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return string(b)
+}
