@@ -92,10 +92,11 @@ func defaultConfig() *Config {
 type flagValues struct {
 	cfg  Config
 	file string
+	set  *pflag.FlagSet
 }
 
 func (c *Config) bindFlags(fs *pflag.FlagSet) {
-	v := &flagValues{cfg: *c}
+	v := &flagValues{cfg: *c, set: fs}
 	c.flags = v
 	fs.StringVar(&v.file, "config", "", "configuration file (default "+defaultConfigPath+" when present)")
 	fs.StringVar(&v.cfg.StateDir, "state-dir", c.StateDir, "state directory (state.db; the simulated host under sim/)")
@@ -114,9 +115,13 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&v.cfg.UndefinePolicy, "undefine-policy", c.UndefinePolicy, "when a VM is undefined: release or keep its instances")
 }
 
-// load reads the configuration file, then applies the flags the user set.
+// load reads the configuration file, then applies the flags the user set
+// (fs nil: the flag set bindFlags saw, as on SIGHUP).
 func (c *Config) load(fs *pflag.FlagSet) error {
 	v := c.flags
+	if fs == nil {
+		fs = v.set
+	}
 	file, explicit := v.file, v.file != ""
 	if !explicit {
 		file = defaultConfigPath

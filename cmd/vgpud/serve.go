@@ -3,8 +3,258 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/discover"
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/virt"
 )
 
+// stopTimeout bounds how long SIGTERM waits for operations in flight; the
+// unit's TimeoutStopSec is longer.
+const stopTimeout = 60 * time.Second
+
+// daemon is the running daemon's wiring, one typed struct.
+type daemon struct {
+	cfg    *Config
+	log    *slog.Logger
+	host   *host
+	db     *store.DB
+	virt   *virt.Conn
+	mgr    *manager.Manager
+	notify notifier
+}
+
+// serve runs the daemon until ctx ends (SIGTERM/SIGINT).
 func serve(ctx context.Context, cfg *Config) error {
-	return errors.New("daemon mode is not built in this version; use a subcommand")
+	log := newLogger(cfg)
+	d := &daemon{cfg: cfg, log: log, notify: newNotifier(log)}
+	defer d.close()
+	if err := d.start(ctx); err != nil {
+		return err
+	}
+	return d.run(ctx)
+}
+
+func (d *daemon) start(ctx context.Context) error {
+	cfg, log := d.cfg, d.log
+	crash, err := manager.CrashAt(os.Getenv("VGPUD_CRASH_AT"))
+	if err != nil {
+		return usageError{err}
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	d.notify.Status("opening state")
+	db, err := store.Open(filepath.Join(cfg.StateDir, "state.db"), store.Options{Logger: log.With("component", "store")})
+	if err != nil {
+		return err
+	}
+	d.db = db
+	h, err := openHost(cfg, log, nvmlObserver(d))
+	if err != nil {
+		return err
+	}
+	d.host = h
+	degraded := ""
+	if err := d.waitDriver(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		degraded = err.Error()
+		log.Error("starting degraded: reads are served, carving is refused", "why", degraded)
+	}
+	if cfg.LibvirtSocket != "" && exists(cfg.LibvirtSocket) {
+		vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		v, err := virt.Connect(vctx, virt.Config{URI: cfg.LibvirtURI, Socket: cfg.LibvirtSocket, Logger: log.With("component", "virt")})
+		cancel()
+		if err != nil {
+			log.Warn("libvirt unavailable: attach and detach are disabled", "err", err)
+		} else {
+			d.virt = v
+		}
+	} else {
+		log.Info("no libvirt socket: attach and detach are disabled", "socket", cfg.LibvirtSocket)
+	}
+	var mv manager.Virt
+	if d.virt != nil {
+		mv = d.virt
+	}
+	disc := discover.Host{NVML: h.nvml, Sysfs: h.sysfs}
+	d.mgr = manager.New(h.cat, db, h.nvml, h.sysfs, disc, mv, manager.Options{
+		Logger: log.With("component", "manager"), Crash: crash, Degraded: degraded,
+	})
+	if degraded == "" {
+		d.notify.Status("reconciling")
+		rep, err := d.mgr.Reconcile(ctx)
+		if err != nil {
+			return fmt.Errorf("reconcile at start: %w", err)
+		}
+		log.Info("start-up reconcile done", "took", rep.Duration, "recreated", len(rep.Recreated), "foreign", len(rep.Foreign))
+	} else if err := d.mgr.Refresh(ctx); err != nil {
+		log.Warn("inventory unavailable while degraded", "err", err)
+	}
+	return nil
+}
+
+// waitDriver waits, up to DriverWait, for NVML to load: at boot the daemon
+// may start before the NVIDIA driver's units are done.
+func (d *daemon) waitDriver(ctx context.Context) error {
+	deadline := time.Now().Add(d.cfg.DriverWait.Duration)
+	for attempt := 1; ; attempt++ {
+		err := d.host.nvml.Init(ctx)
+		if err == nil {
+			if attempt > 1 {
+				d.log.Info("NVIDIA driver is ready", "after", attempt)
+			}
+			return nil
+		}
+		if !errors.Is(err, gpu.ErrDriverNotLoaded) || time.Now().After(deadline) {
+			return fmt.Errorf("NVIDIA driver not ready after %v: %w", d.cfg.DriverWait.Duration, err)
+		}
+		if attempt == 1 {
+			d.log.Warn("waiting for the NVIDIA driver", "err", err, "up to", d.cfg.DriverWait.Duration)
+			d.notify.Status("waiting for the NVIDIA driver")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (d *daemon) run(ctx context.Context) error {
+	stopBus, err := startDBus(ctx, d)
+	if err != nil {
+		return err
+	}
+	defer stopBus()
+	stopMetrics, err := startMetrics(ctx, d)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go d.mgr.WatchVirt(wctx, d.cfg.UndefinePolicy)
+	go d.watchHost(wctx)
+
+	d.notify.Ready(d.statusLine())
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	interval, watchdog := d.notify.WatchdogInterval()
+	tick := time.NewTicker(max(interval/2, 100*time.Millisecond))
+	if !watchdog {
+		tick.Reset(30 * time.Second)
+	}
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			d.notify.Stopping()
+			d.log.Info("stopping: finishing operations in flight")
+			sctx, scancel := context.WithTimeout(context.Background(), stopTimeout)
+			err := d.mgr.Shutdown(sctx)
+			scancel()
+			if err != nil {
+				d.log.Error("stop", "err", err)
+			}
+			return nil
+		case <-hup:
+			d.reload()
+		case <-tick.C:
+			if watchdog {
+				d.notify.Watchdog()
+			}
+			d.notify.Status(d.statusLine())
+		}
+	}
+}
+
+// statusLine is the short STATUS= summary systemctl shows.
+func (d *daemon) statusLine() string {
+	gpus, _ := d.mgr.GPUs()
+	insts, _ := d.mgr.Instances("")
+	lost := 0
+	for _, g := range gpus {
+		if g.State != "ok" && g.State != "passthrough" {
+			lost++
+		}
+	}
+	s := fmt.Sprintf("%d GPUs, %d instances", len(gpus), len(insts))
+	if lost > 0 {
+		s += fmt.Sprintf(", %d GPUs lost or failed", lost)
+	}
+	if why := d.mgr.Degraded(); why != "" {
+		s += "; degraded: " + why
+	}
+	return s
+}
+
+// reload re-reads the configuration file and catalog on SIGHUP. Settings
+// that need a restart are reported, not applied; state is kept.
+func (d *daemon) reload() {
+	next := defaultConfig()
+	next.flags = d.cfg.flags
+	if err := next.load(nil); err != nil {
+		d.log.Error("reload refused: configuration invalid; keeping the running one", "err", err)
+		return
+	}
+	if _, err := loadCatalog(next); err != nil {
+		d.log.Error("reload refused: catalog invalid; keeping the running one", "err", err)
+		return
+	}
+	if next.StateDir != d.cfg.StateDir || next.Sim != d.cfg.Sim || next.MetricsListen != d.cfg.MetricsListen {
+		d.log.Warn("stateDir, sim and metricsListen change only at restart")
+	}
+	d.log.Info("configuration reloaded")
+}
+
+// watchHost re-discovers the host now and then and reconciles when it
+// changed under vgpud (uevents and NVML events refine this, see faults.go).
+func (d *daemon) watchHost(ctx context.Context) {
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if d.mgr.Degraded() != "" {
+				if err := d.host.nvml.Init(ctx); err == nil {
+					d.log.Info("NVIDIA driver appeared: leaving degraded mode")
+					d.mgr.SetDegraded("")
+					if _, err := d.mgr.Reconcile(ctx); err != nil {
+						d.log.Warn("reconcile", "err", err)
+					}
+				}
+				continue
+			}
+			if err := d.mgr.Refresh(ctx); err != nil {
+				d.log.Warn("periodic discovery", "err", err)
+			}
+		}
+	}
+}
+
+func (d *daemon) close() {
+	if d.virt != nil {
+		d.virt.Close()
+	}
+	if d.host != nil {
+		d.host.Close()
+	}
+	if d.db != nil {
+		d.db.Close()
+	}
 }

@@ -1,0 +1,281 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpud/vgpud/pkg/profile"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/virt"
+)
+
+// Virt is what the manager needs from libvirt (pkg/virt's Conn).
+type Virt interface {
+	URI() string
+	Domain(ctx context.Context, ref string) (virt.Domain, error)
+	Attach(ctx context.Context, domain string, h virt.Hostdev, instance string) (bool, error)
+	Detach(ctx context.Context, domain string, h virt.Hostdev, instance string) error
+	Attached(ctx context.Context, ref string) ([]virt.Attached, error)
+	Events(ctx context.Context) <-chan virt.Event
+}
+
+// AttachOptions modify Attach.
+type AttachOptions struct {
+	// Tenant, when set, must own the instance (orchestrators acting for a tenant).
+	Tenant string
+	// Display turns on the display of a display-capable (Q-series) mdev vGPU;
+	// the domain needs a graphics device.
+	Display bool
+}
+
+func classifyVirt(err error, format string, args ...any) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, virt.ErrDomainNotFound):
+		return fail(ErrNotFound, err, format+": no such VM on this host (virsh list --all)", args...)
+	case errors.Is(err, virt.ErrOtherHost):
+		return fail(ErrInvalidArgument, err, format+": the VM is on another libvirt host; vgpud manages this host only", args...)
+	case errors.Is(err, virt.ErrAttachedElsewhere):
+		return fail(ErrConflict, err, format+": another VM already holds this device", args...)
+	case errors.Is(err, virt.ErrUnreachable), errors.Is(err, virt.ErrClosed):
+		return fail(ErrBackendFailure, err, format+": libvirtd is unreachable; start it (systemctl start libvirtd) and retry", args...)
+	case errors.Is(err, virt.ErrLiveAttach):
+		return fail(ErrBackendFailure, err, format+": the running VM refused the device; its configuration is unchanged", args...)
+	case errors.Is(err, virt.ErrLiveDetach):
+		return fail(ErrBusy, err, format+": the guest did not release the device; stop the VM or retry", args...)
+	case errors.Is(err, virt.ErrNotPersistent), errors.Is(err, virt.ErrNeedsGraphics), errors.Is(err, virt.ErrInvalidHostdev):
+		return fail(ErrInvalidArgument, err, format, args...)
+	case errors.Is(err, virt.ErrTimeout):
+		return fail(ErrBackendFailure, err, format+": libvirt did not answer in time; repeating the call is safe", args...)
+	}
+	return classify(err, format, args...)
+}
+
+// hostdevOf is the libvirt device an instance is attached as.
+func (m *Manager) hostdevOf(r store.Instance, display bool) (virt.Hostdev, error) {
+	switch {
+	case r.Kind == store.KindPassthrough:
+		return virt.Hostdev{Kind: virt.Passthrough, PCI: r.GPUPCI}, nil
+	case r.Kind == store.KindMIG:
+		return virt.Hostdev{}, fail(ErrInvalidArgument, nil, "instance %s is a plain MIG instance (compute only) and cannot be attached to a VM; create a MIG-backed vGPU type instead (`vgpuctl profiles`)", r.UUID)
+	case r.Flow == store.FlowVFIO:
+		return virt.Hostdev{Kind: virt.VF, PCI: r.VF}, nil
+	case r.Flow == store.FlowMdev:
+		h := virt.Hostdev{Kind: virt.Mdev, MdevUUID: r.MdevUUID}
+		if display {
+			md, _ := m.cat.Model(r.Model)
+			t, ok := md.VGPUTypeByID(r.TypeID)
+			if !ok || t.Series == profile.SeriesC {
+				return h, fail(ErrInvalidArgument, nil, "vGPU type %s has no display (C-series); attach without --display", r.TypeName)
+			}
+			h.Display = true
+		}
+		return h, nil
+	}
+	return virt.Hostdev{}, fail(ErrBackendFailure, nil, "instance %s has no device to attach", r.UUID)
+}
+
+type attachPayload struct {
+	Domain  string `json:"domain"`
+	Display bool   `json:"display,omitempty"`
+}
+
+// Attach makes an instance a hostdev of a VM: in its persistent config,
+// and live when it runs. Repeating it for the same VM is a no-op; another
+// VM is ErrConflict. A live attach the VM refuses leaves its config as it
+// was (ErrBackendFailure).
+func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOptions) (store.Attachment, error) {
+	done, err := m.begin()
+	if err != nil {
+		return store.Attachment{}, err
+	}
+	defer done()
+	if m.virt == nil {
+		return store.Attachment{}, fail(ErrBackendFailure, nil, "libvirt is not configured for this daemon")
+	}
+	rec, att, err := m.instanceAndAttachment(id)
+	if err != nil {
+		return store.Attachment{}, err
+	}
+	if opts.Tenant != "" && opts.Tenant != rec.Tenant {
+		return store.Attachment{}, fail(ErrAccessDenied, nil, "instance %s belongs to another tenant", rec.UUID)
+	}
+	if rec.State != store.StateReady {
+		return store.Attachment{}, fail(ErrBusy, nil, "instance %s is %s; only a ready instance can be attached", rec.UUID, rec.State)
+	}
+	dom, err := m.virt.Domain(ctx, domain)
+	if err != nil {
+		return store.Attachment{}, classifyVirt(err, "attach %s to VM %s", rec.UUID, domain)
+	}
+	if att != nil {
+		if att.DomainUUID == dom.UUID {
+			return *att, nil
+		}
+		return store.Attachment{}, fail(ErrConflict, nil, "instance %s is attached to VM %s; detach it first", rec.UUID, att.Domain)
+	}
+	h, err := m.hostdevOf(rec, opts.Display)
+	if err != nil {
+		return store.Attachment{}, err
+	}
+	intent := uuid.NewString()
+	payload, _ := json.Marshal(attachPayload{Domain: dom.Name, Display: opts.Display})
+	if err := m.db.Update(func(tx *store.Tx) error {
+		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpAttach, Instance: rec.UUID, Payload: payload, Started: m.now()})
+	}); err != nil {
+		return store.Attachment{}, classify(err, "attach %s", rec.UUID)
+	}
+	m.crash(CrashAttachIntent)
+	live, err := m.virt.Attach(ctx, dom.Name, h, rec.UUID)
+	if err != nil {
+		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
+		cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, dom.Name)
+		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "attach", Detail: Message(cerr)})
+		return store.Attachment{}, cerr
+	}
+	m.crash(CrashAttachDone)
+	a := store.Attachment{Instance: rec.UUID, Domain: dom.Name, DomainUUID: dom.UUID, URI: m.virt.URI(), Live: live, Created: m.now()}
+	if err := m.db.Update(func(tx *store.Tx) error {
+		if err := tx.PutAttachment(a); err != nil {
+			return err
+		}
+		return tx.DeleteIntent(intent)
+	}); err != nil {
+		return store.Attachment{}, classify(err, "record attachment of %s", rec.UUID)
+	}
+	m.log.Info("attached", "instance", rec.UUID, "vm", dom.Name, "live", live)
+	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
+	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "attach"})
+	return a, nil
+}
+
+// Detach removes an instance from its VM (live, waiting for the guest to
+// release it, then the config). ErrNotFound when it is not attached.
+func (m *Manager) Detach(ctx context.Context, id string) error {
+	done, err := m.begin()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if m.virt == nil {
+		return fail(ErrBackendFailure, nil, "libvirt is not configured for this daemon")
+	}
+	rec, att, err := m.instanceAndAttachment(id)
+	if err != nil {
+		return err
+	}
+	if att == nil {
+		return fail(ErrNotFound, nil, "instance %s is not attached to a VM", rec.UUID)
+	}
+	h, err := m.hostdevOf(rec, false)
+	if err != nil {
+		return err
+	}
+	intent := uuid.NewString()
+	payload, _ := json.Marshal(attachPayload{Domain: att.Domain})
+	if err := m.db.Update(func(tx *store.Tx) error {
+		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpDetach, Instance: rec.UUID, Payload: payload, Started: m.now()})
+	}); err != nil {
+		return classify(err, "detach %s", rec.UUID)
+	}
+	m.crash(CrashDetachIntent)
+	err = m.virt.Detach(ctx, att.Domain, h, rec.UUID)
+	if errors.Is(err, virt.ErrDomainNotFound) {
+		err = nil // the VM is gone: nothing holds the device
+	}
+	if err != nil {
+		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
+		cerr := classifyVirt(err, "detach %s from VM %s", rec.UUID, att.Domain)
+		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "detach", Detail: Message(cerr)})
+		return cerr
+	}
+	m.crash(CrashDetachDone)
+	if err := m.db.Update(func(tx *store.Tx) error {
+		if err := tx.DeleteAttachment(rec.UUID); err != nil {
+			return err
+		}
+		return tx.DeleteIntent(intent)
+	}); err != nil {
+		return classify(err, "forget attachment of %s", rec.UUID)
+	}
+	m.log.Info("detached", "instance", rec.UUID, "vm", att.Domain)
+	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
+	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "detach"})
+	return nil
+}
+
+// CreateAndAttach creates an instance and attaches it; if the attach fails
+// the instance is destroyed again and the VM is left as it was.
+func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain string, opts AttachOptions) (store.Instance, store.Attachment, error) {
+	if m.virt == nil {
+		return store.Instance{}, store.Attachment{}, fail(ErrBackendFailure, nil, "libvirt is not configured for this daemon")
+	}
+	if _, err := m.virt.Domain(ctx, domain); err != nil {
+		return store.Instance{}, store.Attachment{}, classifyVirt(err, "attach a new %s to VM %s", req.Profile, domain)
+	}
+	rec, err := m.Create(ctx, req)
+	if err != nil {
+		return store.Instance{}, store.Attachment{}, err
+	}
+	opts.Tenant = ""
+	a, err := m.Attach(ctx, rec.UUID, domain, opts)
+	if err != nil {
+		if derr := m.Destroy(context.WithoutCancel(ctx), rec.UUID, DestroyOptions{}); derr != nil {
+			m.log.Error("undo create after failed attach", "instance", rec.UUID, "err", derr)
+		}
+		return store.Instance{}, store.Attachment{}, err
+	}
+	return rec, a, nil
+}
+
+// WatchVirt follows libvirt's domain events until ctx ends: an undefined
+// VM's instances are released (policy "release") or detached in the record
+// only ("keep"); a started VM gets its devices checked and re-created by
+// reconcile if a reboot lost them. Every event is published as a VMEvent.
+func (m *Manager) WatchVirt(ctx context.Context, policy string) {
+	if m.virt == nil {
+		return
+	}
+	for ev := range m.virt.Events(ctx) {
+		m.emit(Event{Kind: EventVM, ID: ev.UUID, Op: ev.Kind.String(), Detail: ev.Domain})
+		switch ev.Kind {
+		case virt.Undefined:
+			m.domainUndefined(ctx, ev, policy)
+		case virt.Started, virt.Reconnected:
+			if _, err := m.Reconcile(ctx); err != nil {
+				m.log.Warn("reconcile after VM event", "event", ev.Kind, "vm", ev.Domain, "err", err)
+			}
+		}
+	}
+}
+
+func (m *Manager) domainUndefined(ctx context.Context, ev virt.Event, policy string) {
+	var atts []store.Attachment
+	_ = m.db.View(func(tx *store.Tx) error {
+		all, err := tx.Attachments()
+		for _, a := range all {
+			if a.DomainUUID == ev.UUID || (ev.UUID == "" && strings.EqualFold(a.Domain, ev.Domain)) {
+				atts = append(atts, a)
+			}
+		}
+		return err
+	})
+	for _, a := range atts {
+		if err := m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) }); err != nil {
+			m.log.Error("forget attachment of undefined VM", "instance", a.Instance, "err", err)
+			continue
+		}
+		m.log.Info("VM undefined: attachment dropped", "vm", a.Domain, "instance", a.Instance, "policy", policy)
+		if policy == "release" {
+			if err := m.Destroy(ctx, a.Instance, DestroyOptions{}); err != nil {
+				m.log.Error("release instance of undefined VM", "instance", a.Instance, "err", err)
+			}
+		} else {
+			m.emit(Event{Kind: EventInstanceChanged, ID: a.Instance})
+		}
+	}
+}

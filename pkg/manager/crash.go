@@ -1,0 +1,77 @@
+package manager
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// Crash points, one per step boundary of every operation. Tests make the
+// daemon die at one of them (CrashAt) to prove that reconcile finishes or
+// undoes what was in flight.
+const (
+	CrashCreateIntent = "create.after-intent"
+	CrashCreateGI     = "create.after-gpu-instance"
+	CrashCreateCI     = "create.after-compute-instance"
+	CrashCreateVGPU   = "create.after-sysfs-write"
+	CrashCreateCommit = "create.before-commit"
+	CrashDestroyStart = "destroy.after-intent"
+	CrashDestroyVGPU  = "destroy.after-sysfs-write"
+	CrashDestroyCI    = "destroy.after-compute-instance"
+	CrashDestroyGI    = "destroy.after-gpu-instance"
+	CrashAttachIntent = "attach.after-intent"
+	CrashAttachDone   = "attach.before-commit"
+	CrashDetachIntent = "detach.after-intent"
+	CrashDetachDone   = "detach.before-commit"
+	CrashReconcile    = "reconcile.after-step"
+)
+
+// CrashPoints lists every crash point.
+var CrashPoints = []string{
+	CrashCreateIntent, CrashCreateGI, CrashCreateCI, CrashCreateVGPU, CrashCreateCommit,
+	CrashDestroyStart, CrashDestroyVGPU, CrashDestroyCI, CrashDestroyGI,
+	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashReconcile,
+}
+
+// CrashAt returns a crash hook that kills the process with SIGKILL (no
+// deferred cleanup, as a power cut or kill -9) the nth time point is
+// reached. spec is "point" or "point:n", e.g. from $VGPUD_CRASH_AT.
+func CrashAt(spec string) (func(string), error) {
+	if spec == "" {
+		return nil, nil
+	}
+	point, nth := spec, 1
+	if p, n, ok := strings.Cut(spec, ":"); ok {
+		v, err := strconv.Atoi(n)
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("crash point %q: count must be a positive integer", spec)
+		}
+		point, nth = p, v
+	}
+	known := false
+	for _, c := range CrashPoints {
+		known = known || c == point
+	}
+	if !known {
+		return nil, fmt.Errorf("unknown crash point %q (known: %s)", point, strings.Join(CrashPoints, ", "))
+	}
+	var mu sync.Mutex
+	hits := 0
+	return func(p string) {
+		if p != point {
+			return
+		}
+		mu.Lock()
+		hits++
+		h := hits
+		mu.Unlock()
+		if h == nth {
+			fmt.Fprintf(os.Stderr, "vgpud: crash point %s reached: killing myself\n", p)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}, nil
+}

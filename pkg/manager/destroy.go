@@ -1,0 +1,167 @@
+package manager
+
+import (
+	"context"
+	"errors"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpud/vgpud/pkg/store"
+)
+
+// DestroyOptions modify Destroy.
+type DestroyOptions struct {
+	// Detach first detaches the instance from its VM; without it an
+	// attached instance is refused.
+	Detach bool
+}
+
+// Destroy releases an instance from the host and forgets it. An attached
+// instance is refused with ErrBusy unless opts.Detach. A second Destroy of
+// the same UUID returns ErrNotFound and changes nothing.
+func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) error {
+	done, err := m.begin()
+	if err != nil {
+		return err
+	}
+	defer done()
+	rec, att, err := m.instanceAndAttachment(id)
+	if err != nil {
+		return err
+	}
+	if att != nil {
+		if !opts.Detach {
+			return fail(ErrBusy, nil, "instance %s is attached to VM %s; detach it first (`vgpuctl detach %s %s`) or destroy with --detach", rec.UUID, att.Domain, att.Domain, rec.UUID)
+		}
+		if err := m.Detach(ctx, rec.UUID); err != nil {
+			return err
+		}
+	}
+	intent := uuid.NewString()
+	m.admit.Lock()
+	err = m.db.Update(func(tx *store.Tx) error {
+		r, err := tx.Instance(rec.UUID)
+		if err != nil {
+			return err
+		}
+		if r.State == store.StateCreating {
+			return fail(ErrBusy, nil, "instance %s is being created; retry when it is ready", r.UUID)
+		}
+		if _, err := tx.Attachment(r.UUID); err == nil {
+			return fail(ErrBusy, nil, "instance %s was attached meanwhile; detach it first", r.UUID)
+		}
+		r.State, r.Updated = store.StateDestroying, m.now()
+		if err := tx.PutInstance(&r); err != nil {
+			return err
+		}
+		rec = r
+		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpDestroy, Instance: r.UUID, Started: m.now()})
+	})
+	m.admit.Unlock()
+	if err != nil {
+		return classify(err, "destroy %s", id)
+	}
+	m.crash(CrashDestroyStart)
+	return m.finishDestroy(ctx, rec, intent)
+}
+
+// finishDestroy releases the record's devices and drops it with its intent.
+func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent string) error {
+	l := m.gpuLock(rec.GPUUUID)
+	l.Lock()
+	err := m.release(ctx, &rec, func(string) bool { return true }, true)
+	l.Unlock()
+	defer m.refreshGPU(context.WithoutCancel(ctx), rec.GPUUUID)
+	if err != nil {
+		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "destroy", Detail: Message(err)})
+		return err
+	}
+	err = m.db.Update(func(tx *store.Tx) error {
+		if err := tx.DeleteInstance(rec.UUID); err != nil {
+			return err
+		}
+		return tx.DeleteIntent(intent)
+	})
+	if err != nil {
+		return classify(err, "forget instance %s", rec.UUID)
+	}
+	m.log.Info("destroyed", "instance", rec.UUID, "tenant", rec.Tenant, "gpu", rec.GPUPCI)
+	m.emit(Event{Kind: EventInstanceRemoved, ID: rec.UUID})
+	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "destroy"})
+	return nil
+}
+
+func (m *Manager) instanceAndAttachment(id string) (store.Instance, *store.Attachment, error) {
+	var rec store.Instance
+	var att *store.Attachment
+	err := m.db.View(func(tx *store.Tx) error {
+		r, err := tx.Instance(id)
+		if err != nil {
+			return err
+		}
+		rec = r
+		a, err := tx.Attachment(id)
+		if err == nil {
+			att = &a
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		return nil
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return rec, nil, fail(ErrNotFound, err, "no instance %s (run `vgpuctl list`)", id)
+	}
+	if err != nil {
+		return rec, nil, classify(err, "read instance %s", id)
+	}
+	return rec, att, nil
+}
+
+// Instance returns one instance record.
+func (m *Manager) Instance(id string) (store.Instance, error) {
+	rec, _, err := m.instanceAndAttachment(id)
+	return rec, err
+}
+
+// InstanceView is an instance with its attachment.
+type InstanceView struct {
+	store.Instance
+	Attachment *store.Attachment `json:"attachment,omitempty"`
+}
+
+// Instances lists instances, of one tenant when tenant is not "".
+func (m *Manager) Instances(tenantName string) ([]InstanceView, error) {
+	var out []InstanceView
+	err := m.db.View(func(tx *store.Tx) error {
+		var recs []store.Instance
+		var err error
+		if tenantName == "" {
+			recs, err = tx.Instances()
+		} else {
+			recs, err = tx.InstancesOf(tenantName)
+		}
+		if err != nil {
+			return err
+		}
+		atts, err := tx.Attachments()
+		if err != nil {
+			return err
+		}
+		byInst := map[string]store.Attachment{}
+		for _, a := range atts {
+			byInst[a.Instance] = a
+		}
+		for _, r := range recs {
+			v := InstanceView{Instance: r}
+			if a, ok := byInst[r.UUID]; ok {
+				v.Attachment = &a
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, classify(err, "list instances")
+	}
+	return out, nil
+}

@@ -1,0 +1,33 @@
+package manager
+
+import (
+	"context"
+	"fmt"
+)
+
+// begin registers a mutating operation; it fails once Shutdown started,
+// so a stopping daemon accepts no new work.
+func (m *Manager) begin() (done func(), err error) {
+	m.opsMu.Lock()
+	defer m.opsMu.Unlock()
+	if m.closing {
+		return nil, fail(ErrBusy, nil, "vgpud is shutting down; retry when it is back")
+	}
+	m.ops.Add(1)
+	return m.ops.Done, nil
+}
+
+// Shutdown refuses new operations and waits for those in flight, up to ctx.
+func (m *Manager) Shutdown(ctx context.Context) error {
+	m.opsMu.Lock()
+	m.closing = true
+	m.opsMu.Unlock()
+	idle := make(chan struct{})
+	go func() { m.ops.Wait(); close(idle) }()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("operations still in flight at shutdown: %w", ctx.Err())
+	}
+}

@@ -1,0 +1,146 @@
+package manager
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/placement"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/tenant"
+)
+
+// The manager's error vocabulary. Every error an operation returns wraps
+// exactly one of these, so transports map them to their own names in one
+// place (the D-Bus layer: dev.vgpud1.Error.<Name>). Messages say what to do
+// next; the wrapped cause keeps the driver's code.
+var (
+	ErrNotFound        = errors.New("not found")
+	ErrInvalidArgument = errors.New("invalid argument")
+	ErrQuotaExceeded   = errors.New("quota exceeded")
+	ErrNoCapacity      = errors.New("no capacity")
+	ErrAccessDenied    = errors.New("access denied")
+	ErrBusy            = errors.New("busy")
+	ErrConflict        = errors.New("conflict")
+	ErrGPULost         = errors.New("GPU lost")
+	ErrBackendFailure  = errors.New("backend failure")
+)
+
+// Name returns the sentinel's short name ("QuotaExceeded"), the suffix of
+// the D-Bus error name; "BackendFailure" for anything else.
+func Name(err error) string {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return "NotFound"
+	case errors.Is(err, ErrInvalidArgument):
+		return "InvalidArgument"
+	case errors.Is(err, ErrQuotaExceeded):
+		return "QuotaExceeded"
+	case errors.Is(err, ErrNoCapacity):
+		return "NoCapacity"
+	case errors.Is(err, ErrAccessDenied):
+		return "AccessDenied"
+	case errors.Is(err, ErrBusy):
+		return "Busy"
+	case errors.Is(err, ErrConflict):
+		return "Conflict"
+	case errors.Is(err, ErrGPULost):
+		return "GPULost"
+	default:
+		return "BackendFailure"
+	}
+}
+
+// opError is what operations return: a sentinel, the user-facing message
+// and the internal cause.
+type opError struct {
+	kind  error
+	msg   string
+	cause error
+	// shown: the cause's text is part of msg (it is meant for users).
+	shown bool
+}
+
+func (e *opError) Error() string {
+	if e.cause != nil && !e.shown {
+		return e.msg + ": " + e.cause.Error()
+	}
+	return e.msg
+}
+
+func (e *opError) Unwrap() []error {
+	if e.cause != nil {
+		return []error{e.kind, e.cause}
+	}
+	return []error{e.kind}
+}
+
+// Message is the part meant for users: what failed and what to do next,
+// without the internal cause.
+func Message(err error) string {
+	var oe *opError
+	if errors.As(err, &oe) {
+		return oe.msg
+	}
+	return err.Error()
+}
+
+func fail(kind error, cause error, format string, args ...any) error {
+	return &opError{kind: kind, msg: fmt.Sprintf(format, args...), cause: cause}
+}
+
+// failShown is fail for causes whose text users should read (quota and
+// placement refusals say what is left instead).
+func failShown(kind error, cause error, msg string) error {
+	return &opError{kind: kind, msg: msg + ": " + cause.Error(), cause: cause, shown: true}
+}
+
+// classify turns a backend, store, tenant or placement error into the
+// manager's vocabulary, keeping it as the cause.
+func classify(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	var oe *opError
+	if errors.As(err, &oe) {
+		return err
+	}
+	msg := fmt.Sprintf(format, args...)
+	switch {
+	case errors.Is(err, gpu.ErrGPULost):
+		return fail(ErrGPULost, err, "%s: the GPU fell off the bus; its instances are marked lost until it returns", msg)
+	case errors.Is(err, gpu.ErrInUse):
+		return fail(ErrBusy, err, "%s: the device is in use; stop the VM using it and retry", msg)
+	case errors.Is(err, gpu.ErrNoResources):
+		return fail(ErrNoCapacity, err, "%s: the driver has no room; run `vgpuctl capacity` to see what fits", msg)
+	case errors.Is(err, gpu.ErrResetRequired):
+		return fail(ErrBusy, err, "%s: the change is pending until the GPU is reset (stop its clients, disable its VFs, then nvidia-smi -r)", msg)
+	case errors.Is(err, gpu.ErrNotSupported):
+		return fail(ErrInvalidArgument, err, "%s: not supported by this GPU in its current mode", msg)
+	case errors.Is(err, gpu.ErrTimeout):
+		return fail(ErrBackendFailure, err, "%s: the driver did not answer in time; vgpud reconciles the device on its next pass", msg)
+	case errors.Is(err, gpu.ErrDriverNotLoaded):
+		return fail(ErrBackendFailure, err, "%s: the NVIDIA driver is not loaded", msg)
+	case errors.Is(err, store.ErrNotFound):
+		return fail(ErrNotFound, err, "%s", msg)
+	case errors.Is(err, store.ErrConflict):
+		return fail(ErrConflict, err, "%s: the record changed meanwhile; retry", msg)
+	case errors.Is(err, tenant.ErrQuotaExceeded):
+		return failShown(ErrQuotaExceeded, err, msg)
+	case errors.Is(err, tenant.ErrNotAllowed):
+		return failShown(ErrAccessDenied, err, msg)
+	case errors.Is(err, tenant.ErrInvalidName), errors.Is(err, tenant.ErrInvalidQuantity), errors.Is(err, tenant.ErrInvalidTenant):
+		return failShown(ErrInvalidArgument, err, msg)
+	case errors.Is(err, placement.ErrUnknownProfile):
+		return failShown(ErrInvalidArgument, err, msg)
+	case errors.Is(err, placement.ErrNoSuchGPU):
+		return failShown(ErrNotFound, err, msg)
+	case errors.Is(err, placement.ErrNoCapacity):
+		return failShown(ErrNoCapacity, err, msg)
+	case errors.Is(err, gpu.ErrInvalid):
+		return fail(ErrInvalidArgument, err, "%s", msg)
+	case errors.Is(err, gpu.ErrNotFound):
+		return fail(ErrNotFound, err, "%s", msg)
+	}
+	return fail(ErrBackendFailure, err, "%s", msg)
+}

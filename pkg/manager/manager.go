@@ -1,0 +1,225 @@
+// Package manager holds vgpud's operations: create and destroy instances
+// for tenants, attach and detach them to VMs, tenant quotas, planning,
+// defragmentation and reconcile. Each operation writes an intent before it
+// touches the host, records every finished step, and commits or undoes
+// them in reverse on failure; a crash half-way is finished or undone by
+// reconcile at the next start. Admission (quota and capacity) is decided
+// under one lock, with the decision recorded before the lock is released,
+// so concurrent requests cannot over-commit a quota or a slot.
+//
+// The manager declares what it needs from the GPU backends, discovery,
+// libvirt and the store as small interfaces; transports (D-Bus) forward to
+// it and map its sentinel errors (errors.go) to their own names.
+package manager
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/placement"
+	"github.com/vgpud/vgpud/pkg/profile"
+	"github.com/vgpud/vgpud/pkg/store"
+)
+
+// MIGBackend is what the manager needs from the NVML backend.
+type MIGBackend interface {
+	SetMIGMode(ctx context.Context, gpuUUID string, enable bool) error
+	CreateGPUInstance(ctx context.Context, gpuUUID string, profileID, start int) (gpu.GPUInstance, error)
+	DestroyGPUInstance(ctx context.Context, gpuUUID string, giID int) error
+	CreateComputeInstance(ctx context.Context, gpuUUID string, giID, ciProfile int) (gpu.ComputeInstance, error)
+	DestroyComputeInstance(ctx context.Context, gpuUUID string, giID, ciID int) error
+	SetHeterogeneous(ctx context.Context, gpuUUID string, on bool) error
+}
+
+// VGPUBackend is what the manager needs from the sysfs backend. Its calls
+// are plain system calls; the manager bounds them with the context.
+type VGPUBackend interface {
+	SetVFType(vf string, typeID int) error
+	ClearVF(vf string) error
+	VF(vf string) (gpu.VF, error)
+	CreateMdev(parent string, typeID int, uuid string) error
+	RemoveMdev(uuid string) error
+	Mdev(uuid string) (gpu.Mdev, error)
+}
+
+// Discoverer reads the host.
+type Discoverer interface {
+	Inventory(ctx context.Context) (gpu.Inventory, error)
+	// GPU re-reads one GPU.
+	GPU(ctx context.Context, uuid string) (gpu.GPU, error)
+}
+
+// Options configure a Manager.
+type Options struct {
+	Logger *slog.Logger
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+	// Crash is called at every named crash point (crash.go); nil: never crash.
+	Crash func(point string)
+	// BusyRetry bounds how long a release waits for a VM to let go of a
+	// device (the driver's EPERM/EBUSY while QEMU exits). Default 10s.
+	BusyRetry time.Duration
+	// Degraded, when set, says why carving is refused (the driver never came).
+	Degraded string
+}
+
+// Manager runs the operations.
+type Manager struct {
+	log   *slog.Logger
+	cat   *profile.Catalog
+	db    *store.DB
+	mig   MIGBackend
+	vgpu  VGPUBackend
+	disc  Discoverer
+	virt  Virt
+	now   func() time.Time
+	crash func(string)
+	retry time.Duration
+
+	// admit serializes admission decisions and reconcile.
+	admit sync.Mutex
+	// gpuLocks serialize carving on one GPU.
+	gpuMu    sync.Mutex
+	gpuLocks map[string]*sync.Mutex
+
+	invMu    sync.RWMutex
+	inv      gpu.Inventory
+	degraded string
+	// failedGPUs are GPUs an XID or loss marked failed; carving there is refused.
+	failedGPUs map[string]string
+
+	grids map[string]*placement.Grid
+
+	events *broadcaster
+
+	opsMu   sync.Mutex
+	ops     sync.WaitGroup
+	closing bool
+}
+
+// New returns a manager. virt may be nil: attach operations then fail
+// with ErrBackendFailure ("libvirt not configured").
+func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, disc Discoverer, virt Virt, opts Options) *Manager {
+	m := &Manager{
+		log: opts.Logger, cat: cat, db: db, mig: mig, vgpu: vg, disc: disc, virt: virt,
+		now: opts.Now, crash: opts.Crash, retry: opts.BusyRetry, degraded: opts.Degraded,
+		gpuLocks: map[string]*sync.Mutex{}, grids: map[string]*placement.Grid{},
+		failedGPUs: map[string]string{}, events: newBroadcaster(),
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	if m.crash == nil {
+		m.crash = func(string) {}
+	}
+	if m.retry == 0 {
+		m.retry = 10 * time.Second
+	}
+	for _, md := range cat.Models() {
+		if md.MIG != nil {
+			m.grids[md.Name] = placement.GridFromModel(md)
+		}
+	}
+	return m
+}
+
+// SetDegraded marks the manager degraded (reads work, carving is refused
+// with why) or, with "", healthy.
+func (m *Manager) SetDegraded(why string) {
+	m.invMu.Lock()
+	m.degraded = why
+	m.invMu.Unlock()
+}
+
+// Degraded returns why carving is refused, or "".
+func (m *Manager) Degraded() string {
+	m.invMu.RLock()
+	defer m.invMu.RUnlock()
+	return m.degraded
+}
+
+func (m *Manager) gpuLock(uuid string) *sync.Mutex {
+	m.gpuMu.Lock()
+	defer m.gpuMu.Unlock()
+	l, ok := m.gpuLocks[uuid]
+	if !ok {
+		l = &sync.Mutex{}
+		m.gpuLocks[uuid] = l
+	}
+	return l
+}
+
+// Inventory returns the last discovered inventory.
+func (m *Manager) Inventory() gpu.Inventory {
+	m.invMu.RLock()
+	defer m.invMu.RUnlock()
+	return m.inv
+}
+
+// Refresh re-discovers the whole host.
+func (m *Manager) Refresh(ctx context.Context) error {
+	inv, err := m.disc.Inventory(ctx)
+	if err != nil {
+		return classify(err, "discover the host")
+	}
+	m.invMu.Lock()
+	m.inv = inv
+	m.invMu.Unlock()
+	return nil
+}
+
+// refreshGPU re-reads one GPU into the cached inventory.
+func (m *Manager) refreshGPU(ctx context.Context, uuid string) {
+	g, err := m.disc.GPU(ctx, uuid)
+	if err != nil {
+		m.log.Warn("re-read GPU", "gpu", uuid, "err", err)
+		return
+	}
+	m.invMu.Lock()
+	defer m.invMu.Unlock()
+	for i := range m.inv.GPUs {
+		if m.inv.GPUs[i].UUID == uuid {
+			m.inv.GPUs[i] = g
+			return
+		}
+	}
+	m.inv.GPUs = append(m.inv.GPUs, g)
+}
+
+// gpuByAnyID finds a GPU by UUID, PCI address or NVML index.
+func (m *Manager) gpuByAnyID(id string) (gpu.GPU, error) {
+	inv := m.Inventory()
+	for _, g := range inv.GPUs {
+		if g.UUID == id || g.PCI == id || fmt.Sprint(g.Index) == id {
+			return g, nil
+		}
+	}
+	if norm, err := gpu.NormalizePCI(id); err == nil {
+		for _, g := range inv.GPUs {
+			if g.PCI == norm {
+				return g, nil
+			}
+		}
+	}
+	return gpu.GPU{}, fail(ErrNotFound, nil, "no GPU %q on this host (run `vgpuctl gpus`)", id)
+}
+
+// sysfsCall bounds a sysfs call with the context: a write into sysfs can
+// block (mdev remove waits for the device to be released on new kernels).
+func sysfsCall(ctx context.Context, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("sysfs call: %w: %w", gpu.ErrTimeout, ctx.Err())
+	}
+}

@@ -1,0 +1,539 @@
+package manager_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/vgpud/vgpud/pkg/discover"
+	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/profile"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/tenant"
+	"github.com/vgpud/vgpud/profiles"
+)
+
+// The default simulated host (see pkg/gpu/sim).
+const (
+	h100MIG = "0000:41:00.0"
+	h100TS  = "0000:61:00.0"
+	l4      = "0000:81:00.0"
+	a10     = "0000:a1:00.0"
+)
+
+type env struct {
+	t     *testing.T
+	dir   string
+	cat   *profile.Catalog
+	sim   *sim.Host
+	db    *store.DB
+	m     *manager.Manager
+	crash func(string)
+}
+
+func newEnv(t *testing.T, spec *sim.Spec) *env {
+	t.Helper()
+	cat, err := profile.Load(profiles.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, dir: t.TempDir(), cat: cat}
+	e.sim, err = sim.Open(filepath.Join(e.dir, "sim"), spec, cat, sim.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.sim.Close() })
+	e.start()
+	return e
+}
+
+// start opens the store and a manager, as a daemon start does, and reconciles.
+func (e *env) start() manager.ReconcileReport {
+	e.t.Helper()
+	db, err := store.Open(filepath.Join(e.dir, "state.db"), store.Options{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.db = db
+	e.t.Cleanup(func() { db.Close() })
+	b := nvmlb.New(e.sim.NVML(), e.cat, nvmlb.Options{})
+	if err := b.Init(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	fs := sysfs.New(e.sim.FS())
+	e.m = manager.New(e.cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, nil, manager.Options{
+		Crash:     func(p string) { e.crashAt(p) },
+		BusyRetry: 1,
+	})
+	rep, err := e.m.Reconcile(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return rep
+}
+
+func (e *env) crashAt(p string) {
+	if e.crash != nil {
+		e.crash(p)
+	}
+}
+
+// restart simulates the daemon dying and starting again on the same state.
+func (e *env) restart() manager.ReconcileReport {
+	e.t.Helper()
+	e.db.Close()
+	e.crash = nil
+	return e.start()
+}
+
+func (e *env) tenant(name string, q tenant.Quota) {
+	e.t.Helper()
+	if _, err := e.m.DefineTenant(context.Background(), tenant.Tenant{Name: name, Quota: q}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func unlimited() tenant.Quota {
+	return tenant.Quota{VRAMBytes: tenant.Unlimited, ComputeMilli: tenant.Unlimited, MaxInstances: tenant.Unlimited}
+}
+
+func (e *env) create(tn, profile, gpu string) (store.Instance, error) {
+	return e.m.Create(context.Background(), manager.CreateRequest{Tenant: tn, Profile: profile, GPU: gpu})
+}
+
+func (e *env) mustCreate(tn, profile, gpu string) store.Instance {
+	e.t.Helper()
+	r, err := e.create(tn, profile, gpu)
+	if err != nil {
+		e.t.Fatalf("create %s: %v", profile, err)
+	}
+	return r
+}
+
+func (e *env) summary() string {
+	e.t.Helper()
+	s, err := e.sim.Summary()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+func TestCreateAndDestroyEveryKind(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	empty := e.summary()
+	cases := []struct {
+		profile, gpu string
+		kind         store.InstanceKind
+		onHost       string
+	}{
+		{"3g.40gb", "", store.KindMIG, "gi"},
+		{"H100-1g.10gb", "", store.KindMIG, "gi"},
+		{"H100XM-2-20C", "", store.KindMIGVGPU, " vf0"},
+		{"H100XM-20C", "", store.KindVGPU, " vf0"},
+		{"L4-4Q", "", store.KindVGPU, " vf0"},
+		{"NVIDIA A10-8Q", "", store.KindVGPU, "mdev"},
+	}
+	var made []store.Instance
+	for _, c := range cases {
+		r := e.mustCreate("acme", c.profile, c.gpu)
+		if r.Kind != c.kind || r.State != store.StateReady {
+			t.Fatalf("%s: kind %s state %s", c.profile, r.Kind, r.State)
+		}
+		if !strings.Contains(e.summary(), c.onHost) {
+			t.Fatalf("%s: host shows no %s:\n%s", c.profile, c.onHost, e.summary())
+		}
+		made = append(made, r)
+	}
+	if made[2].GIID < 0 || made[2].VF == "" || made[4].GPUPCI != l4 || made[5].MdevUUID != made[5].UUID {
+		t.Fatalf("records: %+v", made)
+	}
+	for _, r := range made {
+		if err := e.m.Destroy(context.Background(), r.UUID, manager.DestroyOptions{}); err != nil {
+			t.Fatalf("destroy %s: %v", r.Profile, err)
+		}
+	}
+	if got := e.summary(); got != empty {
+		t.Fatalf("host not back to empty:\n%s\nwant\n%s", got, empty)
+	}
+	if err := e.m.Destroy(context.Background(), made[0].UUID, manager.DestroyOptions{}); !errors.Is(err, manager.ErrNotFound) {
+		t.Fatalf("second destroy: %v, want ErrNotFound", err)
+	}
+}
+
+func TestPassthroughReservesAnEmptyGPU(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	r := e.mustCreate("acme", "L4-24GB/passthrough", "")
+	if r.Kind != store.KindPassthrough || r.GPUPCI != l4 {
+		t.Fatalf("passthrough %+v", r)
+	}
+	if _, err := e.create("acme", "L4-4Q", ""); !errors.Is(err, manager.ErrNoCapacity) {
+		t.Fatalf("vGPU on a passed-through GPU: %v, want ErrNoCapacity", err)
+	}
+	if _, err := e.create("acme", "L4-24GB/passthrough", ""); !errors.Is(err, manager.ErrNoCapacity) {
+		t.Fatalf("second passthrough: %v", err)
+	}
+}
+
+func TestRefusalsChangeNothing(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("small", tenant.Quota{VRAMBytes: 20 << 30, ComputeMilli: tenant.Unlimited, MaxInstances: 2})
+	e.tenant("acme", unlimited())
+	e.mustCreate("acme", "7g.80gb", h100MIG)
+	if err := e.sim.LoseGPU(l4); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before := e.summary()
+	cases := []struct {
+		name, tenant, profile, gpu string
+		want                       error
+		msg                        string
+	}{
+		{"unknown profile", "acme", "9g.900gb", "", manager.ErrInvalidArgument, "unknown profile"},
+		{"unknown model", "acme", "Z100/3g.40gb", "", manager.ErrInvalidArgument, "unknown GPU model"},
+		{"unknown tenant", "nobody", "1g.10gb", "", manager.ErrNotFound, "tenant define"},
+		{"bad tenant name", "Bad_Name", "1g.10gb", "", manager.ErrInvalidArgument, ""},
+		{"over VRAM quota", "small", "H100XM-40C", "", manager.ErrQuotaExceeded, "VRAM quota"},
+		{"no capacity", "acme", "3g.40gb", "", manager.ErrNoCapacity, ""},
+		{"MIG profile on a GPU with MIG off", "acme", "3g.40gb", h100TS, manager.ErrNoCapacity, ""},
+		{"lost GPU", "acme", "L4-4Q", l4, manager.ErrGPULost, "lost"},
+		{"no such GPU", "acme", "L4-4Q", "0000:ff:00.0", manager.ErrNotFound, "no GPU"},
+		{"type of another model on a pinned GPU", "acme", "L4-4Q", a10, manager.ErrInvalidArgument, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := e.create(c.tenant, c.profile, c.gpu)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("err = %v, want %v", err, c.want)
+			}
+			if !strings.Contains(manager.Message(err), c.msg) {
+				t.Fatalf("message %q lacks %q", manager.Message(err), c.msg)
+			}
+			if got := e.summary(); got != before {
+				t.Fatalf("host changed:\n%s\nwas\n%s", got, before)
+			}
+		})
+	}
+	insts, _ := e.m.Instances("")
+	if len(insts) != 1 {
+		t.Fatalf("%d records, want 1", len(insts))
+	}
+}
+
+func TestFailedStepIsUndone(t *testing.T) {
+	cases := []struct {
+		name    string
+		profile string
+		fault   sim.Fault
+	}{
+		{"compute instance fails after GPU instance", "3g.40gb", sim.Fault{Op: "CreateComputeInstance", Return: 999, Count: 1}},
+		{"VF write fails after GPU instance", "H100XM-3-40C", sim.Fault{Op: "write:current_vgpu_type", Errno: int(syscall.ENOMEM), Count: 1}},
+		{"VF write fails", "L4-8Q", sim.Fault{Op: "write:current_vgpu_type", Errno: int(syscall.EIO), Count: 1}},
+		{"mdev create fails", "A10-4Q", sim.Fault{Op: "write:create", Errno: int(syscall.ENOMEM), Count: 1}},
+		{"GPU instance create fails", "1g.10gb", sim.Fault{Op: "CreateGpuInstanceWithPlacement", Return: 999, Count: 1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			e.tenant("acme", unlimited())
+			before := e.summary()
+			if err := e.sim.AddFault(c.fault); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.create("acme", c.profile, ""); err == nil {
+				t.Fatal("create succeeded through a fault")
+			}
+			if got := e.summary(); got != before {
+				t.Fatalf("host not restored:\n%s\nwas\n%s", got, before)
+			}
+			insts, _ := e.m.Instances("")
+			if len(insts) != 0 {
+				t.Fatalf("records left: %+v", insts)
+			}
+			// And the same request works once the fault is gone.
+			e.mustCreate("acme", c.profile, "")
+		})
+	}
+}
+
+func TestIdempotentCreateByUUID(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	req := manager.CreateRequest{UUID: "9a1f0b62-9a5d-4b53-8f3c-2f1e1e0c0001", Tenant: "acme", Profile: "L4-4Q"}
+	a, err := e.m.Create(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.m.Create(context.Background(), req)
+	if err != nil || b.UUID != a.UUID || b.VF != a.VF {
+		t.Fatalf("retry: %+v, %v", b, err)
+	}
+	req.Profile = "L4-8Q"
+	if _, err := e.m.Create(context.Background(), req); !errors.Is(err, manager.ErrConflict) {
+		t.Fatalf("same UUID, other profile: %v", err)
+	}
+}
+
+// 64 clients race for the last capacity and the last quota: exactly the
+// admissible number succeed.
+func TestConcurrentAdmission(t *testing.T) {
+	e := newEnv(t, nil)
+	// L4-24Q: one per L4. L4-4Q: 6 per L4 (homogeneous).
+	e.tenant("quota", tenant.Quota{VRAMBytes: tenant.Unlimited, ComputeMilli: tenant.Unlimited, MaxInstances: 5})
+	e.tenant("cap", unlimited())
+	var wg sync.WaitGroup
+	results := make(chan error, 64)
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			tn := "quota"
+			if i%2 == 1 {
+				tn = "cap"
+			}
+			_, err := e.create(tn, "L4-4Q", "")
+			results <- err
+		}(i)
+	}
+	wg.Wait()
+	close(results)
+	ok, quota, capacity, other := 0, 0, 0, 0
+	for err := range results {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, manager.ErrQuotaExceeded):
+			quota++
+		case errors.Is(err, manager.ErrNoCapacity):
+			capacity++
+		default:
+			other++
+			t.Errorf("unexpected: %v", err)
+		}
+	}
+	m, _ := e.cat.Model("L4-24GB")
+	q4, _ := m.VGPUTypeByName("L4-4Q")
+	if ok != q4.MaxInstances || other != 0 {
+		t.Fatalf("ok %d (want %d), quota %d, capacity %d, other %d", ok, q4.MaxInstances, quota, capacity, other)
+	}
+	views, _ := e.m.Tenants()
+	for _, v := range views {
+		if v.Name == "quota" && v.Usage.Instances > 5 {
+			t.Fatalf("quota tenant holds %d > 5", v.Usage.Instances)
+		}
+	}
+}
+
+func TestRebootRecreatesSamePlacement(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	mig := e.mustCreate("acme", "3g.40gb", h100MIG)
+	migv := e.mustCreate("acme", "H100XM-2-20C", "")
+	vf := e.mustCreate("acme", "L4-4Q", "")
+	md := e.mustCreate("acme", "A10-4Q", "")
+	before := e.summary()
+	if err := e.sim.Reboot(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(e.summary(), "gi") {
+		t.Fatal("reboot kept GPU instances")
+	}
+	rep := e.restart()
+	if len(rep.Recreated) != 4 || len(rep.Failed) != 0 {
+		t.Fatalf("report %+v", rep)
+	}
+	if got := e.summary(); got != before {
+		t.Fatalf("after reboot:\n%s\nbefore:\n%s", got, before)
+	}
+	for _, want := range []store.Instance{mig, migv, vf, md} {
+		got, err := e.m.Instance(want.UUID)
+		if err != nil || got.GIStart != want.GIStart || got.VF != want.VF || got.MdevUUID != want.MdevUUID || got.State != store.StateReady {
+			t.Fatalf("record %+v after reboot, was %+v (%v)", got, want, err)
+		}
+	}
+}
+
+// A crash at each crash point of create and destroy is finished or undone
+// by the next start: no leak, no ghost.
+func TestCrashPointsReconcile(t *testing.T) {
+	points := []string{manager.CrashCreateIntent, manager.CrashCreateGI, manager.CrashCreateCI, manager.CrashCreateVGPU,
+		manager.CrashCreateCommit, manager.CrashDestroyStart, manager.CrashDestroyVGPU, manager.CrashDestroyCI, manager.CrashDestroyGI}
+	for _, p := range points {
+		for _, prof := range []string{"3g.40gb", "H100XM-3-40C", "L4-4Q", "A10-4Q"} {
+			t.Run(p+"/"+prof, func(t *testing.T) {
+				e := newEnv(t, nil)
+				e.tenant("acme", unlimited())
+				var keep store.Instance
+				if strings.HasPrefix(p, "destroy") {
+					keep = e.mustCreate("acme", prof, "")
+				}
+				e.crash = func(at string) {
+					if at == p {
+						runtime.Goexit()
+					}
+				}
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					if keep.UUID != "" {
+						_ = e.m.Destroy(context.Background(), keep.UUID, manager.DestroyOptions{})
+					} else {
+						_, _ = e.create("acme", prof, "")
+					}
+				}()
+				<-done
+				e.restart()
+				assertConsistent(t, e)
+			})
+		}
+	}
+}
+
+// assertConsistent checks that every record is on the host and every
+// device on the host has a record.
+func assertConsistent(t *testing.T, e *env) {
+	t.Helper()
+	rep, err := e.m.Reconcile(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Foreign) != 0 || len(rep.Recreated) != 0 || len(rep.Failed) != 0 || len(rep.Finished)+len(rep.Undone) != 0 {
+		t.Fatalf("second reconcile not clean: %+v\n%s", rep, e.summary())
+	}
+	insts, _ := e.m.Instances("")
+	for _, in := range insts {
+		if in.State != store.StateReady {
+			t.Fatalf("instance %s is %s", in.UUID, in.State)
+		}
+	}
+}
+
+func TestForeignDevicesCountAgainstCapacity(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	lib := e.sim.NVML()
+	lib.Init()
+	d, _ := lib.DeviceGetHandleByPciBusId(h100MIG)
+	info, _ := d.GetGpuInstanceProfileInfo(4) // 7g
+	if _, r := d.CreateGpuInstance(&info); r != 0 {
+		t.Fatalf("foreign GI: %v", r)
+	}
+	rep, err := e.m.Reconcile(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Foreign) != 1 || rep.Foreign[0].Kind != "gpu-instance" {
+		t.Fatalf("foreign = %+v", rep.Foreign)
+	}
+	if _, err := e.create("acme", "1g.10gb", ""); !errors.Is(err, manager.ErrNoCapacity) {
+		t.Fatalf("create over a foreign 7g: %v", err)
+	}
+	if !strings.Contains(e.summary(), "gi0(p0@0+8") {
+		t.Fatalf("foreign GI touched:\n%s", e.summary())
+	}
+}
+
+func TestPlanCapacityAndDefragment(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	ctx := context.Background()
+	p, err := e.m.Plan(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb"})
+	if err != nil || !p.Fits || p.GPUPCI != h100MIG || p.Start < 0 {
+		t.Fatalf("plan %+v, %v", p, err)
+	}
+	if e.summary() != e.summary() || strings.Contains(e.summary(), "gi") {
+		t.Fatal("plan changed the host")
+	}
+	count := func(profile string) int {
+		caps, _ := e.m.Capacity()
+		for _, c := range caps {
+			if c.Model == "H100-SXM5-80GB" && c.Profile == profile {
+				return c.Count
+			}
+		}
+		return -1
+	}
+	if n := count("1g.10gb"); n != 7 {
+		t.Fatalf("capacity 1g.10gb = %d, want 7", n)
+	}
+	// Seven 1g instances fill slots 0-6; freeing those at 1 and 2 leaves
+	// three free slices (1, 2 and 7) and no legal 2g start (0, 2, 4).
+	var ones []store.Instance
+	for i := 0; i < 7; i++ {
+		ones = append(ones, e.mustCreate("acme", "1g.10gb", h100MIG))
+	}
+	for _, r := range ones {
+		if r.GIStart == 1 || r.GIStart == 2 {
+			if err := e.m.Destroy(ctx, r.UUID, manager.DestroyOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	req := manager.CreateRequest{Tenant: "acme", Profile: "2g.20gb", GPU: h100MIG}
+	if _, err := e.m.Create(ctx, req); !errors.Is(err, manager.ErrNoCapacity) || !strings.Contains(manager.Message(err), "fragment") {
+		t.Fatalf("fragmented create: %v", err)
+	}
+	p, err = e.m.Plan(ctx, req)
+	if err != nil || p.Fits || len(p.Moves) == 0 {
+		t.Fatalf("plan of a fragmented request: %+v, %v", p, err)
+	}
+	before := e.summary()
+	res, err := e.m.Defragment(ctx, req, false)
+	if err != nil || len(res.Moves) == 0 || res.Applied || e.summary() != before {
+		t.Fatalf("dry run: %+v, %v", res, err)
+	}
+	res, err = e.m.Defragment(ctx, req, true)
+	if err != nil || !res.Applied {
+		t.Fatalf("apply: %+v, %v", res, err)
+	}
+	moved, err := e.m.Instance(res.Moves[0].Instance)
+	if err != nil || moved.GIStart != res.Moves[0].ToStart {
+		t.Fatalf("moved instance %+v, %v; want start %d", moved, err, res.Moves[0].ToStart)
+	}
+	e.mustCreate("acme", "2g.20gb", h100MIG)
+	assertConsistent(t, e)
+}
+
+func TestTenantLifecycle(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.tenant("acme", unlimited())
+	if _, err := e.m.DefineTenant(ctx, tenant.Tenant{Name: "acme", Quota: unlimited()}); err != nil {
+		t.Fatalf("identical redefine: %v", err)
+	}
+	if _, err := e.m.DefineTenant(ctx, tenant.Tenant{Name: "acme"}); !errors.Is(err, manager.ErrConflict) {
+		t.Fatalf("conflicting redefine: %v", err)
+	}
+	r := e.mustCreate("acme", "L4-4Q", "")
+	if err := e.m.UndefineTenant(ctx, "acme", false); !errors.Is(err, manager.ErrBusy) {
+		t.Fatalf("undefine with instances: %v", err)
+	}
+	if _, err := e.m.SetQuota(ctx, "acme", tenant.Quota{VRAMBytes: 1 << 30, ComputeMilli: 100, MaxInstances: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.create("acme", "L4-4Q", ""); !errors.Is(err, manager.ErrQuotaExceeded) {
+		t.Fatalf("after lowering quota: %v", err)
+	}
+	if err := e.m.UndefineTenant(ctx, "acme", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Instance(r.UUID); !errors.Is(err, manager.ErrNotFound) {
+		t.Fatalf("forced undefine left the instance: %v", err)
+	}
+	if strings.Contains(e.summary(), " vf0") {
+		t.Fatalf("forced undefine left the device:\n%s", e.summary())
+	}
+}

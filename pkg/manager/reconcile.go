@@ -1,0 +1,573 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/placement"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/virt"
+)
+
+// ReconcileReport says what a reconcile pass found and did.
+type ReconcileReport struct {
+	Duration time.Duration `json:"durationNs"`
+	// Finished and Undone are the intents rolled forward and back.
+	Finished []string `json:"finished,omitempty"`
+	Undone   []string `json:"undone,omitempty"`
+	// Recreated are instances a reboot or GPU reset lost, carved again.
+	Recreated []string `json:"recreated,omitempty"`
+	// Lost are instances whose GPU is gone; Failed those vgpud could not restore.
+	Lost   []string `json:"lost,omitempty"`
+	Failed []string `json:"failed,omitempty"`
+	// Foreign are devices vgpud did not create: left alone, counted against capacity.
+	Foreign []Foreign `json:"foreign,omitempty"`
+	// Attachments lists attachment records fixed to match libvirt.
+	Attachments []string `json:"attachments,omitempty"`
+}
+
+// Foreign is one device on the host that no record explains.
+type Foreign struct {
+	GPU    string `json:"gpu"`
+	Kind   string `json:"kind"` // gpu-instance, vf, mdev
+	ID     string `json:"id"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Reconcile compares the records with the host: it finishes or undoes
+// every intent a crash left, re-creates instances a reboot lost (at their
+// recorded placement when it is free), marks instances whose GPU is gone
+// lost, reports devices vgpud did not create, and checks attachments
+// against libvirt. It holds the admission lock: no request is admitted
+// while it runs.
+func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
+	done, err := m.begin()
+	if err != nil {
+		return ReconcileReport{}, err
+	}
+	defer done()
+	start := time.Now()
+	m.admit.Lock()
+	defer m.admit.Unlock()
+	var rep ReconcileReport
+	if err := m.Refresh(ctx); err != nil {
+		return rep, err
+	}
+	var intents []store.Intent
+	if err := m.db.View(func(tx *store.Tx) (err error) { intents, err = tx.Intents(); return err }); err != nil {
+		return rep, classify(err, "read intents")
+	}
+	for _, it := range intents {
+		if err := m.resolveIntent(ctx, it, &rep); err != nil {
+			m.log.Error("reconcile intent", "intent", it.ID, "op", it.Op, "instance", it.Instance, "err", err)
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
+			continue
+		}
+		m.crash(CrashReconcile)
+	}
+	var recs []store.Instance
+	if err := m.db.View(func(tx *store.Tx) (err error) { recs, err = tx.Instances(); return err }); err != nil {
+		return rep, classify(err, "read instances")
+	}
+	for i := range recs {
+		if err := m.restore(ctx, &recs[i], &rep); err != nil && ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+	}
+	if m.virt != nil {
+		m.reconcileAttachments(ctx, &rep)
+	}
+	rep.Foreign = m.foreign()
+	rep.Duration = time.Since(start)
+	m.log.Info("reconciled", "took", rep.Duration, "finished", len(rep.Finished), "undone", len(rep.Undone),
+		"recreated", len(rep.Recreated), "lost", len(rep.Lost), "failed", len(rep.Failed), "foreign", len(rep.Foreign))
+	return rep, nil
+}
+
+// hostGI finds the GPU instance of a record on the host (by placement and
+// profile: ids change across reboots).
+func hostGI(g *gpu.GPU, r *store.Instance) *gpu.GPUInstance {
+	for i := range g.MIG.Instances {
+		gi := &g.MIG.Instances[i]
+		if gi.Placement.Start == r.GIStart && gi.ProfileID == r.GIProfileID {
+			return gi
+		}
+	}
+	return nil
+}
+
+func (m *Manager) hostGPU(uuid string) *gpu.GPU {
+	inv := m.Inventory()
+	for i := range inv.GPUs {
+		if inv.GPUs[i].UUID == uuid {
+			return &inv.GPUs[i]
+		}
+	}
+	return nil
+}
+
+// present reports which parts of a record the host shows, filling in the
+// driver's ids (a crash may come between a host call and its record).
+func (m *Manager) present(r *store.Instance) (gi, ci, vg bool) {
+	g := m.hostGPU(r.GPUUUID)
+	if g == nil || g.Lost {
+		return
+	}
+	if r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU {
+		if x := hostGI(g, r); x != nil {
+			gi = true
+			r.GIID = x.ID
+			for _, c := range x.Compute {
+				if r.CIID < 0 || c.ID == r.CIID {
+					ci, r.CIID, r.CIProfileID = true, c.ID, c.ProfileID
+				}
+			}
+		}
+	}
+	switch {
+	case r.Flow == store.FlowVFIO:
+		for _, vf := range g.VGPU.VFs {
+			if vf.PCI == r.VF && vf.Type == r.TypeID {
+				vg = true
+			}
+		}
+	case r.Flow == store.FlowMdev:
+		for _, md := range g.VGPU.Mdevs {
+			if md.UUID == r.MdevUUID {
+				vg = true
+			}
+		}
+	}
+	return gi, ci, vg
+}
+
+func complete(r *store.Instance, gi, ci, vg bool) bool {
+	switch r.Kind {
+	case store.KindMIG:
+		return gi && ci
+	case store.KindMIGVGPU:
+		return gi && vg
+	case store.KindVGPU:
+		return vg
+	}
+	return true
+}
+
+func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *ReconcileReport) error {
+	var rec store.Instance
+	err := m.db.View(func(tx *store.Tx) (err error) { rec, err = tx.Instance(it.Instance); return err })
+	missing := errors.Is(err, store.ErrNotFound)
+	if err != nil && !missing {
+		return err
+	}
+	dropIntent := func() error { return m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(it.ID) }) }
+	switch it.Op {
+	case store.OpCreate:
+		if missing {
+			return dropIntent()
+		}
+		gi, ci, vg := m.present(&rec)
+		if complete(&rec, gi, ci, vg) {
+			rec.State, rec.Updated = store.StateReady, m.now()
+			if err := m.db.Update(func(tx *store.Tx) error {
+				if err := tx.PutInstance(&rec); err != nil {
+					return err
+				}
+				return tx.DeleteIntent(it.ID)
+			}); err != nil {
+				return err
+			}
+			rep.Finished = append(rep.Finished, rec.UUID)
+			m.emit(Event{Kind: EventInstanceAdded, ID: rec.UUID})
+			return nil
+		}
+		parts := map[string]bool{"gi": gi, "ci": ci, "vgpu": vg}
+		if err := m.release(ctx, &rec, func(s string) bool { return parts[s] }, false); err != nil {
+			return err
+		}
+		m.refreshGPU(ctx, rec.GPUUUID)
+		if err := m.db.Update(func(tx *store.Tx) error {
+			if err := tx.DeleteInstance(rec.UUID); err != nil {
+				return err
+			}
+			return tx.DeleteIntent(it.ID)
+		}); err != nil {
+			return err
+		}
+		rep.Undone = append(rep.Undone, rec.UUID)
+		return nil
+	case store.OpDestroy:
+		if missing {
+			return dropIntent()
+		}
+		m.present(&rec)
+		if err := m.finishDestroy(ctx, rec, it.ID); err != nil {
+			return err
+		}
+		rep.Finished = append(rep.Finished, rec.UUID)
+		return nil
+	case store.OpAttach, store.OpDetach:
+		var p attachPayload
+		_ = json.Unmarshal(it.Payload, &p)
+		if !missing && m.virt != nil && p.Domain != "" {
+			if err := m.settleAttach(ctx, rec, p, it.Op == store.OpAttach); err != nil {
+				return err
+			}
+		}
+		if err := dropIntent(); err != nil {
+			return err
+		}
+		rep.Finished = append(rep.Finished, it.Instance)
+		return nil
+	}
+	// A move releases the old placement before the record names the new
+	// one, so restore re-creates whichever placement the record holds.
+	return dropIntent()
+}
+
+// settleAttach finishes an attach (record what libvirt holds) or a detach
+// (remove it from libvirt and the record) that a crash interrupted.
+func (m *Manager) settleAttach(ctx context.Context, rec store.Instance, p attachPayload, attach bool) error {
+	h, err := m.hostdevOf(rec, p.Display)
+	if err != nil {
+		return err
+	}
+	dom, err := m.virt.Domain(ctx, p.Domain)
+	if errors.Is(err, virt.ErrDomainNotFound) {
+		return m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(rec.UUID) })
+	}
+	if err != nil {
+		return err
+	}
+	if !attach {
+		if err := m.virt.Detach(ctx, dom.Name, h, rec.UUID); err != nil {
+			return err
+		}
+		return m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(rec.UUID) })
+	}
+	held, err := m.virt.Attached(ctx, dom.Name)
+	if err != nil {
+		return err
+	}
+	for _, a := range held {
+		if a.Config && sameDevice(a.Hostdev, h) {
+			return m.db.Update(func(tx *store.Tx) error {
+				return tx.PutAttachment(store.Attachment{Instance: rec.UUID, Domain: dom.Name, DomainUUID: dom.UUID, URI: m.virt.URI(), Live: a.Live, Created: m.now()})
+			})
+		}
+	}
+	// The attach never reached the config: clear any metadata it left.
+	return m.virt.Detach(ctx, dom.Name, h, rec.UUID)
+}
+
+func sameDevice(a, b virt.Hostdev) bool {
+	if a.Kind != b.Kind {
+		return false
+	}
+	if a.Kind == virt.Mdev {
+		return a.MdevUUID == b.MdevUUID
+	}
+	return a.PCI == b.PCI
+}
+
+// restore brings one record's devices back on the host if they are gone.
+func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *ReconcileReport) error {
+	if r.State == store.StateCreating || r.State == store.StateDestroying {
+		return nil // an intent is in charge (or was just resolved)
+	}
+	g := m.hostGPU(r.GPUUUID)
+	if g == nil || g.Lost {
+		if r.State != store.StateLost {
+			r.State, r.Reason, r.Updated = store.StateLost, "GPU is gone from the host (lost or removed)", m.now()
+			_ = m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) })
+			m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
+		}
+		rep.Lost = append(rep.Lost, r.UUID)
+		return nil
+	}
+	gi, ci, vg := m.present(r)
+	if complete(r, gi, ci, vg) {
+		if r.State != store.StateReady {
+			r.State, r.Reason, r.Updated = store.StateReady, "", m.now()
+			if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) }); err != nil {
+				return err
+			}
+			m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
+		}
+		return nil
+	}
+	l := m.gpuLock(r.GPUUUID)
+	l.Lock()
+	err := m.recreate(ctx, r, g, gi, ci)
+	l.Unlock()
+	m.refreshGPU(ctx, r.GPUUUID)
+	if err != nil {
+		r.State, r.Reason, r.Updated = store.StateFailed, Message(classify(err, "re-create")), m.now()
+		_ = m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) })
+		rep.Failed = append(rep.Failed, r.UUID)
+		m.log.Warn("could not re-create instance", "instance", r.UUID, "gpu", r.GPUPCI, "err", err)
+		m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
+		return err
+	}
+	r.State, r.Reason, r.Updated = store.StateReady, "", m.now()
+	if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) }); err != nil {
+		return err
+	}
+	rep.Recreated = append(rep.Recreated, r.UUID)
+	m.log.Info("re-created instance", "instance", r.UUID, "gpu", r.GPUPCI, "gi", r.GIID, "vf", r.VF, "mdev", r.MdevUUID)
+	m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
+	return nil
+}
+
+// recreate carves a record's missing parts again, at its recorded
+// placement and device when they are free, else at the next legal one on
+// the same GPU (the record is updated).
+func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, gi, ci bool) error {
+	if (r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU) && !gi {
+		if !g.MIG.Enabled {
+			return fail(ErrBusy, nil, "MIG mode is off on GPU %s; enable it to bring back %s", g.PCI, r.UUID)
+		}
+		if err := m.moveIfTaken(r, g); err != nil {
+			return err
+		}
+		x, err := m.mig.CreateGPUInstance(ctx, r.GPUUUID, r.GIProfileID, r.GIStart)
+		if err != nil {
+			return err
+		}
+		r.GIID, r.CIID = x.ID, -1
+		m.refreshGPU(ctx, r.GPUUUID)
+	}
+	if r.Kind == store.KindMIG && (!gi || !ci) {
+		c, err := m.mig.CreateComputeInstance(ctx, r.GPUUUID, r.GIID, -1)
+		if err != nil {
+			return err
+		}
+		r.CIID, r.CIProfileID = c.ID, c.ProfileID
+	}
+	if r.Kind == store.KindVGPU || r.Kind == store.KindMIGVGPU {
+		_, _, vg := m.present(r)
+		if !vg {
+			if err := m.pickDevice(r, g); err != nil {
+				return err
+			}
+			if err := m.createVGPU(ctx, r); err != nil {
+				return err
+			}
+			if r.Kind == store.KindMIGVGPU {
+				if err := m.checkGI(ctx, r); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// moveIfTaken moves a lost GPU instance's recorded start when something
+// else now covers it.
+func (m *Manager) moveIfTaken(r *store.Instance, g *gpu.GPU) error {
+	want := gpu.Range{Start: r.GIStart, Size: r.GISize}
+	taken := false
+	for _, x := range g.MIG.Instances {
+		if x.Placement.Overlaps(want) {
+			taken = true
+		}
+	}
+	if !taken {
+		return nil
+	}
+	var s *snapshot
+	if err := m.db.View(func(tx *store.Tx) (err error) { s, err = m.snapshot(tx); return err }); err != nil {
+		return err
+	}
+	// Free the record's own slot in the view, then ask placement.
+	others := s.recs[:0]
+	for _, x := range s.recs {
+		if x.UUID != r.UUID {
+			others = append(others, x)
+		}
+	}
+	s.recs = others
+	s.byGPU[r.GPUUUID] = nil
+	for i := range s.recs {
+		if s.recs[i].GPUUUID == r.GPUUUID {
+			s.byGPU[r.GPUUUID] = append(s.byGPU[r.GPUUUID], &s.recs[i])
+		}
+	}
+	md, _ := m.cat.Model(r.Model)
+	p, ok := md.GPUInstanceProfileByID(r.GIProfileID)
+	if !ok {
+		return fail(ErrBackendFailure, nil, "GPU model %s lost profile %d from the catalog", r.Model, r.GIProfileID)
+	}
+	d, err := placement.Place(m.migFleet(s), placement.Request{Profile: p.Name, GPU: r.GPUUUID})
+	if err != nil {
+		return classify(err, "slot %d of GPU %s is taken by a device vgpud did not create", r.GIStart, g.PCI)
+	}
+	m.log.Warn("recorded slot taken; re-creating elsewhere on the GPU", "instance", r.UUID, "from", r.GIStart, "to", d.Start)
+	r.GIStart = d.Start
+	return nil
+}
+
+// pickDevice keeps the recorded VF or mdev parent when it is free, else
+// picks another free one on the same GPU.
+func (m *Manager) pickDevice(r *store.Instance, g *gpu.GPU) error {
+	switch r.Flow {
+	case store.FlowVFIO:
+		for _, vf := range g.VGPU.VFs {
+			if vf.PCI == r.VF {
+				if vf.Type == 0 {
+					return nil
+				}
+				break
+			}
+		}
+		var s *snapshot
+		if err := m.db.View(func(tx *store.Tx) (err error) { s, err = m.snapshot(tx); return err }); err != nil {
+			return err
+		}
+		gg := m.gpuOf(s, g.UUID)
+		held := r.VF
+		r.VF = ""
+		for i := range s.recs {
+			if s.recs[i].UUID == r.UUID {
+				s.recs[i].VF = ""
+			}
+		}
+		vf, ok := s.freeVF(gg)
+		if !ok {
+			r.VF = held
+			if len(g.VGPU.VFs) == 0 {
+				return fail(ErrBusy, nil, "GPU %s has no SR-IOV VFs enabled; run `sriov-manage -e %s`", g.PCI, g.PCI)
+			}
+			return fail(ErrNoCapacity, nil, "no free VF left on GPU %s", g.PCI)
+		}
+		m.log.Warn("recorded VF not usable; using another", "instance", r.UUID, "from", held, "to", vf)
+		r.VF = vf
+	case store.FlowMdev:
+		for _, p := range g.VGPU.MdevParents {
+			if p.PCI == r.MdevParent {
+				return nil
+			}
+		}
+		if len(g.VGPU.MdevParents) == 0 {
+			return fail(ErrBusy, nil, "GPU %s shows no mdev types yet (the vGPU manager has not published them)", g.PCI)
+		}
+		var s *snapshot
+		if err := m.db.View(func(tx *store.Tx) (err error) { s, err = m.snapshot(tx); return err }); err != nil {
+			return err
+		}
+		parent, ok := s.freeMdevParent(m.gpuOf(s, g.UUID), r.TypeID)
+		if !ok {
+			return fail(ErrNoCapacity, nil, "no free mdev parent left on GPU %s", g.PCI)
+		}
+		r.MdevParent = parent
+	}
+	return nil
+}
+
+// reconcileAttachments drops attachment records of VMs that are gone or no
+// longer hold the device, and re-points VMs whose device moved.
+func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport) {
+	var atts []store.Attachment
+	var recs map[string]store.Instance
+	_ = m.db.View(func(tx *store.Tx) error {
+		var err error
+		if atts, err = tx.Attachments(); err != nil {
+			return err
+		}
+		all, err := tx.Instances()
+		recs = map[string]store.Instance{}
+		for _, r := range all {
+			recs[r.UUID] = r
+		}
+		return err
+	})
+	for _, a := range atts {
+		r := recs[a.Instance]
+		h, err := m.hostdevOf(r, false)
+		if err != nil {
+			continue
+		}
+		held, err := m.virt.Attached(ctx, a.Domain)
+		if errors.Is(err, virt.ErrDomainNotFound) {
+			_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) })
+			rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s is gone", a.Instance, a.Domain))
+			continue
+		}
+		if err != nil {
+			m.log.Warn("read VM devices", "vm", a.Domain, "err", err)
+			continue
+		}
+		found, stale := false, []virt.Hostdev{}
+		for _, x := range held {
+			switch {
+			case x.Config && sameDevice(x.Hostdev, h):
+				found = true
+			case x.Instance == a.Instance && x.Config:
+				stale = append(stale, x.Hostdev)
+			}
+		}
+		if found {
+			continue
+		}
+		if len(stale) > 0 {
+			// The device moved (another VF after a reboot): re-point the VM.
+			for _, old := range stale {
+				_ = m.virt.Detach(ctx, a.Domain, old, a.Instance)
+			}
+			if _, err := m.virt.Attach(ctx, a.Domain, h, a.Instance); err != nil {
+				m.log.Warn("re-point VM at moved device", "vm", a.Domain, "instance", a.Instance, "err", err)
+				continue
+			}
+			rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s re-pointed", a.Instance, a.Domain))
+			continue
+		}
+		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) })
+		rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s no longer holds it", a.Instance, a.Domain))
+	}
+}
+
+// foreign lists devices no record explains.
+func (m *Manager) foreign() []Foreign {
+	var s *snapshot
+	if err := m.db.View(func(tx *store.Tx) (err error) { s, err = m.snapshot(tx); return err }); err != nil {
+		return nil
+	}
+	var out []Foreign
+	for i := range s.inv.GPUs {
+		g := &s.inv.GPUs[i]
+		for _, gi := range g.MIG.Instances {
+			if len(s.giRecords(g.UUID, gi.Placement.Start, gi.ProfileID)) == 0 {
+				out = append(out, Foreign{GPU: g.PCI, Kind: "gpu-instance", ID: fmt.Sprint(gi.ID),
+					Detail: fmt.Sprintf("profile %d at %d+%d", gi.ProfileID, gi.Placement.Start, gi.Placement.Size)})
+			}
+		}
+		md, _ := m.cat.Model(g.Model)
+		if md == nil {
+			continue
+		}
+		for _, d := range s.devices(g, md) {
+			if d.rec != nil {
+				continue
+			}
+			name := "unknown type"
+			if d.typ != nil {
+				name = d.typ.Name
+			}
+			if d.vf != "" {
+				out = append(out, Foreign{GPU: g.PCI, Kind: "vf", ID: d.vf, Detail: name})
+			} else if d.mdev != "" {
+				out = append(out, Foreign{GPU: g.PCI, Kind: "mdev", ID: d.mdev, Detail: name})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GPU+out[i].ID < out[j].GPU+out[j].ID })
+	return out
+}

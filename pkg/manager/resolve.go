@@ -1,0 +1,187 @@
+package manager
+
+import (
+	"sort"
+	"strings"
+
+	"github.com/vgpud/vgpud/pkg/profile"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/tenant"
+)
+
+// ProfilePassthrough asks for a whole GPU.
+const ProfilePassthrough = "passthrough"
+
+// offer is one way to satisfy a profile name on one GPU model.
+type offer struct {
+	kind  store.InstanceKind
+	model *profile.Model
+	gi    *profile.GPUInstanceProfile // mig, mig-vgpu
+	typ   *profile.VGPUType           // vgpu, mig-vgpu
+}
+
+// vram is what the instance takes of the tenant's VRAM quota.
+func (o offer) vram() uint64 {
+	switch o.kind {
+	case store.KindMIG:
+		return o.gi.MemoryMiB << 20
+	case store.KindPassthrough:
+		return o.model.MemoryMiB << 20
+	}
+	return o.typ.FramebufferMiB << 20
+}
+
+// compute is the instance's entitled compute in milli-GPU (ARCHITECTURE.md,
+// "Shares"): MIG slices over the grid's compute slices; a time-sliced vGPU
+// 1000 over its type's maximum (its FIXED_SHARE); a whole GPU 1000.
+func (o offer) compute() uint64 {
+	switch o.kind {
+	case store.KindMIG:
+		return tenant.MIGComputeMilli(o.gi.ComputeSlices, o.model.MIG.ComputeSlices)
+	case store.KindMIGVGPU:
+		return tenant.MIGComputeMilli(o.gi.ComputeSlices, o.model.MIG.ComputeSlices) / uint64(max(1, o.typ.MaxPerGPUInstance))
+	case store.KindVGPU:
+		return tenant.TimeSlicedComputeMilli(o.typ.MaxInstances)
+	}
+	return tenant.PassthroughComputeMilli
+}
+
+// name is the profile's canonical name on its model.
+func (o offer) name() string {
+	switch o.kind {
+	case store.KindMIG:
+		return o.gi.Name
+	case store.KindPassthrough:
+		return ProfilePassthrough
+	}
+	return o.typ.Name
+}
+
+// resolve turns a profile name into offers. Accepted names:
+//
+//	3g.40gb                      a MIG profile, on every model that has it
+//	H100-3g.40gb                 the same, on models whose name starts with H100
+//	H100-SXM5-80GB/3g.40gb       the same, on one catalog model
+//	H100XM-3-40C, NVIDIA L4-4Q   a vGPU type (MIG-backed or time-sliced)
+//	passthrough                  a whole GPU (MODEL/passthrough for one model)
+func (m *Manager) resolve(name string) ([]offer, error) {
+	raw := strings.TrimSpace(name)
+	if raw == "" {
+		return nil, fail(ErrInvalidArgument, nil, "no profile given (run `vgpuctl profiles` for the list)")
+	}
+	models := m.cat.Models()
+	want := raw
+	if mod, rest, ok := strings.Cut(raw, "/"); ok {
+		md, found := m.cat.Model(mod)
+		if !found {
+			return nil, fail(ErrInvalidArgument, nil, "unknown GPU model %q in profile %q (known: %s)", mod, raw, m.modelNames())
+		}
+		models, want = []*profile.Model{md}, rest
+	}
+	var out []offer
+	for _, md := range models {
+		out = append(out, offersOn(md, want)...)
+	}
+	if len(out) == 0 {
+		// "H100-3g.40gb": a model-name prefix and a MIG profile.
+		if i := strings.Index(want, "-"); i > 0 {
+			prefix, gi := strings.ToLower(want[:i]), want[i+1:]
+			for _, md := range models {
+				if strings.HasPrefix(strings.ToLower(md.Name), prefix) {
+					if p, ok := md.GPUInstanceProfileByName(gi); ok {
+						out = append(out, offer{kind: store.KindMIG, model: md, gi: p})
+					}
+				}
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fail(ErrInvalidArgument, nil, "unknown profile %q: not a MIG profile, vGPU type or %q of any GPU model in the catalog (run `vgpuctl profiles`)", raw, ProfilePassthrough)
+	}
+	return out, nil
+}
+
+func offersOn(md *profile.Model, name string) []offer {
+	if name == ProfilePassthrough {
+		return []offer{{kind: store.KindPassthrough, model: md}}
+	}
+	var out []offer
+	if p, ok := md.GPUInstanceProfileByName(name); ok {
+		out = append(out, offer{kind: store.KindMIG, model: md, gi: p})
+	}
+	if t, ok := md.VGPUTypeByName(name); ok {
+		o := offer{kind: store.KindVGPU, model: md, typ: t}
+		if t.MIGBacked() {
+			o.kind = store.KindMIGVGPU
+			o.gi, _ = md.GPUInstanceProfileByID(*t.GPUInstanceProfile)
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+func (m *Manager) modelNames() string {
+	var names []string
+	for _, md := range m.cat.Models() {
+		names = append(names, md.Name)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+// ProfileInfo describes one profile a GPU model offers, for `vgpuctl profiles`.
+type ProfileInfo struct {
+	Model        string `json:"model"`
+	Name         string `json:"name"`
+	Kind         string `json:"kind"`
+	VRAMBytes    uint64 `json:"vramBytes"`
+	ComputeMilli uint64 `json:"computeMilli"`
+	MaxPerGPU    int    `json:"maxPerGPU"`
+	Flows        string `json:"flows,omitempty"`
+}
+
+// Profiles lists every profile of the catalog models present on this host
+// (every catalog model when the host has none).
+func (m *Manager) Profiles() []ProfileInfo {
+	present := map[string]bool{}
+	for _, g := range m.Inventory().GPUs {
+		present[g.Model] = true
+	}
+	var out []ProfileInfo
+	for _, md := range m.cat.Models() {
+		if len(present) > 0 && !present[md.Name] {
+			continue
+		}
+		var offers []offer
+		if md.MIG != nil {
+			for i := range md.MIG.GPUInstanceProfiles {
+				offers = append(offers, offer{kind: store.KindMIG, model: md, gi: &md.MIG.GPUInstanceProfiles[i]})
+			}
+		}
+		if md.VGPU != nil {
+			for i := range md.VGPU.Types {
+				offers = append(offers, offersOn(md, md.VGPU.Types[i].Name)...)
+			}
+		}
+		offers = append(offers, offer{kind: store.KindPassthrough, model: md})
+		for _, o := range offers {
+			p := ProfileInfo{Model: md.Name, Name: o.name(), Kind: string(o.kind), VRAMBytes: o.vram(), ComputeMilli: o.compute(), MaxPerGPU: 1}
+			switch {
+			case o.typ != nil:
+				p.MaxPerGPU = o.typ.MaxInstances
+				p.Flows = strings.Join(flowsOf(md, o.typ), ",")
+			case o.gi != nil:
+				p.MaxPerGPU = o.gi.MaxInstances
+			}
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func flowsOf(md *profile.Model, t *profile.VGPUType) []string {
+	if len(t.Flows) > 0 {
+		return t.Flows
+	}
+	return md.VGPU.Flows
+}

@@ -1,0 +1,322 @@
+package manager
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/placement"
+	"github.com/vgpud/vgpud/pkg/profile"
+	"github.com/vgpud/vgpud/pkg/store"
+)
+
+// snapshot is what an admission decision sees: the host as last
+// discovered, and every instance record (those being created hold their
+// slots before the host shows them).
+type snapshot struct {
+	inv    gpu.Inventory
+	recs   []store.Instance
+	atts   map[string]store.Attachment
+	failed map[string]string
+	byGPU  map[string][]*store.Instance
+}
+
+func (m *Manager) snapshot(tx *store.Tx) (*snapshot, error) {
+	recs, err := tx.Instances()
+	if err != nil {
+		return nil, err
+	}
+	atts, err := tx.Attachments()
+	if err != nil {
+		return nil, err
+	}
+	s := &snapshot{inv: m.Inventory(), recs: recs, atts: map[string]store.Attachment{}, byGPU: map[string][]*store.Instance{}}
+	for _, a := range atts {
+		s.atts[a.Instance] = a
+	}
+	for i := range s.recs {
+		r := &s.recs[i]
+		s.byGPU[r.GPUUUID] = append(s.byGPU[r.GPUUUID], r)
+	}
+	m.invMu.RLock()
+	s.failed = map[string]string{}
+	for k, v := range m.failedGPUs {
+		s.failed[k] = v
+	}
+	m.invMu.RUnlock()
+	return s, nil
+}
+
+// passthroughOn returns the record reserving g whole, if any.
+func (s *snapshot) passthroughOn(uuid string) *store.Instance {
+	for _, r := range s.byGPU[uuid] {
+		if r.Kind == store.KindPassthrough {
+			return r
+		}
+	}
+	return nil
+}
+
+// giRecords returns the records living on the GPU instance at (start,
+// profile) of a GPU.
+func (s *snapshot) giRecords(uuid string, start, profileID int) []*store.Instance {
+	var out []*store.Instance
+	for _, r := range s.byGPU[uuid] {
+		if (r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU) && r.GIStart == start && r.GIProfileID == profileID {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// movable: not attached to a running VM (a live attachment), not in flight.
+func (s *snapshot) movable(r *store.Instance) bool {
+	if r.State != store.StateReady {
+		return false
+	}
+	a, ok := s.atts[r.UUID]
+	return !ok || !a.Live
+}
+
+// unavailable says why a GPU takes no new instance, or "".
+func (s *snapshot) unavailable(g *gpu.GPU) string {
+	switch {
+	case g.Lost:
+		return "lost"
+	case s.failed[g.UUID] != "":
+		return "failed: " + s.failed[g.UUID]
+	case s.passthroughOn(g.UUID) != nil:
+		return "passed through whole"
+	}
+	return ""
+}
+
+// migFleet is the placement view of the MIG-enabled GPUs. GPU instances the
+// host shows and no record explains are foreign: they occupy their slices
+// and are never moved.
+func (m *Manager) migFleet(s *snapshot) []placement.GPU {
+	var out []placement.GPU
+	for i := range s.inv.GPUs {
+		g := &s.inv.GPUs[i]
+		grid := m.grids[g.Model]
+		if grid == nil || !g.MIG.Capable {
+			continue
+		}
+		pg := placement.GPU{ID: g.UUID, Model: g.Model, Grid: grid, Unavailable: !g.MIG.Enabled || s.unavailable(g) != ""}
+		matched := map[string]bool{}
+		for _, gi := range g.MIG.Instances {
+			recs := s.giRecords(g.UUID, gi.Placement.Start, gi.ProfileID)
+			slot := placement.Slot{Start: gi.Placement.Start, Size: gi.Placement.Size, ProfileID: gi.ProfileID}
+			if len(recs) == 0 {
+				slot.Instance, slot.Foreign = fmt.Sprintf("foreign-gi-%d@%s", gi.ID, g.PCI), true
+			} else {
+				slot.Instance, slot.Tenant = recs[0].UUID, recs[0].Tenant
+				slot.Movable = len(recs) == 1 && s.movable(recs[0])
+				for _, r := range recs {
+					matched[r.UUID] = true
+				}
+			}
+			pg.Used = append(pg.Used, slot)
+		}
+		// Records whose GPU instance the host does not show (being created,
+		// or lost in a reboot and not yet re-created) keep their slots.
+		seen := map[[2]int]bool{}
+		for _, r := range s.byGPU[g.UUID] {
+			if matched[r.UUID] || (r.Kind != store.KindMIG && r.Kind != store.KindMIGVGPU) || r.GISize <= 0 {
+				continue
+			}
+			k := [2]int{r.GIStart, r.GIProfileID}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			pg.Used = append(pg.Used, placement.Slot{Start: r.GIStart, Size: r.GISize, ProfileID: r.GIProfileID, Instance: r.UUID, Tenant: r.Tenant})
+		}
+		out = append(out, pg)
+	}
+	return out
+}
+
+// vgpuHosts is the placement view of the GPUs that take time-sliced vGPUs.
+func (m *Manager) vgpuHosts(s *snapshot) []placement.VGPUHost {
+	var out []placement.VGPUHost
+	for i := range s.inv.GPUs {
+		g := &s.inv.GPUs[i]
+		md, ok := m.cat.Model(g.Model)
+		if !ok || md.VGPU == nil || g.VGPU.Flavour == gpu.FlavourNone || g.VGPU.Flavour == "" {
+			continue
+		}
+		h := placement.VGPUHost{ID: g.UUID, Model: g.Model, Types: map[string]placement.VGPUTypeCap{},
+			Current: map[string]int{}, Tenants: map[string]int{}, Heterogeneous: g.VGPU.Heterogeneous, MemoryMiB: md.MemoryMiB,
+			Unavailable: g.MIG.Enabled || s.unavailable(g) != ""}
+		for name, c := range placement.VGPUTypes(md) {
+			if t, ok := md.VGPUTypeByName(name); ok && md.HasFlow(t, string(g.VGPU.Flavour)) {
+				h.Types[name] = c
+			}
+		}
+		for _, d := range s.devices(g, md) {
+			if d.typ == nil || d.typ.MIGBacked() {
+				continue
+			}
+			h.Current[d.typ.Name]++
+			if d.rec != nil {
+				h.Tenants[d.rec.Tenant]++
+			}
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// device is one vGPU the host shows or a record promises.
+type device struct {
+	typ *profile.VGPUType
+	rec *store.Instance
+	// vf or mdev identify it on the host ("" while it is only promised).
+	vf, mdev string
+}
+
+// devices joins the host's vGPUs (VF types, mdevs) with the records.
+func (s *snapshot) devices(g *gpu.GPU, md *profile.Model) []device {
+	var out []device
+	matched := map[string]bool{}
+	recFor := func(vf, mdev string) *store.Instance {
+		for _, r := range s.byGPU[g.UUID] {
+			if (vf != "" && r.VF == vf) || (mdev != "" && r.MdevUUID == mdev) {
+				return r
+			}
+		}
+		return nil
+	}
+	for _, vf := range g.VGPU.VFs {
+		if vf.Type == 0 {
+			continue
+		}
+		t, _ := md.VGPUTypeByID(vf.Type)
+		r := recFor(vf.PCI, "")
+		if r != nil {
+			matched[r.UUID] = true
+		}
+		out = append(out, device{typ: t, rec: r, vf: vf.PCI})
+	}
+	for _, mv := range g.VGPU.Mdevs {
+		t, _ := md.VGPUTypeByID(mv.Type)
+		r := recFor("", mv.UUID)
+		if r != nil {
+			matched[r.UUID] = true
+		}
+		out = append(out, device{typ: t, rec: r, mdev: mv.UUID})
+	}
+	for _, r := range s.byGPU[g.UUID] {
+		if matched[r.UUID] || (r.Kind != store.KindVGPU && r.Kind != store.KindMIGVGPU) {
+			continue
+		}
+		t, _ := md.VGPUTypeByID(r.TypeID)
+		out = append(out, device{typ: t, rec: r})
+	}
+	return out
+}
+
+// freeVF picks the lowest VF of g with no vGPU and no record holding it.
+func (s *snapshot) freeVF(g *gpu.GPU) (string, bool) {
+	held := map[string]bool{}
+	for _, r := range s.byGPU[g.UUID] {
+		if r.VF != "" {
+			held[r.VF] = true
+		}
+	}
+	vfs := append([]gpu.VF(nil), g.VGPU.VFs...)
+	sort.Slice(vfs, func(i, j int) bool { return vfs[i].PCI < vfs[j].PCI })
+	for _, vf := range vfs {
+		if vf.Type == 0 && !held[vf.PCI] {
+			return vf.PCI, true
+		}
+	}
+	return "", false
+}
+
+// freeMdevParent picks the mdev parent for a new mdev of typeID: the PF on
+// GPUs whose PF is the parent, else the lowest VF parent with no mdev and
+// no record holding it.
+func (s *snapshot) freeMdevParent(g *gpu.GPU, typeID int) (string, bool) {
+	held := map[string]int{}
+	for _, r := range s.byGPU[g.UUID] {
+		if r.MdevParent != "" {
+			held[r.MdevParent]++
+		}
+	}
+	for _, mv := range g.VGPU.Mdevs {
+		held[mv.Parent]++
+	}
+	for _, p := range g.VGPU.MdevParents {
+		has := false
+		for _, t := range p.Types {
+			has = has || t.ID == typeID
+		}
+		if !has {
+			continue
+		}
+		if p.PCI == g.PCI || held[p.PCI] == 0 {
+			return p.PCI, true
+		}
+	}
+	return "", false
+}
+
+// carved reports whether anything lives on g (for passthrough).
+func (s *snapshot) carved(g *gpu.GPU) bool {
+	if len(s.byGPU[g.UUID]) > 0 || len(g.MIG.Instances) > 0 || len(g.VGPU.Mdevs) > 0 {
+		return true
+	}
+	for _, vf := range g.VGPU.VFs {
+		if vf.Type != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// usage sums a tenant's records.
+func (s *snapshot) usage(name string) (vram, compute, n uint64) {
+	for _, r := range s.recs {
+		if r.Tenant == name {
+			vram += r.VRAMBytes
+			compute += r.ComputeMilli
+			n++
+		}
+	}
+	return vram, compute, n
+}
+
+// freeDevices counts the VFs or mdev parents of g that could take one more
+// vGPU of typeID (a PF parent takes many: the type's own limit applies).
+func (s *snapshot) freeDevices(g *gpu.GPU, typeID int) int {
+	held := map[string]bool{}
+	for _, r := range s.byGPU[g.UUID] {
+		held[r.VF], held[r.MdevParent] = true, true
+	}
+	for _, mv := range g.VGPU.Mdevs {
+		held[mv.Parent] = true
+	}
+	n := 0
+	switch g.VGPU.Flavour {
+	case gpu.FlavourVFIO:
+		for _, vf := range g.VGPU.VFs {
+			if vf.Type == 0 && !held[vf.PCI] {
+				n++
+			}
+		}
+	case gpu.FlavourMdev:
+		for _, p := range g.VGPU.MdevParents {
+			if p.PCI == g.PCI {
+				return int(^uint(0) >> 1)
+			}
+			for _, t := range p.Types {
+				if t.ID == typeID && !held[p.PCI] {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
