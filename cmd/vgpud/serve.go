@@ -133,16 +133,18 @@ func (d *daemon) waitDriver(ctx context.Context) error {
 }
 
 func (d *daemon) run(ctx context.Context) error {
-	stopBus, err := startDBus(ctx, d)
-	if err != nil {
-		return err
-	}
-	defer stopBus()
 	stopMetrics, err := startMetrics(ctx, d)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
+	stopBus, err := startDBus(ctx, d)
+	if err != nil {
+		return err
+	}
+	defer stopBus()
+	stopFaults := startFaultWatch(ctx, d)
+	defer stopFaults()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go d.mgr.WatchVirt(wctx, d.cfg.UndefinePolicy)
@@ -199,25 +201,6 @@ func (d *daemon) statusLine() string {
 		s += "; degraded: " + why
 	}
 	return s
-}
-
-// reload re-reads the configuration file and catalog on SIGHUP. Settings
-// that need a restart are reported, not applied; state is kept.
-func (d *daemon) reload() {
-	next := defaultConfig()
-	next.flags = d.cfg.flags
-	if err := next.load(nil); err != nil {
-		d.log.Error("reload refused: configuration invalid; keeping the running one", "err", err)
-		return
-	}
-	if _, err := loadCatalog(next); err != nil {
-		d.log.Error("reload refused: catalog invalid; keeping the running one", "err", err)
-		return
-	}
-	if next.StateDir != d.cfg.StateDir || next.Sim != d.cfg.Sim || next.MetricsListen != d.cfg.MetricsListen {
-		d.log.Warn("stateDir, sim and metricsListen change only at restart")
-	}
-	d.log.Info("configuration reloaded")
 }
 
 // watchHost re-discovers the host now and then and reconciles when it

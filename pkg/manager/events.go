@@ -21,6 +21,8 @@ const (
 	EventOperationFailed EventKind = "OperationFailed"
 	EventVM              EventKind = "VMEvent"
 	EventPolicySwitched  EventKind = "PolicySwitched"
+	// EventXID is an NVML XID event; ID is the GPU UUID, Detail the XID number.
+	EventXID EventKind = "XID"
 )
 
 // Event is one state change, for D-Bus signals and the log.
