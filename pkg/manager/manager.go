@@ -93,6 +93,9 @@ type Manager struct {
 	failedGPUs map[string]string
 
 	grids map[string]*placement.Grid
+	// dirty are GPUs a reconcile pass changed and re-reads at its end
+	// (guarded by admit).
+	dirty map[string]bool
 
 	events *broadcaster
 
@@ -108,7 +111,7 @@ func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, dis
 		log: opts.Logger, cat: cat, db: db, mig: mig, vgpu: vg, disc: disc, virt: virt,
 		now: opts.Now, crash: opts.Crash, retry: opts.BusyRetry, degraded: opts.Degraded,
 		gpuLocks: map[string]*sync.Mutex{}, grids: map[string]*placement.Grid{},
-		failedGPUs: map[string]string{}, events: newBroadcaster(),
+		failedGPUs: map[string]string{}, events: newBroadcaster(), dirty: map[string]bool{},
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)

@@ -30,7 +30,7 @@ const (
 )
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	dir   string
 	cat   *profile.Catalog
 	sim   *sim.Host
@@ -39,7 +39,7 @@ type env struct {
 	crash func(string)
 }
 
-func newEnv(t *testing.T, spec *sim.Spec) *env {
+func newEnv(t testing.TB, spec *sim.Spec) *env {
 	t.Helper()
 	cat, err := profile.Load(profiles.FS)
 	if err != nil {

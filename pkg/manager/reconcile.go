@@ -81,6 +81,10 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			return rep, ctx.Err()
 		}
 	}
+	for uuid := range m.dirty {
+		m.refreshGPU(ctx, uuid)
+		delete(m.dirty, uuid)
+	}
 	if m.virt != nil {
 		m.reconcileAttachments(ctx, &rep)
 	}
@@ -292,9 +296,10 @@ func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *Reconcile
 		rep.Lost = append(rep.Lost, r.UUID)
 		return nil
 	}
+	before := *r
 	gi, ci, vg := m.present(r)
 	if complete(r, gi, ci, vg) {
-		if r.State != store.StateReady {
+		if r.State != store.StateReady || *r != before {
 			r.State, r.Reason, r.Updated = store.StateReady, "", m.now()
 			if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) }); err != nil {
 				return err
@@ -307,7 +312,9 @@ func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *Reconcile
 	l.Lock()
 	err := m.recreate(ctx, r, g, gi, ci)
 	l.Unlock()
-	m.refreshGPU(ctx, r.GPUUUID)
+	// The GPU is re-read once at the end of the pass, not per instance: the
+	// records already hold the devices this pass hands out.
+	m.dirty[r.GPUUUID] = true
 	if err != nil {
 		r.State, r.Reason, r.Updated = store.StateFailed, Message(classify(err, "re-create")), m.now()
 		_ = m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) })
@@ -316,9 +323,12 @@ func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *Reconcile
 		m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
 		return err
 	}
-	r.State, r.Reason, r.Updated = store.StateReady, "", m.now()
-	if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) }); err != nil {
-		return err
+	r.State, r.Reason = store.StateReady, ""
+	if *r != before {
+		r.Updated = m.now()
+		if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) }); err != nil {
+			return err
+		}
 	}
 	rep.Recreated = append(rep.Recreated, r.UUID)
 	m.log.Info("re-created instance", "instance", r.UUID, "gpu", r.GPUPCI, "gi", r.GIID, "vf", r.VF, "mdev", r.MdevUUID)
@@ -342,6 +352,8 @@ func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, g
 			return err
 		}
 		r.GIID, r.CIID = x.ID, -1
+		// Other records on this GPU instance (several vGPUs per GI) find it
+		// in the inventory.
 		m.refreshGPU(ctx, r.GPUUUID)
 	}
 	if r.Kind == store.KindMIG && (!gi || !ci) {

@@ -141,7 +141,7 @@ func Open(dir string, spec *Spec, cat *profile.Catalog, opts OpenOptions) (*Host
 		return nil, fmt.Errorf("stat simulated host state: %w", statErr)
 	}
 	h.latency, _ = h.st.Spec.callLatency()
-	h.tree = newTree(h.desired())
+	h.updateTree()
 	if err := h.writeMirror(); err != nil {
 		lf.Close()
 		return nil, err
@@ -285,7 +285,8 @@ func (h *Host) load() error {
 	h.stamp = stampOf(fi)
 	h.rendered = nil
 	h.latency, _ = st.Spec.callLatency()
-	h.tree = newTree(h.desired())
+	h.tree = nil
+	h.updateTree()
 	return nil
 }
 
@@ -300,7 +301,7 @@ func stampOf(fi os.FileInfo) fileStamp {
 // save writes state.json durably: temp file, fsync, rename, fsync of the
 // directory. A simulated mutation is on disk before the call returns.
 func (h *Host) save() error {
-	data, err := json.MarshalIndent(h.st, "", " ")
+	data, err := json.Marshal(h.st)
 	if err != nil {
 		return fmt.Errorf("encode simulated host state: %w", err)
 	}
@@ -382,7 +383,7 @@ func (h *Host) mutate(fn func(st *state) (changed bool, err error)) error {
 	if serr := h.save(); serr != nil {
 		return serr
 	}
-	h.tree = newTree(h.desired())
+	h.updateTree()
 	if rerr := h.writeMirror(); rerr != nil {
 		return rerr
 	}

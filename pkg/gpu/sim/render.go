@@ -31,15 +31,10 @@ func devDir(pci string) string {
 	return "devices/pci" + dom + ":00/" + pci
 }
 
-// desired computes the whole tree the state implies.
-func (h *Host) desired() map[string]entry {
+// globalEntries are the directories every GPU shares.
+func (h *Host) globalEntries(out map[string]entry) {
 	st := h.st
-	out := map[string]entry{}
 	dir := func(p string) { out[p] = entry{kind: 'd'} }
-	file := func(p, data string) { out[p] = entry{kind: 'f', data: data} }
-	link := func(p, target string) { out[p] = entry{kind: 'l', data: target} }
-	errFile := func(p string, e syscall.Errno) { out[p] = entry{kind: 'f', errno: e} }
-
 	for _, p := range []string{"bus", "bus/pci", "bus/pci/devices", "bus/pci/drivers", "bus/pci/drivers/nvidia",
 		"kernel", "kernel/iommu_groups", "devices", "class"} {
 		dir(p)
@@ -47,15 +42,24 @@ func (h *Host) desired() map[string]entry {
 	anyMdev := false
 	for _, g := range st.GPUs {
 		anyMdev = anyMdev || (st.DriverLoaded && g.Flavour == string(gpu.FlavourMdev))
+		dir(filepath.Dir(devDir(g.PCI)))
 	}
 	if anyMdev {
 		for _, p := range []string{"class/mdev_bus", "bus/mdev", "bus/mdev/devices", "bus/mdev/drivers", "bus/mdev/drivers/nvidia-vgpu-vfio"} {
 			dir(p)
 		}
 	}
+}
+
+// gpuEntries are one GPU's devices (PF, VFs, mdevs) and the links to them.
+func (h *Host) gpuEntries(g *gpuState, out map[string]entry) {
+	st := h.st
+	dir := func(p string) { out[p] = entry{kind: 'd'} }
+	file := func(p, data string) { out[p] = entry{kind: 'f', data: data} }
+	link := func(p, target string) { out[p] = entry{kind: 'l', data: target} }
+	errFile := func(p string, e syscall.Errno) { out[p] = entry{kind: 'f', errno: e} }
 	pciDev := func(pci, devID string, group int) string {
 		d := devDir(pci)
-		dir(filepath.Dir(d))
 		dir(d)
 		file(d+"/vendor", "0x10de\n")
 		file(d+"/device", devID+"\n")
@@ -70,83 +74,80 @@ func (h *Host) desired() map[string]entry {
 		link("bus/pci/devices/"+pci, "../../../"+d)
 		return d
 	}
-	for _, g := range st.GPUs {
-		devID := strings.ToLower(g.model.PCIDeviceIDs[0])
-		pf := pciDev(g.PCI, devID, g.IOMMUGroup)
-		file(pf+"/numa_node", fmt.Sprintf("%d\n", g.NUMANode))
-		if g.model.VGPU != nil && g.model.VGPU.SRIOVVFs > 0 {
-			file(pf+"/sriov_totalvfs", fmt.Sprintf("%d\n", g.model.VGPU.SRIOVVFs))
-			file(pf+"/sriov_numvfs", fmt.Sprintf("%d\n", len(g.VFs)))
-			file(pf+"/sriov_offset", "4\n")
-			file(pf+"/sriov_stride", "1\n")
-		}
-		if !st.DriverLoaded {
+	devID := strings.ToLower(g.model.PCIDeviceIDs[0])
+	pf := pciDev(g.PCI, devID, g.IOMMUGroup)
+	file(pf+"/numa_node", fmt.Sprintf("%d\n", g.NUMANode))
+	if g.model.VGPU != nil && g.model.VGPU.SRIOVVFs > 0 {
+		file(pf+"/sriov_totalvfs", fmt.Sprintf("%d\n", g.model.VGPU.SRIOVVFs))
+		file(pf+"/sriov_numvfs", fmt.Sprintf("%d\n", len(g.VFs)))
+		file(pf+"/sriov_offset", "4\n")
+		file(pf+"/sriov_stride", "1\n")
+	}
+	if !st.DriverLoaded {
+		return
+	}
+	creatable := creatableTypes(g, st.Spec.Options)
+	for n, v := range g.VFs {
+		link(fmt.Sprintf("%s/virtfn%d", pf, n), "../"+v.PCI)
+		d := pciDev(v.PCI, devID, v.IOMMUGroup)
+		link(d+"/physfn", "../"+g.PCI)
+		file(d+"/numa_node", fmt.Sprintf("%d\n", g.NUMANode))
+		if g.Flavour != string(gpu.FlavourVFIO) {
 			continue
 		}
-		creatable := creatableTypes(g, st.Spec.Options)
-		for n, v := range g.VFs {
-			link(fmt.Sprintf("%s/virtfn%d", pf, n), "../"+v.PCI)
-			d := pciDev(v.PCI, devID, v.IOMMUGroup)
-			link(d+"/physfn", "../"+g.PCI)
-			file(d+"/numa_node", fmt.Sprintf("%d\n", g.NUMANode))
-			if g.Flavour != string(gpu.FlavourVFIO) {
-				continue
-			}
-			dir(d + "/nvidia")
-			file(d+"/nvidia/creatable_vgpu_types", creatableFile(g, v, creatable))
-			cur, params := 0, v.Params
-			if v.VGPU != nil {
-				cur, params = v.VGPU.Type, v.VGPU.Params
-			}
-			file(d+"/nvidia/current_vgpu_type", fmt.Sprintf("%d\n", cur))
-			file(d+"/nvidia/vgpu_params", params+"\n")
-			renderGIFiles(d, v.VGPU, file, errFile)
+		dir(d + "/nvidia")
+		file(d+"/nvidia/creatable_vgpu_types", creatableFile(g, v, creatable))
+		cur, params := 0, v.Params
+		if v.VGPU != nil {
+			cur, params = v.VGPU.Type, v.VGPU.Params
 		}
-		roomOf := map[int]int{}
-		for i := range g.model.VGPU.Types {
-			if g.Flavour == string(gpu.FlavourMdev) {
-				t := &g.model.VGPU.Types[i]
-				roomOf[t.ID] = room(g, t, st.Spec.Options)
-			}
-		}
-		for _, parent := range g.mdevParents() {
-			pd := devDir(parent)
-			link("class/mdev_bus/"+parent, "../../"+pd)
-			dir(pd + "/mdev_supported_types")
-			for i := range g.model.VGPU.Types {
-				t := &g.model.VGPU.Types[i]
-				if !g.model.HasFlow(t, string(gpu.FlavourMdev)) {
-					continue
-				}
-				td := fmt.Sprintf("%s/mdev_supported_types/nvidia-%d", pd, t.ID)
-				dir(td)
-				file(td+"/name", "NVIDIA "+t.Name+"\n")
-				file(td+"/description", description(t))
-				file(td+"/available_instances", fmt.Sprintf("%d\n", availableFrom(g, parent, roomOf[t.ID])))
-				file(td+"/device_api", "vfio-pci\n")
-				errFile(td+"/create", syscall.EIO)
-				dir(td + "/devices")
-			}
-		}
-		for _, m := range g.Mdevs {
-			pd := devDir(m.Parent)
-			md := pd + "/" + m.UUID
-			dir(md)
-			link(md+"/mdev_type", fmt.Sprintf("../mdev_supported_types/nvidia-%d", m.VGPU.Type))
-			link(fmt.Sprintf("%s/mdev_supported_types/nvidia-%d/devices/%s", pd, m.VGPU.Type, m.UUID), "../../../"+m.UUID)
-			errFile(md+"/remove", syscall.EIO)
-			link(md+"/iommu_group", fmt.Sprintf("../../../../kernel/iommu_groups/%d", m.IOMMUGroup))
-			dir(fmt.Sprintf("kernel/iommu_groups/%d", m.IOMMUGroup))
-			link(md+"/driver", "../../../../bus/mdev/drivers/nvidia-vgpu-vfio")
-			link(md+"/subsystem", "../../../../bus/mdev")
-			dir(md + "/nvidia")
-			file(md+"/nvidia/vgpu_params", m.VGPU.Params+"\n")
-			file(md+"/nvidia/vm_name", m.VGPU.VMName+"\n")
-			renderGIFiles(md, m.VGPU, file, errFile)
-			link("bus/mdev/devices/"+m.UUID, "../../../"+md)
+		file(d+"/nvidia/current_vgpu_type", fmt.Sprintf("%d\n", cur))
+		file(d+"/nvidia/vgpu_params", params+"\n")
+		renderGIFiles(d, v.VGPU, file, errFile)
+	}
+	roomOf := map[int]int{}
+	for i := range g.model.VGPU.Types {
+		if g.Flavour == string(gpu.FlavourMdev) {
+			t := &g.model.VGPU.Types[i]
+			roomOf[t.ID] = room(g, t, st.Spec.Options)
 		}
 	}
-	return out
+	for _, parent := range g.mdevParents() {
+		pd := devDir(parent)
+		link("class/mdev_bus/"+parent, "../../"+pd)
+		dir(pd + "/mdev_supported_types")
+		for i := range g.model.VGPU.Types {
+			t := &g.model.VGPU.Types[i]
+			if !g.model.HasFlow(t, string(gpu.FlavourMdev)) {
+				continue
+			}
+			td := fmt.Sprintf("%s/mdev_supported_types/nvidia-%d", pd, t.ID)
+			dir(td)
+			file(td+"/name", "NVIDIA "+t.Name+"\n")
+			file(td+"/description", description(t))
+			file(td+"/available_instances", fmt.Sprintf("%d\n", availableFrom(g, parent, roomOf[t.ID])))
+			file(td+"/device_api", "vfio-pci\n")
+			errFile(td+"/create", syscall.EIO)
+			dir(td + "/devices")
+		}
+	}
+	for _, m := range g.Mdevs {
+		pd := devDir(m.Parent)
+		md := pd + "/" + m.UUID
+		dir(md)
+		link(md+"/mdev_type", fmt.Sprintf("../mdev_supported_types/nvidia-%d", m.VGPU.Type))
+		link(fmt.Sprintf("%s/mdev_supported_types/nvidia-%d/devices/%s", pd, m.VGPU.Type, m.UUID), "../../../"+m.UUID)
+		errFile(md+"/remove", syscall.EIO)
+		link(md+"/iommu_group", fmt.Sprintf("../../../../kernel/iommu_groups/%d", m.IOMMUGroup))
+		dir(fmt.Sprintf("kernel/iommu_groups/%d", m.IOMMUGroup))
+		link(md+"/driver", "../../../../bus/mdev/drivers/nvidia-vgpu-vfio")
+		link(md+"/subsystem", "../../../../bus/mdev")
+		dir(md + "/nvidia")
+		file(md+"/nvidia/vgpu_params", m.VGPU.Params+"\n")
+		file(md+"/nvidia/vm_name", m.VGPU.VMName+"\n")
+		renderGIFiles(md, m.VGPU, file, errFile)
+		link("bus/mdev/devices/"+m.UUID, "../../../"+md)
+	}
 }
 
 // renderGIFiles writes nvidia/gpu_instance_id and nvidia/placement_id:

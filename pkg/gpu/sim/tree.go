@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"io/fs"
 	"path"
 	"sort"
@@ -10,22 +11,75 @@ import (
 )
 
 // tree is the in-memory sysfs tree, with a directory index for ReadDir.
+// It is kept per GPU so that a mutation re-renders only the GPUs whose
+// state changed.
 type tree struct {
 	entries  map[string]entry
 	children map[string][]string
+	owned    map[string]map[string]entry // GPU PCI address -> its entries
+	fp       map[string]string           // GPU PCI address -> state fingerprint
+	globalFP string
 }
 
-func newTree(entries map[string]entry) *tree {
-	t := &tree{entries: entries, children: map[string][]string{}}
-	for p := range entries {
-		dir, name := path.Split(p)
-		dir = strings.TrimSuffix(dir, "/")
-		t.children[dir] = append(t.children[dir], name)
+// updateTree brings the tree to the state, re-rendering the GPUs whose
+// state (or the host-wide settings) changed.
+func (h *Host) updateTree() {
+	gfp, _ := json.Marshal(struct {
+		Loaded bool
+		Opts   Options
+		N      int
+	}{h.st.DriverLoaded, h.st.Spec.Options, len(h.st.GPUs)})
+	t := h.tree
+	if t == nil || t.globalFP != string(gfp) {
+		t = &tree{entries: map[string]entry{}, children: map[string][]string{}, owned: map[string]map[string]entry{},
+			fp: map[string]string{}, globalFP: string(gfp)}
+		global := map[string]entry{}
+		h.globalEntries(global)
+		t.replace(nil, global)
+		h.tree = t
 	}
-	for _, c := range t.children {
-		sort.Strings(c)
+	for _, g := range h.st.GPUs {
+		fp, _ := json.Marshal(g)
+		if t.fp[g.PCI] == string(fp) {
+			continue
+		}
+		next := map[string]entry{}
+		h.gpuEntries(g, next)
+		t.replace(t.owned[g.PCI], next)
+		t.owned[g.PCI], t.fp[g.PCI] = next, string(fp)
 	}
-	return t
+}
+
+// replace swaps one owner's old entries for next.
+func (t *tree) replace(old, next map[string]entry) {
+	for p := range old {
+		if _, keep := next[p]; keep {
+			continue
+		}
+		delete(t.entries, p)
+		dir, name := split(p)
+		c := t.children[dir]
+		if i := sort.SearchStrings(c, name); i < len(c) && c[i] == name {
+			t.children[dir] = append(c[:i], c[i+1:]...)
+		}
+	}
+	for p, e := range next {
+		if _, ok := t.entries[p]; !ok {
+			dir, name := split(p)
+			c := t.children[dir]
+			i := sort.SearchStrings(c, name)
+			c = append(c, "")
+			copy(c[i+1:], c[i:])
+			c[i] = name
+			t.children[dir] = c
+		}
+		t.entries[p] = e
+	}
+}
+
+func split(p string) (dir, name string) {
+	dir, name = path.Split(p)
+	return strings.TrimSuffix(dir, "/"), name
 }
 
 // maxLinks bounds symlink resolution, as the kernel's 40 does.
