@@ -34,8 +34,18 @@ unit: ## unit tests (race detector on), fuzz seed corpora included
 e2e: build ## end-to-end tests against the built binaries and real services
 	$(GO) test $(GOFLAGS_PAR) -count=1 -timeout 30m ./e2e/...
 
-bench: ## Go benchmarks and the scripted comparisons
-	$(GO) test $(GOFLAGS_PAR) -run '^$$' -bench . -benchmem ./pkg/...
+bench: build ## Go benchmarks and the scripted comparisons (ratios against a baseline in the same run)
+	$(GO) test -p 1 -run '^$$' -bench . -benchmem ./pkg/...
+	VGPUD_BENCH=1 $(GO) test -p 1 -count=1 -run 'Ratio|Bench' -v ./e2e/ | grep -E 'ratio|bench|ok|FAIL'
+
+bench-placement: ## placement churn benchmark: first-fit, random, vgpud, vgpud+defrag, oracle -> bench/placement.json
+	$(GO) run ./bench/placement -out bench/placement.json
+
+bench-metrics: build ## scrape latency, NVML slowdown, RSS and idle CPU -> bench/metrics.json
+	$(GO) run ./bench/metrics -out bench/metrics.json
+
+soak: build ## the crash test with 1000 iterations
+	VGPUD_CRASH_ITERATIONS=1000 $(GO) test -p 1 -count=1 -timeout 120m -run Crash -v ./e2e/
 
 fuzz: ## run each fuzz target for FUZZTIME (default 20s)
 	scripts/fuzz.sh $(or $(FUZZTIME),20s)
