@@ -108,6 +108,9 @@ func printInventory(w io.Writer, inv *gpu.Inventory, format string) error {
 			}
 			fmt.Fprintf(w, "  MIG profiles: %s\n", strings.Join(ps, " "))
 		}
+		if m := g.SlotMap(10); m != "" {
+			fmt.Fprintf(w, "  slots %s\n", m)
+		}
 		for _, gi := range g.MIG.Instances {
 			fmt.Fprintf(w, "  GI %d %s at %d+%d, %d CI, %d vGPU\n", gi.ID, gi.Profile, gi.Placement.Start, gi.Placement.Size, len(gi.Compute), gi.VGPUs)
 		}

@@ -242,6 +242,13 @@ func (m *Manager) deviceFor(s *snapshot, g *gpu.GPU, typeID int) (vf, parent str
 }
 
 func (m *Manager) decideMIG(s *snapshot, models map[string]offer, names []string, pin string, req CreateRequest, vgpu bool) (decision, error) {
+	if pin != "" {
+		if g := m.gpuOf(s, pin); g != nil && g.MIG.Capable && !g.MIG.Enabled {
+			if _, ok := models[g.Model]; ok {
+				return decision{}, fail(ErrInvalidArgument, nil, "MIG mode is off on GPU %s; enable it first (`vgpuctl gpu mig %s on`) or choose a GPU with MIG on", g.PCI, g.PCI)
+			}
+		}
+	}
 	fleet := m.migFleet(s)
 	var any offer
 	for _, o := range models {

@@ -2,6 +2,7 @@ package manager_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"path/filepath"
 	"runtime"
@@ -118,6 +119,19 @@ func (e *env) mustCreate(tn, profile, gpu string) store.Instance {
 	return r
 }
 
+// discovered is the host as discovery (NVML + sysfs) sees it, as JSON.
+func (e *env) discovered() string {
+	e.t.Helper()
+	if err := e.m.Refresh(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	b, err := json.Marshal(e.m.Inventory())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return string(b)
+}
+
 func (e *env) summary() string {
 	e.t.Helper()
 	s, err := e.sim.Summary()
@@ -208,7 +222,7 @@ func TestRefusalsChangeNothing(t *testing.T) {
 		{"bad tenant name", "Bad_Name", "1g.10gb", "", manager.ErrInvalidArgument, ""},
 		{"over VRAM quota", "small", "H100XM-40C", "", manager.ErrQuotaExceeded, "VRAM quota"},
 		{"no capacity", "acme", "3g.40gb", "", manager.ErrNoCapacity, ""},
-		{"MIG profile on a GPU with MIG off", "acme", "3g.40gb", h100TS, manager.ErrNoCapacity, ""},
+		{"MIG profile on a GPU with MIG off", "acme", "3g.40gb", h100TS, manager.ErrInvalidArgument, "MIG mode is off"},
 		{"lost GPU", "acme", "L4-4Q", l4, manager.ErrGPULost, "lost"},
 		{"no such GPU", "acme", "L4-4Q", "0000:ff:00.0", manager.ErrNotFound, "no GPU"},
 		{"type of another model on a pinned GPU", "acme", "L4-4Q", a10, manager.ErrInvalidArgument, ""},
@@ -249,15 +263,15 @@ func TestFailedStepIsUndone(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t, nil)
 			e.tenant("acme", unlimited())
-			before := e.summary()
+			before := e.discovered()
 			if err := e.sim.AddFault(c.fault); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := e.create("acme", c.profile, ""); err == nil {
 				t.Fatal("create succeeded through a fault")
 			}
-			if got := e.summary(); got != before {
-				t.Fatalf("host not restored:\n%s\nwas\n%s", got, before)
+			if got := e.discovered(); got != before {
+				t.Fatalf("host not restored (as discovery sees it):\n%s\nwas\n%s", got, before)
 			}
 			insts, _ := e.m.Instances("")
 			if len(insts) != 0 {
