@@ -24,6 +24,7 @@ import (
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Errors callers tell apart. Each is wrapped with what it concerns.
@@ -128,7 +129,7 @@ func openError(path string, timeout time.Duration, err error) error {
 	var pathErr *fs.PathError
 	var errno syscall.Errno
 	switch {
-	case errors.Is(err, bbolt.ErrTimeout):
+	case errors.Is(err, berrors.ErrTimeout):
 		return fmt.Errorf("%w: %s is held by another process (waited %s): is another vgpud running?", ErrLocked, path, timeout)
 	case errors.As(err, &pathErr), errors.As(err, &errno):
 		// The file system's own error (permission, missing directory, mmap

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/vgpud/vgpud/pkg/tenant"
 )
@@ -541,8 +542,8 @@ func TestUpdateIsAtomic(t *testing.T) {
 func TestWriteInViewFails(t *testing.T) {
 	db := openTest(t, Options{})
 	err := db.View(func(tx *Tx) error { tn := testTenant("acme"); return tx.PutTenant(&tn) })
-	if !errors.Is(err, bbolt.ErrTxNotWritable) {
-		t.Errorf("PutTenant in View = %v, want bbolt.ErrTxNotWritable", err)
+	if !errors.Is(err, berrors.ErrTxNotWritable) {
+		t.Errorf("PutTenant in View = %v, want berrors.ErrTxNotWritable", err)
 	}
 }
 

@@ -447,7 +447,7 @@ func (h *Host) SetVFs(id string, on bool) error {
 		}
 		for _, v := range g.VFs {
 			if v.VGPU != nil && v.VGPU.VM != "" {
-				return false, fmt.Errorf("Cannot obtain unbindLock for %s: %w", g.PCI, nvml.ERROR_IN_USE)
+				return false, fmt.Errorf("sriov-manage: cannot obtain unbindLock for %s: %w", g.PCI, nvml.ERROR_IN_USE)
 			}
 		}
 		h.setVFs(g, on)
