@@ -1,15 +1,99 @@
 package apply
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
 
-// Result is what Execute did.
+	"github.com/vgpud/vgpud/pkg/manager"
+)
+
+// Result is what Execute did: the changes done, in order (a create with
+// the new instance's UUID), the change that failed and why. Changes after
+// the failed one were not attempted.
 type Result struct {
 	Done   []Change `json:"done"`
 	Failed *Change  `json:"failed,omitempty"`
 	Error  string   `json:"error,omitempty"`
+	// Remaining counts the changes not attempted after a failure.
+	Remaining int `json:"remaining,omitempty"`
 }
 
-// Execute performs a change set.
+// Execute performs a change set through the manager's operations in a
+// safe order whatever the order given: destroys first (they free room and
+// let MIG modes change), then MIG modes, then tenants (defines and updates,
+// then undefines), then creates, largest profiles first so small instances
+// do not fragment the room large ones need. It stops at the first error
+// and returns it, wrapped with what was done, keeping the manager's
+// sentinel (errors.Is(err, manager.ErrNoCapacity) and so on); the Result
+// says the same. A destroy of an instance already gone counts as done.
+//
+// Each step is one manager operation, which undoes itself on failure, so
+// the host is left with the steps before the failed one done. Diff again
+// to see what remains.
 func Execute(ctx context.Context, m Manager, cs ChangeSet) (Result, error) {
-	return Result{}, nil
+	changes := slices.Clone(cs.Changes)
+	sortChanges(changes)
+	res := Result{Done: []Change{}}
+	for i, c := range changes {
+		err := ctx.Err()
+		if err == nil {
+			c, err = step(ctx, m, c)
+		}
+		if err != nil {
+			res.Failed = &changes[i]
+			res.Error = manager.Message(err)
+			res.Remaining = len(changes) - i - 1
+			return res, fmt.Errorf("apply: %s: %w (%d of %d changes done before it; %d not attempted)",
+				c, err, len(res.Done), len(changes), res.Remaining)
+		}
+		res.Done = append(res.Done, c)
+	}
+	return res, nil
+}
+
+// step performs one change.
+func step(ctx context.Context, m Manager, c Change) (Change, error) {
+	switch c.Op {
+	case OpDestroy:
+		err := m.Destroy(ctx, c.Instance, manager.DestroyOptions{})
+		if errors.Is(err, manager.ErrNotFound) {
+			err = nil
+		}
+		return c, err
+	case OpSetMIGMode:
+		if c.MIG == nil {
+			return c, fmt.Errorf("%w: set-mig-mode change without a mode", manager.ErrInvalidArgument)
+		}
+		return c, m.SetMIGMode(ctx, gpuID(c), *c.MIG)
+	case OpDefineTenant:
+		_, err := m.DefineTenant(ctx, c.Settings.tenant(c.Tenant))
+		return c, err
+	case OpUpdateTenant:
+		_, err := m.UpdateTenant(ctx, c.Settings.tenant(c.Tenant))
+		return c, err
+	case OpUndefineTenant:
+		return c, m.UndefineTenant(ctx, c.Tenant, false)
+	case OpCreate:
+		profile := c.Profile
+		if c.Model != "" {
+			// One model: the name cannot resolve to another model's profile.
+			profile = c.Model + "/" + c.Profile
+		}
+		rec, err := m.Create(ctx, manager.CreateRequest{Tenant: c.Tenant, Profile: profile, GPU: gpuID(c)})
+		if err == nil {
+			c.Instance = rec.UUID
+		}
+		return c, err
+	}
+	return c, fmt.Errorf("%w: unknown change %q", manager.ErrInvalidArgument, c.Op)
+}
+
+// gpuID names the change's GPU by UUID, which no reordering of the bus changes.
+func gpuID(c Change) string {
+	if c.GPUUUID != "" {
+		return c.GPUUUID
+	}
+	return c.GPU
 }

@@ -1,0 +1,212 @@
+package apply_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vgpud/vgpud/pkg/apply"
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/tenant"
+)
+
+func TestExecuteVgpudSample(t *testing.T) {
+	e := newEnv(t)
+	cs, res := e.apply(mustParse(t, "vgpud.yaml", ""))
+	want := []string{
+		"0000:41:00.0 acme 1g.10gb×2", "0000:41:00.0 acme 2g.20gb×1", "0000:41:00.0 acme 3g.40gb×1",
+		"0000:81:00.0 beta L4-4Q×2", "0000:a1:00.0 beta A10-8Q×1",
+	}
+	if got := e.layout(); !slices.Equal(got, want) {
+		t.Fatalf("layout %v, want %v", got, want)
+	}
+	// Done lists the created instances by UUID, in the order performed.
+	ids := e.uuids()
+	for i, c := range res.Done {
+		if c.Op == apply.OpCreate && !ids[c.Instance] {
+			t.Fatalf("done[%d] %+v names no instance", i, c)
+		}
+	}
+	if len(res.Done) != len(cs.Changes) || res.Failed != nil || res.Error != "" {
+		t.Fatalf("result %+v", res)
+	}
+	v, err := e.m.Tenant("acme")
+	if err != nil || v.Quota != (tenant.Quota{VRAMBytes: 120 << 30, ComputeMilli: 2000, MaxInstances: 8}) || v.Class != tenant.Guaranteed {
+		t.Fatalf("acme %+v, %v", v, err)
+	}
+}
+
+// The mig-parted samples on the MIG H100 (GPU 0): each reaches its
+// layout, re-applying changes nothing, and switching configs keeps what
+// the next one still wants.
+func TestMigPartedSamples(t *testing.T) {
+	e := newEnv(t)
+	steps := []struct {
+		config     string
+		layout     []string
+		keptBefore int // instances of the previous step kept
+	}{
+		{"gpu0-1g.10gb", []string{"0000:41:00.0 default 1g.10gb×7"}, 0},
+		{"gpu0-balanced", []string{"0000:41:00.0 default 1g.10gb×2", "0000:41:00.0 default 2g.20gb×1", "0000:41:00.0 default 3g.40gb×1"}, 2},
+		{"gpu0-3g.40gb", []string{"0000:41:00.0 default 3g.40gb×2"}, 1},
+		{"gpu0-balanced@acme", []string{"0000:41:00.0 acme 1g.10gb×2", "0000:41:00.0 acme 2g.20gb×1", "0000:41:00.0 acme 3g.40gb×1"}, 0},
+	}
+	untouched := e.create(mustTenant(e, "other"), "L4-4Q", l4)
+	for _, s := range steps {
+		before := e.uuids()
+		cs, _ := e.apply(mustParse(t, "mig-parted.yaml", s.config))
+		if got := e.layout(); !slices.Equal(got, append(s.layout, "0000:81:00.0 other L4-4Q×1")) {
+			t.Fatalf("%s: layout %v, want %v", s.config, got, s.layout)
+		}
+		kept := 0
+		for _, id := range cs.Kept {
+			if before[id] && e.uuids()[id] {
+				kept++
+			}
+		}
+		if kept != s.keptBefore {
+			t.Fatalf("%s: kept %d of the previous instances, want %d:\n%s", s.config, kept, s.keptBefore, cs)
+		}
+		if !e.migOn(h100MIG) {
+			t.Fatalf("%s: MIG off", s.config)
+		}
+		if !e.uuids()[untouched.UUID] {
+			t.Fatalf("%s: destroyed an instance on a GPU the config does not mention", s.config)
+		}
+	}
+}
+
+func mustTenant(e *env, name string) string {
+	e.tenant(name)
+	return name
+}
+
+// The vgpu-device-manager samples: each reaches its layout and is
+// idempotent; a config covers the GPUs that offer its types.
+func TestVGPUDeviceManagerSamples(t *testing.T) {
+	e := newEnv(t)
+	mig := e.create(mustTenant(e, "other"), "1g.10gb", h100MIG)
+	steps := []struct {
+		config string
+		layout []string
+	}{
+		{"L4-4Q", []string{"0000:81:00.0 default L4-4Q×6"}},
+		{"L4-8Q", []string{"0000:81:00.0 default L4-8Q×3"}},
+		{"A10-4Q", []string{"0000:81:00.0 default L4-8Q×3", "0000:a1:00.0 default A10-4Q×6"}},
+		{"H100XM-2-20C", []string{"0000:41:00.0 default H100XM-2-20C×3", "0000:81:00.0 default L4-8Q×3", "0000:a1:00.0 default A10-4Q×6"}},
+		{"mixed", []string{"0000:41:00.0 default H100XM-2-20C×3", "0000:61:00.0 default H100XM-20C×4", "0000:81:00.0 default L4-4Q×2", "0000:a1:00.0 default A10-8Q×3"}},
+		{"none", nil},
+	}
+	for _, s := range steps {
+		cs, _ := e.apply(mustParse(t, "vgpu-device-manager.yaml", s.config))
+		// The plain MIG instance is outside vgpu-device-manager's scope.
+		want := append([]string{"0000:41:00.0 other 1g.10gb×1"}, s.layout...)
+		slices.Sort(want)
+		if got := e.layout(); !slices.Equal(got, want) {
+			t.Fatalf("%s: layout %v, want %v\n%s", s.config, got, want, cs)
+		}
+	}
+	if !e.uuids()[mig.UUID] {
+		t.Fatal("the plain MIG instance was destroyed")
+	}
+}
+
+// A failing step stops the run: what was done is reported, the failed
+// change and the manager's sentinel too, and a second diff shows what
+// remains.
+func TestExecuteStopsAtFirstError(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	d := mustParse(t, "vgpud.yaml", "")
+	cs, err := apply.Diff(ctx, e.m, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The third GPU instance (the first 1g.10gb) fails in the driver.
+	if err := e.sim.AddFault(sim.Fault{Op: "CreateGpuInstanceWithPlacement", Return: 2, Skip: 2, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := apply.Execute(ctx, e.m, cs)
+	if err == nil {
+		t.Fatal("execute succeeded through a fault")
+	}
+	if !errors.Is(err, manager.ErrInvalidArgument) {
+		t.Fatalf("error %v lost the manager's sentinel", err)
+	}
+	var got []string
+	for _, c := range res.Done {
+		got = append(got, string(c.Op)+" "+c.Tenant+" "+c.Profile)
+	}
+	if !slices.Equal(got, []string{"define-tenant acme ", "define-tenant beta ", "create acme 3g.40gb", "create acme 2g.20gb"}) {
+		t.Fatalf("done %v", got)
+	}
+	if res.Failed == nil || res.Failed.Profile != "1g.10gb" || res.Remaining != 4 || res.Error == "" {
+		t.Fatalf("result %+v", res)
+	}
+	if !strings.Contains(err.Error(), "create 1g.10gb for tenant acme on 0000:41:00.0") || !strings.Contains(err.Error(), "4 of 9 changes done") {
+		t.Fatalf("error %q", err)
+	}
+	if b, err := json.Marshal(res); err != nil || !strings.Contains(string(b), `"failed":{"op":"create"`) {
+		t.Fatalf("result JSON %s, %v", b, err)
+	}
+	rest, err := apply.Diff(ctx, e.m, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := lines(rest); len(got) != res.Remaining+1 || !strings.HasPrefix(got[0], "create 1g.10gb") {
+		t.Fatalf("remaining:\n%s", rest)
+	}
+	e.apply(d)
+}
+
+// A MIG mode change the driver leaves pending (the GPU has SR-IOV VFs
+// enabled, as on a vGPU host) stops the run with ErrBusy after the
+// destroys it needed.
+func TestExecuteModeChangePending(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.apply(mustParse(t, "mig-parted.yaml", "gpu0-1g.10gb"))
+	cs, err := apply.Diff(ctx, e.m, mustParse(t, "mig-parted.yaml", "all-disabled"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := apply.Execute(ctx, e.m, cs)
+	if !errors.Is(err, manager.ErrBusy) || !strings.Contains(err.Error(), "pending") {
+		t.Fatalf("error %v, want ErrBusy (pending)", err)
+	}
+	if len(res.Done) != 7 || res.Failed == nil || res.Failed.Op != apply.OpSetMIGMode || res.Failed.GPU != h100MIG {
+		t.Fatalf("result %+v", res)
+	}
+	if got := e.layout(); len(got) != 0 {
+		t.Fatalf("layout %v", got)
+	}
+}
+
+// On a GPU without VFs the mode changes, in both directions, with the
+// instances of the old mode destroyed first.
+func TestExecuteModeChange(t *testing.T) {
+	no := false
+	e := newEnvSpec(t, &sim.Spec{Version: "v1", GPUs: []sim.GPUSpec{
+		{Model: "H100-SXM5-80GB", PCI: h100MIG, Flavour: gpu.FlavourVFIO, VFs: &no},
+		{Model: "L4-24GB", PCI: l4, Flavour: gpu.FlavourVFIO},
+	}})
+	cs, _ := e.apply(mustParse(t, "mig-parted.yaml", "all-1g.10gb@ops"))
+	if !slices.Contains(lines(cs), "enable MIG on 0000:41:00.0 (H100-SXM5-80GB)") {
+		t.Fatalf("changes:\n%s", cs)
+	}
+	if !e.migOn(h100MIG) {
+		t.Fatal("MIG still off")
+	}
+	if got := e.layout(); !slices.Equal(got, []string{"0000:41:00.0 ops 1g.10gb×7"}) {
+		t.Fatalf("layout %v", got)
+	}
+	e.apply(mustParse(t, "mig-parted.yaml", "all-disabled@ops"))
+	if e.migOn(h100MIG) || len(e.layout()) != 0 {
+		t.Fatalf("MIG on %v, layout %v", e.migOn(h100MIG), e.layout())
+	}
+}
