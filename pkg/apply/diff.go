@@ -105,9 +105,6 @@ func settingsOf(t tenant.Tenant) *TenantSettings {
 }
 
 func (s *TenantSettings) tenant(name string) tenant.Tenant {
-	if s == nil {
-		return tenant.Tenant{Name: name}
-	}
 	return tenant.Tenant{Name: name, Quota: s.Quota, Class: s.Class, AllowedModels: s.AllowedModels, AllowedProfiles: s.AllowedProfiles}
 }
 

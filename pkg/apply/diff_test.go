@@ -346,3 +346,44 @@ tenants:
 		t.Fatalf("tenants %+v", got)
 	}
 }
+
+// A GPU entry wins over a model entry, which wins over all, whatever
+// their order in the file.
+func TestDiffPrecedence(t *testing.T) {
+	e := newEnv(t)
+	e.tenant("acme")
+	keep := e.create("acme", "1g.10gb", h100MIG)
+	keepTS := e.create("acme", "H100XM-20C", h100TS)
+	onL4 := e.create("acme", "L4-4Q", l4)
+	onA10 := e.create("acme", "A10-4Q", a10)
+	d, err := apply.Parse("p.yaml", []byte(`version: v1
+layout:
+  - gpu: "0"
+    instances: [{profile: 1g.10gb, tenant: acme}]
+  - all: true
+  - model: H100-SXM5-80GB
+    instances: [{profile: H100XM-20C, tenant: acme, count: 2}]
+`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := apply.Diff(context.Background(), e.m, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"destroy L4-4Q " + onL4.UUID + " of tenant acme on 0000:81:00.0: not in the layout",
+		"destroy A10-4Q " + onA10.UUID + " of tenant acme on 0000:a1:00.0: not in the layout",
+		"create H100XM-20C for tenant acme on 0000:61:00.0 (H100-SXM5-80GB)",
+	}
+	if got := lines(cs); !slices.Equal(got, want) {
+		t.Fatalf("changes:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if !slices.Equal(cs.Kept, func() []string { s := []string{keep.UUID, keepTS.UUID}; slices.Sort(s); return s }()) {
+		t.Fatalf("kept %v", cs.Kept)
+	}
+	if !strings.Contains(cs.String(), "create H100XM-20C") {
+		t.Fatalf("String() = %q", cs.String())
+	}
+	e.apply(d)
+}

@@ -67,11 +67,17 @@ func step(ctx context.Context, m Manager, c Change) (Change, error) {
 			return c, fmt.Errorf("%w: set-mig-mode change without a mode", manager.ErrInvalidArgument)
 		}
 		return c, m.SetMIGMode(ctx, gpuID(c), *c.MIG)
-	case OpDefineTenant:
-		_, err := m.DefineTenant(ctx, c.Settings.tenant(c.Tenant))
-		return c, err
-	case OpUpdateTenant:
-		_, err := m.UpdateTenant(ctx, c.Settings.tenant(c.Tenant))
+	case OpDefineTenant, OpUpdateTenant:
+		if c.Settings == nil {
+			// Zero settings would be a tenant that may hold nothing.
+			return c, fmt.Errorf("%w: %s change for tenant %s without settings", manager.ErrInvalidArgument, c.Op, c.Tenant)
+		}
+		var err error
+		if c.Op == OpDefineTenant {
+			_, err = m.DefineTenant(ctx, c.Settings.tenant(c.Tenant))
+		} else {
+			_, err = m.UpdateTenant(ctx, c.Settings.tenant(c.Tenant))
+		}
 		return c, err
 	case OpUndefineTenant:
 		return c, m.UndefineTenant(ctx, c.Tenant, false)

@@ -210,3 +210,92 @@ func TestExecuteModeChange(t *testing.T) {
 		t.Fatalf("MIG on %v, layout %v", e.migOn(h100MIG), e.layout())
 	}
 }
+
+// A change set survives JSON (dry run, review, execute) and Execute puts
+// it in its safe order whatever order it comes in.
+func TestExecuteOrdersAnyChangeSet(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.tenant("old")
+	e.create("old", "7g.80gb", h100MIG)
+	e.create("old", "L4-8Q", l4)
+	d := mustParse(t, "vgpud.yaml", "")
+	cs, err := apply.Diff(ctx, e.m, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back apply.ChangeSet
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	slices.Reverse(back.Changes)
+	res, err := apply.Execute(ctx, e.m, back)
+	if err != nil {
+		t.Fatalf("execute: %v", err)
+	}
+	phase := map[apply.Op]int{apply.OpDestroy: 0, apply.OpSetMIGMode: 1, apply.OpDefineTenant: 2, apply.OpUpdateTenant: 2, apply.OpUndefineTenant: 3, apply.OpCreate: 4}
+	for i := 1; i < len(res.Done); i++ {
+		a, b := res.Done[i-1], res.Done[i]
+		if phase[a.Op] > phase[b.Op] || a.Op == apply.OpCreate && b.Op == apply.OpCreate && a.VRAMBytes < b.VRAMBytes {
+			t.Fatalf("done out of order: %s before %s", a, b)
+		}
+	}
+	if res.Done[0].Op != apply.OpDestroy || len(res.Done) != len(cs.Changes) {
+		t.Fatalf("done %v", res.Done)
+	}
+	again, err := apply.Diff(ctx, e.m, d)
+	if err != nil || !again.Empty() {
+		t.Fatalf("second diff %v:\n%s", err, again)
+	}
+}
+
+func TestExecuteEdgeCases(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.tenant("acme")
+	gone := e.create("acme", "L4-4Q", l4)
+	cs, err := apply.Diff(ctx, e.m, mustParse(t, "vgpu-device-manager.yaml", "A10-4Q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, err := apply.Execute(ctx, e.m, apply.ChangeSet{})
+	if err != nil || len(empty.Done) != 0 {
+		t.Fatalf("empty change set: %+v, %v", empty, err)
+	}
+	cases := []struct {
+		name    string
+		ctx     func() context.Context
+		changes []apply.Change
+		want    error
+		done    int
+	}{
+		{"destroy of an instance already gone", nil, []apply.Change{{Op: apply.OpDestroy, Instance: gone.UUID}, {Op: apply.OpDestroy, Instance: gone.UUID}}, nil, 2},
+		{"tenant without settings", nil, []apply.Change{{Op: apply.OpDefineTenant, Tenant: "x"}}, manager.ErrInvalidArgument, 0},
+		{"unknown op", nil, []apply.Change{{Op: "resize"}}, manager.ErrInvalidArgument, 0},
+		{"set MIG mode without a mode", nil, []apply.Change{{Op: apply.OpSetMIGMode, GPU: h100MIG}}, manager.ErrInvalidArgument, 0},
+		{"unknown GPU", nil, []apply.Change{{Op: apply.OpCreate, GPU: "0000:ff:00.0", Profile: "L4-4Q", Tenant: "acme"}}, manager.ErrNotFound, 0},
+		{"cancelled", func() context.Context { c, cancel := context.WithCancel(ctx); cancel(); return c }, cs.Changes, context.Canceled, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cx := ctx
+			if c.ctx != nil {
+				cx = c.ctx()
+			}
+			res, err := apply.Execute(cx, e.m, apply.ChangeSet{Changes: c.changes})
+			if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
+				t.Fatalf("error %v, want %v", err, c.want)
+			}
+			if len(res.Done) != c.done {
+				t.Fatalf("done %d, want %d", len(res.Done), c.done)
+			}
+		})
+	}
+	if got := e.layout(); len(got) != 0 {
+		t.Fatalf("layout %v", got)
+	}
+}
