@@ -1,0 +1,304 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vgpud/vgpud/pkg/dbusapi"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+const (
+	migID = "0b4f5c1e-9a3d-4e2b-8c7f-1a2b3c4d5e6f"
+	vfID  = "7d2e9f10-4b5a-4c6d-9e8f-0a1b2c3d4e5f"
+)
+
+// verbs are the command lines the golden and width tests run, by name.
+var verbs = []struct {
+	name string
+	args []string
+}{
+	{"gpus", []string{"gpus"}},
+	{"gpu-show", []string{"gpu", "show", "0000:41:00.0"}},
+	{"gpu-mig", []string{"gpu", "mig", "0000:41:00.0", "off"}},
+	{"profiles", []string{"profiles"}},
+	{"capacity", []string{"capacity"}},
+	{"list", []string{"list"}},
+	{"list-tenant", []string{"list", "--tenant", "acme"}},
+	{"show", []string{"show", "0b4f5c1e"}},
+	{"dumpxml", []string{"dumpxml", vfID}},
+	{"create", []string{"create", "3g.40gb", "--tenant", "acme"}},
+	{"destroy", []string{"destroy", migID}},
+	{"attach", []string{"attach", "vm1", "7d2e9f10"}},
+	{"attach-profile", []string{"attach", "vm1", "--profile", "L4-4Q", "--tenant", "acme"}},
+	{"detach", []string{"detach", "a-virtual-machine-named-at-length", vfID}},
+	{"tenant-define", []string{"tenant", "define", "acme", "--vram", "80GiB", "--compute", "2500m", "--max-instances", "4", "--class", "guaranteed"}},
+	{"tenant-list", []string{"tenant", "list"}},
+	{"tenant-show", []string{"tenant", "show", "acme"}},
+	{"tenant-set-quota", []string{"tenant", "set-quota", "acme", "--compute", "3"}},
+	{"tenant-undefine", []string{"tenant", "undefine", "acme"}},
+	{"plan", []string{"plan", "3g.40gb", "--tenant", "acme"}},
+	{"plan-file", []string{"plan", "-f", "testdata/layout.yaml"}},
+	{"apply-dry-run", []string{"apply", "-f", "testdata/layout.yaml", "--dry-run"}},
+	{"reconcile", []string{"reconcile"}},
+	{"defrag", []string{"defrag", "7g.80gb", "--tenant", "acme"}},
+	{"top", []string{"top", "-n", "1"}},
+	{"events", []string{"events", "--count", "2"}},
+	{"version", []string{"version"}},
+}
+
+func TestGoldenJSON(t *testing.T) {
+	for _, v := range verbs {
+		t.Run(v.name, func(t *testing.T) {
+			out, errOut, code := runFake(&fake{}, append(v.args, "-o", "json")...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			checkJSON(t, v.name, out)
+			golden(t, v.name+".json", out)
+		})
+	}
+}
+
+// checkJSON insists every document is valid JSON with the schema header.
+func checkJSON(t *testing.T, name, out string) {
+	t.Helper()
+	for _, doc := range jsonDocs(t, out) {
+		var h header
+		if err := json.Unmarshal(doc, &h); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if h.APIVersion != dbusapi.APIVersion || h.Kind == "" {
+			t.Fatalf("%s: header %+v", name, h)
+		}
+	}
+}
+
+// jsonDocs splits the output into its JSON documents (one, or one per
+// line for events and top).
+func jsonDocs(t *testing.T, out string) []json.RawMessage {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(out))
+	var docs []json.RawMessage
+	for dec.More() {
+		var d json.RawMessage
+		if err := dec.Decode(&d); err != nil {
+			t.Fatalf("not JSON: %v\n%s", err, out)
+		}
+		docs = append(docs, d)
+	}
+	if len(docs) == 0 {
+		t.Fatal("no JSON document")
+	}
+	return docs
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./cmd/vgpuctl -update)", err)
+	}
+	if string(want) != got {
+		t.Errorf("%s differs from the golden file (JSON is a stable API: add fields, never change them; then -update):\n--- want\n%s\n--- got\n%s", path, want, got)
+	}
+}
+
+func TestYAMLMatchesJSON(t *testing.T) {
+	for _, v := range verbs {
+		if v.name == "events" || v.name == "top" {
+			continue
+		}
+		out, errOut, code := runFake(&fake{}, append(v.args, "-o", "yaml")...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", v.name, code, errOut)
+		}
+		if !strings.Contains(out, "apiVersion: "+dbusapi.APIVersion) {
+			t.Errorf("%s: YAML lacks the header:\n%s", v.name, out)
+		}
+	}
+}
+
+func TestTablesFit100Columns(t *testing.T) {
+	for _, v := range verbs {
+		t.Run(v.name, func(t *testing.T) {
+			out, errOut, code := runFake(&fake{}, v.args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			if strings.TrimSpace(out) == "" {
+				t.Fatal("no output")
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if n := utf8.RuneCountInString(line); n > 100 {
+					t.Errorf("%d columns: %q", n, line)
+				}
+			}
+		})
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	cases := []struct {
+		name string
+		fail error
+		args []string
+		code int
+		want string
+	}{
+		{"ok", nil, []string{"list"}, exitOK, ""},
+		{"unknown command", nil, []string{"frobnicate"}, exitUsage, "unknown command"},
+		{"unknown flag", nil, []string{"list", "--frob"}, exitUsage, "unknown flag"},
+		{"missing argument", nil, []string{"destroy"}, exitUsage, "requires at least 1 arg"},
+		{"bad output format", nil, []string{"list", "-o", "xml"}, exitUsage, `-o "xml"`},
+		{"bad quantity", nil, []string{"tenant", "define", "x", "--vram", "80 parsecs", "--compute", "1"}, exitUsage, "--vram"},
+		{"define without quota", nil, []string{"tenant", "define", "x"}, exitUsage, "--vram and --compute are required"},
+		{"attach both ways", nil, []string{"attach", "vm", migID, "--profile", "x", "--tenant", "t"}, exitUsage, "not both"},
+		{"denied", &dbusapi.Error{Name: dbusapi.NameAccessDenied, Message: "reading needs group vgpud"}, []string{"gpus"}, exitDenied, "vgpuctl: AccessDenied: reading needs group vgpud"},
+		{"not found", &dbusapi.Error{Name: dbusapi.NameNotFound, Message: "no tenant x (run `vgpuctl tenant list`)"}, []string{"tenant", "show", "x"}, exitNotFound, "NotFound: no tenant x"},
+		{"no capacity", &dbusapi.Error{Name: dbusapi.NameNoCapacity, Message: "no room; run `vgpuctl capacity`"}, []string{"gpus"}, exitNoCapacity, "NoCapacity"},
+		{"quota", &dbusapi.Error{Name: dbusapi.NameQuotaExceeded, Message: "VRAM quota 10GiB"}, []string{"gpus"}, exitQuota, "QuotaExceeded"},
+		{"busy", &dbusapi.Error{Name: dbusapi.NameBusy, Message: "retry"}, []string{"gpus"}, exitBusy, "Busy"},
+		{"conflict", &dbusapi.Error{Name: dbusapi.NameConflict, Message: "other VM"}, []string{"gpus"}, exitConflict, "Conflict"},
+		{"gpu lost", &dbusapi.Error{Name: dbusapi.NameGPULost, Message: "fell off"}, []string{"gpus"}, exitGPULost, "GPULost"},
+		{"invalid argument", &dbusapi.Error{Name: dbusapi.NameInvalidArgument, Message: "bad profile"}, []string{"gpus"}, exitUsage, "InvalidArgument"},
+		{"backend", &dbusapi.Error{Name: dbusapi.NameBackendFailure, Message: "driver"}, []string{"gpus"}, exitFailure, "BackendFailure: driver"},
+		{"unavailable", &dbusapi.Error{Name: dbusapi.NameUnavailable, Message: "vgpud is not running"}, []string{"gpus"}, exitUnavailable, "Unavailable"},
+		{"timeout", &dbusapi.Error{Name: dbusapi.NameTimeout, Message: "too slow"}, []string{"gpus"}, exitTimeout, "Timeout"},
+		{"plain error", errors.New("something odd"), []string{"gpus"}, exitFailure, "BackendFailure: something odd"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, errOut, code := runFake(&fake{fail: c.fail}, c.args...)
+			if code != c.code {
+				t.Fatalf("exit %d, want %d (%s)", code, c.code, errOut)
+			}
+			if !strings.Contains(errOut, c.want) {
+				t.Fatalf("stderr %q lacks %q", errOut, c.want)
+			}
+			for _, jargon := range []string{"goroutine", "panic", "org.freedesktop", "dbus.Error"} {
+				if strings.Contains(errOut, jargon) {
+					t.Fatalf("stderr shows %q: %s", jargon, errOut)
+				}
+			}
+		})
+	}
+}
+
+func TestTenantQuotaFlags(t *testing.T) {
+	f := &fake{}
+	if _, errOut, code := runFake(f, "tenant", "define", "acme", "--vram", "80GiB", "--compute", "2500m", "--class", "guaranteed", "--allow-model", "H100-SXM5-80GB"); code != 0 {
+		t.Fatal(errOut)
+	}
+	want := dbusapi.Quota{VRAMBytes: 80 << 30, ComputeMilli: 2500, MaxInstances: dbusapi.Unlimited}
+	if f.defined.Quota != want || f.defined.Class != "guaranteed" || len(f.defined.AllowedModels) != 1 {
+		t.Fatalf("defined %+v, want quota %+v", f.defined, want)
+	}
+	// set-quota keeps what is not given: acme has 80GiB, 2500m, 4.
+	if _, errOut, code := runFake(f, "tenant", "set-quota", "acme", "--compute", "2.5", "--max-instances", "unlimited"); code != 0 {
+		t.Fatal(errOut)
+	}
+	if want := (dbusapi.Quota{VRAMBytes: 80 << 30, ComputeMilli: 2500, MaxInstances: dbusapi.Unlimited}); f.quota != want {
+		t.Fatalf("set-quota sent %+v, want %+v", f.quota, want)
+	}
+}
+
+func TestInstancePrefixes(t *testing.T) {
+	f := &fake{}
+	if _, errOut, code := runFake(f, "destroy", "0b4f"); code != 0 || f.lastCall() != "Destroy "+migID+" false" {
+		t.Fatalf("destroy 0b4f: %d %s, last call %q", code, errOut, f.lastCall())
+	}
+	if _, errOut, code := runFake(f, "destroy", "ffff0000"); code != exitNotFound {
+		t.Fatalf("unknown prefix: exit %d %s", code, errOut)
+	}
+	if _, _, code := runFake(f, "destroy", "0b"); code != exitUsage {
+		t.Fatalf("two-character prefix: exit %d", code)
+	}
+}
+
+func TestDynamicCompletion(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"__complete", "destroy", ""}, migID},
+		{[]string{"__complete", "tenant", "show", "ac"}, "acme"},
+		{[]string{"__complete", "profiles", "--gpu", ""}, "0000:81:00.0"},
+		{[]string{"__complete", "create", "--tenant", "acme", "--profile", "L4"}, "L4-4Q"},
+		{[]string{"__complete", "create", "H1"}, "H100XM-2-20C"},
+	}
+	for _, c := range cases {
+		out, errOut, code := runFake(&fake{}, c.args...)
+		if code != 0 || !strings.Contains(out, c.want) {
+			t.Errorf("%v: exit %d, %q lacks %q (%s)", c.args, code, out, c.want, errOut)
+		}
+	}
+}
+
+func TestCompletionScriptsAndManPages(t *testing.T) {
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		out, errOut, code := runFake(&fake{}, "completion", sh)
+		if code != 0 || !strings.Contains(out, "vgpuctl") || len(out) < 1000 {
+			t.Errorf("completion %s: exit %d, %d bytes (%s)", sh, code, len(out), errOut)
+		}
+	}
+	dir := t.TempDir()
+	if _, errOut, code := runFake(&fake{}, "gen-docs", "--man", filepath.Join(dir, "man"), "--completions", filepath.Join(dir, "comp")); code != 0 {
+		t.Fatal(errOut)
+	}
+	for _, p := range []string{"man/vgpuctl.1", "man/vgpuctl-attach.1", "man/vgpuctl-tenant-define.1", "comp/vgpuctl.bash", "comp/_vgpuctl", "comp/vgpuctl.fish"} {
+		if fi, err := os.Stat(filepath.Join(dir, p)); err != nil || fi.Size() == 0 {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+}
+
+// TestDocsCoverCommands keeps docs/vgpuctl.md complete: every command and
+// every exit code is documented.
+func TestDocsCoverCommands(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "vgpuctl.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(doc)
+	a := &app{streams: streams{out: io.Discard, err: io.Discard}}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" {
+				continue
+			}
+			if sub.Runnable() && !strings.Contains(text, "`"+sub.CommandPath()) {
+				t.Errorf("docs/vgpuctl.md does not document %q", sub.CommandPath())
+			}
+			walk(sub)
+		}
+	}
+	walk(a.rootCmd())
+	for _, code := range []int{exitOK, exitFailure, exitUsage, exitDenied, exitNotFound, exitNoCapacity, exitQuota, exitBusy, exitConflict, exitGPULost, exitUnavailable, exitTimeout} {
+		if !strings.Contains(text, fmt.Sprintf("\n| %d | ", code)) {
+			t.Errorf("exit code %d undocumented", code)
+		}
+	}
+	if !strings.Contains(text, "\n| 130 | ") {
+		t.Error("exit code 130 undocumented")
+	}
+}

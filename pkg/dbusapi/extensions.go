@@ -1,0 +1,83 @@
+package dbusapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/vgpud/vgpud/pkg/apply"
+)
+
+// Share is one instance's compute share over the share engine's last
+// window, in milli-GPU (1000 = one whole GPU).
+type Share struct {
+	Instance      string
+	EntitledMilli uint64
+	// AchievedMilli is the compute the instance got, DemandMilli what it
+	// asked for; Interference is max(0, 1 - achieved/min(demand, entitled)).
+	// A negative value is unknown.
+	AchievedMilli, DemandMilli, Interference float64
+}
+
+// SharesSource is what GetShares needs from the share engine.
+type SharesSource interface {
+	// Shares returns the latest window's figures; instances it does not
+	// know are reported with their entitled compute only.
+	Shares(ctx context.Context) ([]Share, error)
+}
+
+// ApplyRequest is one Apply call.
+type ApplyRequest struct {
+	// Name is the file name (format detection, messages); may be empty.
+	Name   string
+	Data   []byte
+	Select string
+	DryRun bool
+}
+
+// ApplyOutcome is what Apply reports: the change set and the result as
+// JSON, and the changes as text for people.
+type ApplyOutcome struct {
+	Changes json.RawMessage
+	Result  json.RawMessage
+	Summary string
+}
+
+// Applier carries out declarative configuration (pkg/apply). Its errors
+// wrap the manager's sentinels, like the manager's own.
+type Applier interface {
+	Apply(ctx context.Context, req ApplyRequest) (ApplyOutcome, error)
+}
+
+// NewApplier is the Applier of pkg/apply over m (*manager.Manager).
+func NewApplier(m apply.Manager) Applier { return applier{m: m} }
+
+type applier struct{ m apply.Manager }
+
+func (a applier) Apply(ctx context.Context, req ApplyRequest) (ApplyOutcome, error) {
+	name := req.Name
+	if name == "" {
+		name = "configuration"
+	}
+	d, err := apply.Parse(name, req.Data, req.Select)
+	if err != nil {
+		return ApplyOutcome{}, err
+	}
+	cs, err := apply.Diff(ctx, a.m, d)
+	if err != nil {
+		return ApplyOutcome{}, err
+	}
+	changes, err := json.Marshal(cs)
+	if err != nil {
+		return ApplyOutcome{}, fmt.Errorf("encode change set: %w", err)
+	}
+	out := ApplyOutcome{Changes: changes, Summary: cs.String()}
+	if req.DryRun {
+		return out, nil
+	}
+	res, err := apply.Execute(ctx, a.m, cs)
+	if b, merr := json.Marshal(res); merr == nil {
+		out.Result = b
+	}
+	return out, err
+}

@@ -1,0 +1,201 @@
+package dbusapi
+
+// interfaces declares the API: every interface, method, argument,
+// property and signal with its documentation. The Go functions named by fn
+// are in methods.go and standard.go.
+func (s *Service) interfaces() map[string]*ifaceDef {
+	optsArg := arg{name: "options", doc: "Options (a{sv}): " + OptTimeout + " (t, the caller's timeout in milliseconds; the operation is cancelled and undone when it passes), " + OptOperationID + " (s, a name Cancel can stop it by), and the method's own, listed in its documentation. Unknown keys are refused."}
+	instArg := arg{name: "instance", doc: "Instance UUID."}
+	gpuArg := arg{name: "gpu", doc: "GPU by PCI address, UUID or NVML index."}
+	vmArg := arg{name: "vm", doc: "libvirt domain name, or URI/name for a domain of this host's libvirt."}
+
+	mgr := &ifaceDef{
+		name: ManagerInterface,
+		doc:  "vgpud's manager: GPUs carved into MIG instances and vGPUs, attached to libvirt VMs, held to tenant quotas. Reads need root or group vgpud; changes need root, group vgpud or the polkit action dev.vgpud1.manage. Errors are dev.vgpud1.Error.{QuotaExceeded,NoCapacity,NotFound,InvalidArgument,AccessDenied,Busy,Conflict,GPULost,BackendFailure}, whose message says what to do next.",
+		methods: []*methodDef{
+			{name: "ListGPUs", access: accessRead, fn: s.listGPUs,
+				doc: "The host's GPUs.",
+				out: []arg{{name: "gpus", doc: "(pci, uuid, model, state, instances, object) per GPU."}}},
+			{name: "ListInstances", access: accessRead, fn: s.listInstances,
+				doc: "The instances, of one tenant or all.",
+				in:  []arg{{name: "tenant", doc: "Tenant name; empty for all tenants."}},
+				out: []arg{{name: "instances", doc: "(uuid, tenant, profile, kind, gpu, state, vm, object) per instance; vm is empty when not attached."}}},
+			{name: "ListTenants", access: accessRead, fn: s.listTenants,
+				doc: "The tenants.",
+				out: []arg{{name: "tenants", doc: "(name, class, instances, object) per tenant."}}},
+			{name: "ListProfiles", access: accessRead, fn: s.listProfiles,
+				doc: "The profiles (MIG profiles, vGPU types, passthrough) of the GPU models on this host.",
+				in:  []arg{{name: "gpu", doc: "Only this GPU's model (PCI address, UUID or index); empty for all."}},
+				out: []arg{{name: "profiles", doc: "(model, name, kind, vram bytes, compute milli-GPU, max per GPU, flows) per profile."}}},
+			{name: "GetCapacity", access: accessRead, fn: s.getCapacity,
+				doc: "How many more instances of each profile fit now, per GPU model: the placement inventory orchestrators report. Each profile is counted on its own (placing one changes the others' counts).",
+				out: []arg{{name: "capacity", doc: "(model, profile, kind, count, gpus): count more fit, spread over gpus GPUs."}}},
+			{name: "Plan", access: accessRead, fn: s.plan,
+				doc: "Where a request would go and what would stay free; nothing changes. Options: gpu (s) pins the GPU.",
+				in:  []arg{{name: "tenant", doc: "Tenant whose quota is checked; empty to skip the quota."}, {name: "profile", doc: "Profile to place."}, optsArg},
+				out: []arg{
+					{name: "fits", doc: "Whether the host has room for it now."},
+					{name: "model", doc: "Model of the chosen GPU."},
+					{name: "gpu", doc: "PCI address of the chosen GPU."},
+					{name: "gpu_uuid", doc: "UUID of the chosen GPU."},
+					{name: "start", doc: "First MIG slot; -1 when not MIG."},
+					{name: "device", doc: "SR-IOV VF or mdev parent the vGPU would use; empty when none."},
+					{name: "vram_bytes", doc: "VRAM it would take of the quota."},
+					{name: "compute_milli", doc: "Compute it would take of the quota, in milli-GPU."},
+					{name: "reason", doc: "Why that GPU and slot."},
+					{name: "refusal", doc: "Why it does not fit, with the next step; empty when it fits."},
+					{name: "quota_ok", doc: "Whether the tenant's quota admits it."},
+					{name: "quota_message", doc: "What the quota lacks; empty when it admits it."},
+					{name: "moves", doc: "Moves of movable MIG instances that would make room (see Defragment): (instance, profile, from gpu, from slot, to gpu, to slot)."},
+					{name: "free_after", doc: "Capacity left once it is placed, as GetCapacity."},
+				}},
+			{name: "CreateInstance", access: accessManage, fn: s.createInstance,
+				doc: "Admit (quota and capacity, atomically with other requests) and carve one instance. A failure undoes every finished step. Options: gpu (s) pins the GPU; uuid (s) sets the instance's UUID, making retries idempotent; affinity (s): none, spread or pack.",
+				in:  []arg{{name: "tenant", doc: "Tenant that holds it."}, {name: "profile", doc: "Profile: a MIG profile (3g.40gb, H100-3g.40gb, MODEL/3g.40gb), a vGPU type (L4-4Q) or passthrough."}, optsArg},
+				out: []arg{{name: "object", doc: "Object of the new instance."}, {name: "uuid", doc: "Its UUID."}}},
+			{name: "DestroyInstance", access: accessManage, fn: s.destroyInstance,
+				doc: "Release an instance from the host and forget it. An attached instance is refused (Busy) unless option detach (b) is true.",
+				in:  []arg{instArg, optsArg}},
+			{name: "Attach", access: accessManage, fn: s.attach,
+				doc: "Make an instance a hostdev of a VM: in its persistent configuration, and live when it runs. Repeating it is a no-op; another VM is Conflict. Options: display (b) turns on a Q-series mdev's display; tenant (s) must own the instance.",
+				in:  []arg{instArg, vmArg, optsArg},
+				out: []arg{{name: "vm_uuid", doc: "UUID of the domain."}, {name: "live", doc: "Whether the device is also in the running domain."}}},
+			{name: "CreateAndAttach", access: accessManage, fn: s.createAndAttach,
+				doc: "CreateInstance then Attach; when the attach fails the instance is destroyed again. Options: those of CreateInstance and display (b).",
+				in:  []arg{{name: "tenant", doc: "Tenant that holds it."}, {name: "profile", doc: "Profile, as for CreateInstance."}, vmArg, optsArg},
+				out: []arg{{name: "object", doc: "Object of the new instance."}, {name: "uuid", doc: "Its UUID."}, {name: "live", doc: "Whether the device is also in the running domain."}}},
+			{name: "Detach", access: accessManage, fn: s.detach,
+				doc: "Remove an instance from its VM (live, waiting for the guest to release it, then the configuration). NotFound when it is not attached.",
+				in:  []arg{instArg, optsArg}},
+			{name: "GetHostdevXML", access: accessRead, fn: s.hostdevXML,
+				doc: "The libvirt <hostdev> element the instance is attached as (what virsh attach-device takes).",
+				in:  []arg{instArg},
+				out: []arg{{name: "xml", doc: "The <hostdev> element."}}},
+			{name: "DefineTenant", access: accessManage, fn: s.defineTenant,
+				doc: "Define a tenant. The same definition again is a no-op; other settings are Conflict (use SetQuota). Options: allowed-models (as), allowed-profiles (as).",
+				in: []arg{{name: "name", doc: "Tenant name: a DNS label."},
+					{name: "vram_bytes", doc: "VRAM quota in bytes; UINT64_MAX is unlimited."},
+					{name: "compute_milli", doc: "Compute quota in milli-GPU (1000 = one GPU); UINT64_MAX is unlimited."},
+					{name: "max_instances", doc: "Instance count quota; UINT64_MAX is unlimited."},
+					{name: "class", doc: "guaranteed or best-effort; empty is best-effort."}, optsArg},
+				out: []arg{{name: "object", doc: "Object of the tenant."}}},
+			{name: "SetQuota", access: accessManage, fn: s.setQuota,
+				doc: "Replace a tenant's quota. A quota below what the tenant holds is accepted: its instances stay, new ones are refused.",
+				in: []arg{{name: "name", doc: "Tenant name."},
+					{name: "vram_bytes", doc: "VRAM quota in bytes; UINT64_MAX is unlimited."},
+					{name: "compute_milli", doc: "Compute quota in milli-GPU; UINT64_MAX is unlimited."},
+					{name: "max_instances", doc: "Instance count quota; UINT64_MAX is unlimited."}}},
+			{name: "UndefineTenant", access: accessManage, fn: s.undefineTenant,
+				doc: "Remove a tenant. One that owns instances is refused (Busy) unless force, which detaches and destroys them first.",
+				in:  []arg{{name: "name", doc: "Tenant name."}, {name: "force", doc: "Destroy its instances first."}, optsArg}},
+			{name: "Apply", access: accessManage, fn: s.apply,
+				doc: "Make the host match a declarative configuration (vgpud's own format, or NVIDIA mig-parted and vgpu-device-manager files). Options: name (s), the file name, for format detection and messages.",
+				in:  []arg{{name: "data", doc: "The configuration file's content."}, {name: "select", doc: "Which named configuration of the file to apply; empty for the file's default."}, {name: "dry_run", doc: "Only compute the changes."}, optsArg},
+				out: []arg{{name: "changes", doc: "The change set as JSON (docs/dbus-api.md)."}, {name: "result", doc: "What was done, as JSON; \"null\" for a dry run."}, {name: "summary", doc: "The changes as text, one per line."}}},
+			{name: "Reconcile", access: accessManage, fn: s.reconcile,
+				doc: "Compare the records with the host now: finish or undo interrupted operations, re-create instances a reboot lost, report devices vgpud did not create.",
+				in:  []arg{optsArg},
+				out: []arg{
+					{name: "duration_usec", doc: "How long it took."},
+					{name: "finished", doc: "Intents rolled forward."},
+					{name: "undone", doc: "Intents rolled back."},
+					{name: "recreated", doc: "Instances re-created."},
+					{name: "lost", doc: "Instances whose GPU is gone."},
+					{name: "failed", doc: "Instances vgpud could not restore."},
+					{name: "foreign", doc: "Devices vgpud did not create: (gpu, kind, id, detail)."},
+					{name: "attachments", doc: "Attachment records fixed to match libvirt."},
+				}},
+			{name: "Defragment", access: accessManage, fn: s.defragment,
+				doc: "Which moves of movable MIG instances (not in a running VM) would admit a request refused for fragmentation; with apply, perform them (each instance keeps its identity). Options: gpu (s).",
+				in:  []arg{{name: "tenant", doc: "Tenant of the request."}, {name: "profile", doc: "Profile of the request."}, {name: "apply", doc: "Perform the moves."}, optsArg},
+				out: []arg{{name: "moves", doc: "(instance, profile, from gpu, from slot, to gpu, to slot)."}, {name: "gpu", doc: "GPU the request fits on after the moves."}, {name: "start", doc: "Its first slot there."}, {name: "applied", doc: "Whether the moves were performed."}}},
+			{name: "SetMIGMode", access: accessManage, fn: s.setMIGMode,
+				doc: "Enable or disable MIG on a GPU. Refused while vgpud instances live on it; Busy, with the steps, when the driver leaves it pending a GPU reset.",
+				in:  []arg{gpuArg, {name: "enabled", doc: "MIG on or off."}, optsArg}},
+			{name: "SetHeterogeneous", access: accessManage, fn: s.setHeterogeneous,
+				doc: "Let time-sliced vGPUs of different sizes share a GPU, or not; refused while vGPUs exist on it.",
+				in:  []arg{gpuArg, {name: "enabled", doc: "Mixed sizes on or off."}, optsArg}},
+			{name: "GetShares", access: accessRead, fn: s.getShares,
+				doc: "Per instance: entitled compute and, when the share engine reports them, achieved compute, demand and interference index (max(0, 1 - achieved/min(demand, entitled)); 0 is perfect isolation) over the last window.",
+				out: []arg{{name: "shares", doc: "(instance, entitled milli-GPU, achieved milli-GPU, demand milli-GPU, interference); negative values are unknown."}}},
+			{name: "Cancel", access: accessManage, fn: s.cancelOp,
+				doc: "Cancel the operation started with that operation-id option; it undoes what it did. Only the user who started it, or root, may.",
+				in:  []arg{{name: "operation_id", doc: "The operation-id the operation was started with."}}},
+		},
+		props: defsOf(managerProps),
+		signals: []signalDef{
+			{name: "OperationFinished", doc: "An operation finished.", args: []arg{
+				{name: "operation", sig: "s", doc: "create, destroy, attach, detach, ..."}, {name: "id", sig: "s", doc: "Instance UUID (or tenant, GPU) it was about."}}},
+			{name: "OperationFailed", doc: "An operation failed; what it did was undone.", args: []arg{
+				{name: "operation", sig: "s", doc: "create, destroy, attach, detach, ..."}, {name: "id", sig: "s", doc: "Instance UUID it was about."}, {name: "message", sig: "s", doc: "The error's message."}}},
+			{name: "GPULost", doc: "A GPU fell off the bus or failed (an XID); its instances are marked lost or failed and carving there stops.", args: []arg{
+				{name: "gpu", sig: "s", doc: "PCI address."}, {name: "gpu_uuid", sig: "s", doc: "GPU UUID."}, {name: "reason", sig: "s", doc: "What happened."}}},
+			{name: "VMEvent", doc: "A libvirt domain event vgpud acted on.", args: []arg{
+				{name: "vm_uuid", sig: "s", doc: "Domain UUID."}, {name: "vm", sig: "s", doc: "Domain name."}, {name: "event", sig: "s", doc: "defined, undefined, started, stopped, device-removed, device-removal-failed or reconnected."}}},
+			{name: "PolicySwitched", doc: "The share loop changed a GPU's vGPU scheduler policy.", args: []arg{
+				{name: "gpu", sig: "s", doc: "GPU UUID."}, {name: "detail", sig: "s", doc: "Which policy and why."}}},
+		},
+	}
+
+	gpu := &ifaceDef{
+		name: GPUInterface,
+		doc:  "One physical GPU, at /dev/vgpud1/gpu/pci_DDDD_BB_SS_F.",
+		methods: []*methodDef{
+			{name: "SetMIGMode", access: accessManage, fn: s.objSetMIGMode,
+				doc: "As Manager.SetMIGMode for this GPU.",
+				in:  []arg{{name: "enabled", doc: "MIG on or off."}, optsArg}},
+			{name: "SetHeterogeneous", access: accessManage, fn: s.objSetHeterogeneous,
+				doc: "As Manager.SetHeterogeneous for this GPU.",
+				in:  []arg{{name: "enabled", doc: "Mixed sizes on or off."}, optsArg}},
+		},
+		props: defsOf(gpuProps),
+	}
+
+	inst := &ifaceDef{
+		name: InstanceInterface,
+		doc:  "One instance (MIG instance, vGPU or whole GPU) held by a tenant, at /dev/vgpud1/instance/<uuid with _ for ->.",
+		methods: []*methodDef{
+			{name: "Destroy", access: accessManage, fn: s.objDestroy,
+				doc: "As Manager.DestroyInstance for this instance. Options: detach (b).",
+				in:  []arg{optsArg}},
+			{name: "Attach", access: accessManage, fn: s.objAttach,
+				doc: "As Manager.Attach for this instance. Options: display (b), tenant (s).",
+				in:  []arg{vmArg, optsArg},
+				out: []arg{{name: "vm_uuid", doc: "UUID of the domain."}, {name: "live", doc: "Whether the device is also in the running domain."}}},
+			{name: "Detach", access: accessManage, fn: s.objDetach,
+				doc: "As Manager.Detach for this instance.",
+				in:  []arg{optsArg}},
+			{name: "GetHostdevXML", access: accessRead, fn: s.objHostdevXML,
+				doc: "As Manager.GetHostdevXML for this instance.",
+				out: []arg{{name: "xml", doc: "The <hostdev> element."}}},
+		},
+		props: defsOf(instanceProps),
+	}
+
+	ten := &ifaceDef{
+		name: TenantInterface,
+		doc:  "One tenant, at /dev/vgpud1/tenant/<name with _ for ->.",
+		methods: []*methodDef{
+			{name: "SetQuota", access: accessManage, fn: s.objSetQuota,
+				doc: "As Manager.SetQuota for this tenant.",
+				in:  []arg{{name: "vram_bytes", doc: "VRAM quota in bytes; UINT64_MAX is unlimited."}, {name: "compute_milli", doc: "Compute quota in milli-GPU; UINT64_MAX is unlimited."}, {name: "max_instances", doc: "Instance count quota; UINT64_MAX is unlimited."}}},
+			{name: "Undefine", access: accessManage, fn: s.objUndefine,
+				doc: "As Manager.UndefineTenant for this tenant.",
+				in:  []arg{{name: "force", doc: "Destroy its instances first."}, optsArg}},
+		},
+		props: defsOf(tenantProps),
+	}
+
+	all := []*ifaceDef{mgr, gpu, inst, ten}
+	all = append(all, s.standardInterfaces()...)
+	out := map[string]*ifaceDef{}
+	for _, d := range all {
+		for _, m := range d.methods {
+			if m.fn != nil {
+				m.bind(d.name)
+			}
+		}
+		out[d.name] = d
+	}
+	return out
+}

@@ -1,0 +1,581 @@
+package dbusapi
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/godbus/dbus/v5"
+
+	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+)
+
+func TestDBusReadsAndLifecycle(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	ctx := ctxT(t)
+
+	st, err := e.client.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Version != "test-1" || st.GPUs != 4 || st.Instances != 0 {
+		t.Fatalf("status = %+v, want version test-1, 4 GPUs, no instances", st)
+	}
+	gpus, err := e.client.GPUs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pcis []string
+	for _, g := range gpus {
+		pcis = append(pcis, g.PCI)
+	}
+	if want := []string{h100MIG, h100TS, l4, a10}; !slices.Equal(pcis, want) {
+		t.Fatalf("GPUs = %v, want %v", pcis, want)
+	}
+	if !gpus[0].MIG.Enabled || gpus[1].MIG.Enabled || gpus[2].VGPU.Flavour != "vfio" || gpus[3].VGPU.Flavour != "mdev" {
+		t.Fatalf("GPU modes wrong: %+v", gpus)
+	}
+
+	ten := e.tenant("acme", Quota{VRAMBytes: 80 << 30, ComputeMilli: 2500, MaxInstances: 4})
+	if ten.Quota.VRAMBytes != 80<<30 || ten.Class != "best-effort" {
+		t.Fatalf("tenant = %+v", ten)
+	}
+	in := e.create("acme", "3g.40gb", h100MIG)
+	if in.Tenant != "acme" || in.Kind != "mig" || in.GPU != h100MIG || in.State != "ready" || in.MIG == nil || in.MIG.Size != 4 {
+		t.Fatalf("instance = %+v", in)
+	}
+	list, err := e.client.Instances(ctx, "acme")
+	if err != nil || len(list) != 1 || list[0].UUID != in.UUID {
+		t.Fatalf("Instances(acme) = %+v, %v", list, err)
+	}
+	ten, err = e.client.Tenant(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ten.Usage.Instances != 1 || ten.Usage.VRAMBytes != in.VRAMBytes || !slices.Equal(ten.Instances, []string{in.UUID}) {
+		t.Fatalf("tenant after create = %+v", ten)
+	}
+	g, err := e.client.GPU(ctx, h100MIG)
+	if err != nil || !slices.Contains(g.Instances, in.UUID) || len(g.MIG.Instances) != 1 {
+		t.Fatalf("GPU after create = %+v, %v", g, err)
+	}
+
+	// Raw list methods agree with the objects.
+	var rows []instanceEntry
+	if err := e.client.call(ctx, "list", "ListInstances", []any{""}, &rows); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Object != InstancePath(in.UUID) || rows[0].Tenant != "acme" {
+		t.Fatalf("ListInstances = %+v", rows)
+	}
+	var grows []gpuEntry
+	if err := e.client.call(ctx, "list", "ListGPUs", nil, &grows); err != nil || len(grows) != 4 || grows[0].Instances != 1 {
+		t.Fatalf("ListGPUs = %+v, %v", grows, err)
+	}
+	var trows []tenantEntry
+	if err := e.client.call(ctx, "list", "ListTenants", nil, &trows); err != nil || len(trows) != 1 || trows[0].Object != TenantPath("acme") {
+		t.Fatalf("ListTenants = %+v, %v", trows, err)
+	}
+
+	profs, err := e.client.Profiles(ctx, l4)
+	if err != nil || len(profs) == 0 {
+		t.Fatalf("Profiles(l4) = %v, %v", profs, err)
+	}
+	for _, p := range profs {
+		if p.Model != "L4-24GB" {
+			t.Fatalf("Profiles(l4) has %+v", p)
+		}
+	}
+	caps, err := e.client.Capacity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range caps {
+		if c.Model == "H100-SXM5-80GB" && c.Profile == "3g.40gb" && c.Kind == "mig" {
+			found = c.Count == 1
+		}
+	}
+	if !found {
+		t.Fatalf("capacity lacks one more 3g.40gb on the H100: %+v", caps)
+	}
+	plan, err := e.client.Plan(ctx, PlanRequest{Tenant: "acme", Profile: "3g.40gb"})
+	if err != nil || !plan.Fits || plan.GPU != h100MIG || plan.Start != 0 && plan.Start != 4 || !plan.QuotaOK {
+		t.Fatalf("Plan = %+v, %v", plan, err)
+	}
+
+	vg := e.create("acme", "L4-4Q", "")
+	doc, err := e.client.HostdevXML(ctx, vg.UUID)
+	if err != nil || !strings.Contains(doc, "<hostdev") || !strings.Contains(doc, "managed=\"no\"") {
+		t.Fatalf("HostdevXML(vf) = %q, %v", doc, err)
+	}
+	if _, err := e.client.HostdevXML(ctx, in.UUID); ErrorName(err) != NameInvalidArgument {
+		t.Fatalf("HostdevXML(mig) err = %v, want InvalidArgument", err)
+	}
+
+	q := ten.Quota
+	q.MaxInstances = 10
+	if ten, err = e.client.SetQuota(ctx, "acme", q); err != nil || ten.Quota.MaxInstances != 10 {
+		t.Fatalf("SetQuota = %+v, %v", ten, err)
+	}
+	rep, err := e.client.Reconcile(ctx)
+	if err != nil || len(rep.Failed) != 0 {
+		t.Fatalf("Reconcile = %+v, %v", rep, err)
+	}
+	shares, err := e.client.Shares(ctx)
+	if err != nil || len(shares) != 2 || shares[0].AchievedMilli != nil {
+		t.Fatalf("Shares = %+v, %v", shares, err)
+	}
+	if err := e.client.Destroy(ctx, in.UUID, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.Instance(ctx, in.UUID); ErrorName(err) != NameNotFound {
+		t.Fatalf("Instance after destroy: %v, want NotFound", err)
+	}
+	if err := e.client.UndefineTenant(ctx, "acme", true); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.client.Status(ctx); err != nil || st.Tenants != 0 || st.Instances != 0 {
+		t.Fatalf("status after undefine --force = %+v, %v", st, err)
+	}
+}
+
+func TestDBusNamedErrors(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	ctx := ctxT(t)
+	e.tenant("small", Quota{VRAMBytes: 10 << 30, ComputeMilli: Unlimited, MaxInstances: Unlimited})
+	e.tenant("big", unlimitedQuota())
+	e.create("big", "7g.80gb", h100MIG)
+	held := e.create("big", "L4-4Q", "")
+	cases := []struct {
+		name string
+		do   func() error
+		want string
+	}{
+		{"unknown tenant", func() error {
+			_, err := e.client.Create(ctx, CreateRequest{Tenant: "nobody", Profile: "1g.10gb"})
+			return err
+		}, NameNotFound},
+		{"over quota", func() error {
+			_, err := e.client.Create(ctx, CreateRequest{Tenant: "small", Profile: "A10-24Q"})
+			return err
+		}, NameQuotaExceeded},
+		{"unknown profile", func() error {
+			_, err := e.client.Create(ctx, CreateRequest{Tenant: "big", Profile: "H100-9g.900gb"})
+			return err
+		}, NameInvalidArgument},
+		{"GPU full", func() error {
+			_, err := e.client.Create(ctx, CreateRequest{Tenant: "big", Profile: "1g.10gb", GPU: h100MIG})
+			return err
+		}, NameNoCapacity},
+		{"destroy unknown", func() error { return e.client.Destroy(ctx, "9b2a6a3c-3a49-4c51-9d47-5d2a4b1f0c11", false) }, NameNotFound},
+		{"redefine other quota", func() error {
+			_, err := e.client.DefineTenant(ctx, TenantSpec{Name: "small", Quota: unlimitedQuota()})
+			return err
+		}, NameConflict},
+		{"undefine with instances", func() error { return e.client.UndefineTenant(ctx, "big", false) }, NameBusy},
+		{"bad tenant name", func() error {
+			_, err := e.client.DefineTenant(ctx, TenantSpec{Name: "Not_A_Label", Quota: unlimitedQuota()})
+			return err
+		}, NameInvalidArgument},
+		{"unknown option", func() error {
+			return e.client.long(ctx, "destroy", "DestroyInstance", []any{held.UUID}, map[string]dbus.Variant{"detach-please": dbus.MakeVariant(true)})
+		}, NameInvalidArgument},
+		{"option of wrong type", func() error {
+			return e.client.long(ctx, "destroy", "DestroyInstance", []any{held.UUID}, map[string]dbus.Variant{"detach": dbus.MakeVariant("yes")})
+		}, NameInvalidArgument},
+		{"attach without libvirt", func() error {
+			_, err := e.client.Attach(ctx, held.UUID, "vm1", AttachOptions{})
+			return err
+		}, NameBackendFailure},
+		{"apply without pkg/apply", func() error {
+			_, err := e.client.Apply(ctx, "x.yaml", []byte("version: v1\n"), "", true)
+			return err
+		}, NameBackendFailure},
+		{"cancel unknown operation", func() error { return e.client.Cancel(ctx, "no-such-op") }, NameNotFound},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.do()
+			if got := ErrorName(err); got != c.want {
+				t.Fatalf("error %v (%s), want %s", err, got, c.want)
+			}
+			msg := err.Error()
+			if msg == "" || strings.Contains(msg, "org.freedesktop") || strings.Contains(msg, "goroutine") {
+				t.Fatalf("message %q should be plain text for users", msg)
+			}
+		})
+	}
+	// The raw D-Bus error name is dev.vgpud1.Error.<Name>.
+	call := e.client.mgr.CallWithContext(ctx, ManagerInterface+".DestroyInstance", 0, "9b2a6a3c-3a49-4c51-9d47-5d2a4b1f0c11", map[string]dbus.Variant{})
+	var de dbus.Error
+	if !errors.As(call.Err, &de) || de.Name != ErrorPrefix+NameNotFound {
+		t.Fatalf("raw error = %v, want %sNotFound", call.Err, ErrorPrefix)
+	}
+}
+
+// TestDBusErrorMapping checks the one mapping function against every
+// sentinel.
+func TestDBusErrorMapping(t *testing.T) {
+	sentinels := map[error]string{
+		manager.ErrQuotaExceeded: NameQuotaExceeded, manager.ErrNoCapacity: NameNoCapacity, manager.ErrNotFound: NameNotFound,
+		manager.ErrInvalidArgument: NameInvalidArgument, manager.ErrAccessDenied: NameAccessDenied, manager.ErrBusy: NameBusy,
+		manager.ErrConflict: NameConflict, manager.ErrGPULost: NameGPULost, manager.ErrBackendFailure: NameBackendFailure,
+	}
+	if len(sentinels) != len(ErrorNames) {
+		t.Fatalf("%d sentinels, %d names", len(sentinels), len(ErrorNames))
+	}
+	for s, name := range sentinels {
+		de := toDBusError(errors.Join(s, errors.New("cause")))
+		if de.Name != ErrorPrefix+name {
+			t.Errorf("%v -> %s, want %s%s", s, de.Name, ErrorPrefix, name)
+		}
+		back := fromDBus(context.Background(), "x", de)
+		if ErrorName(back) != name {
+			t.Errorf("client reads %s as %s", de.Name, ErrorName(back))
+		}
+	}
+	foreign := []struct{ dbusName, want string }{
+		{"org.freedesktop.DBus.Error.ServiceUnknown", NameUnavailable},
+		{"org.freedesktop.DBus.Error.AccessDenied", NameAccessDenied},
+		{"org.freedesktop.DBus.Error.NoReply", NameTimeout},
+		{"org.freedesktop.DBus.Error.UnknownMethod", NameBackendFailure},
+	}
+	for _, f := range foreign {
+		err := fromDBus(context.Background(), "call", dbus.Error{Name: f.dbusName, Body: []any{"raw text"}})
+		if ErrorName(err) != f.want || strings.Contains(err.Error(), "org.freedesktop") {
+			t.Errorf("%s -> %s %q, want %s without D-Bus names", f.dbusName, ErrorName(err), err, f.want)
+		}
+	}
+}
+
+// waitEvent reads events until match accepts one.
+func waitEvent(t *testing.T, ch <-chan Event, what string, match func(Event) bool) Event {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				t.Fatalf("event stream closed waiting for %s", what)
+			}
+			if match(e) {
+				return e
+			}
+		case <-timeout:
+			t.Fatalf("no %s within 20s", what)
+		}
+	}
+}
+
+func TestDBusSignalsForCreate(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	sub := e.dial()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events, err := sub.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := e.create("acme", "L4-4Q", "")
+	added := waitEvent(t, events, "InterfacesAdded for the instance", func(ev Event) bool {
+		return ev.Signal == "InterfacesAdded" && ev.Kind == "instance" && ev.ID == in.UUID
+	})
+	// A resync may catch the instance while it is still being carved.
+	if st := added.Changed["State"]; added.Changed["Tenant"] != "acme" || (st != "ready" && st != "creating") {
+		t.Fatalf("InterfacesAdded carries %v", added.Changed)
+	}
+	ch := waitEvent(t, events, "PropertiesChanged on the tenant", func(ev Event) bool {
+		return ev.Signal == "PropertiesChanged" && ev.Kind == "tenant" && ev.ID == "acme"
+	})
+	if ch.Changed["InstancesUsed"] != uint64(1) {
+		t.Fatalf("tenant PropertiesChanged = %v", ch.Changed)
+	}
+	waitEvent(t, events, "PropertiesChanged on the GPU", func(ev Event) bool {
+		return ev.Signal == "PropertiesChanged" && ev.Kind == "gpu" && ev.ID == l4
+	})
+	waitEvent(t, events, "OperationFinished", func(ev Event) bool {
+		return ev.Signal == "OperationFinished" && ev.Operation == "create" && ev.ID == in.UUID
+	})
+	if err := e.client.Destroy(ctxT(t), in.UUID, false); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, events, "InterfacesRemoved", func(ev Event) bool {
+		return ev.Signal == "InterfacesRemoved" && ev.ID == in.UUID
+	})
+}
+
+func TestDBusGPULostSignal(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events, err := e.dial().Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.client.GPU(ctx, a10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.MarkGPUFailed(g.UUID, "XID 79")
+	lost := waitEvent(t, events, "GPULost", func(ev Event) bool { return ev.Signal == "GPULost" })
+	if lost.ID != a10 || lost.Message != "XID 79" {
+		t.Fatalf("GPULost = %+v", lost)
+	}
+}
+
+func TestDBusIntrospection(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	in := e.create("acme", "L4-4Q", "")
+	ctx := ctxT(t)
+	for _, c := range []struct {
+		path     dbus.ObjectPath
+		iface    string
+		children []string
+	}{
+		{"/", "", []string{"dev"}},
+		{ManagerPath, ManagerInterface, []string{"gpu", "instance", "tenant"}},
+		{ManagerPath + "/gpu", "", []string{"pci_0000_41_00_0", "pci_0000_61_00_0", "pci_0000_81_00_0", "pci_0000_a1_00_0"}},
+		{ManagerPath + "/tenant", "", []string{"acme"}},
+		{GPUPath(l4), GPUInterface, nil},
+		{InstancePath(in.UUID), InstanceInterface, nil},
+		{TenantPath("acme"), TenantInterface, nil},
+	} {
+		var doc string
+		if err := e.client.conn.Object(BusName, c.path).CallWithContext(ctx, introspectInterface+".Introspect", 0).Store(&doc); err != nil {
+			t.Fatalf("Introspect %s: %v", c.path, err)
+		}
+		var n xNode
+		if err := xml.Unmarshal([]byte(doc), &n); err != nil {
+			t.Fatalf("Introspect %s: bad XML: %v\n%s", c.path, err, doc)
+		}
+		var kids []string
+		for _, k := range n.Children {
+			kids = append(kids, k.Name)
+		}
+		if !slices.Equal(kids, c.children) {
+			t.Errorf("%s children = %v, want %v", c.path, kids, c.children)
+		}
+		if c.iface == "" {
+			continue
+		}
+		var own *xIface
+		for i := range n.Interfaces {
+			if n.Interfaces[i].Name == c.iface {
+				own = &n.Interfaces[i]
+			}
+		}
+		if own == nil {
+			t.Fatalf("%s: no interface %s", c.path, c.iface)
+		}
+		checkDocumented(t, own)
+	}
+}
+
+// checkDocumented insists on what "complete" introspection means here:
+// every method, argument, property and signal named, typed and documented,
+// and every property read-only.
+func checkDocumented(t *testing.T, x *xIface) {
+	t.Helper()
+	hasDoc := func(a []xAnnot) bool {
+		for _, an := range a {
+			if an.Name == docAnnotation && an.Value != "" {
+				return true
+			}
+		}
+		return false
+	}
+	if !hasDoc(x.Annots) {
+		t.Errorf("%s: no doc", x.Name)
+	}
+	for _, m := range x.Methods {
+		if !hasDoc(m.Annots) {
+			t.Errorf("%s.%s: no doc", x.Name, m.Name)
+		}
+		for _, a := range m.Args {
+			if _, err := dbus.ParseSignature(a.Type); a.Name == "" || a.Type == "" || err != nil || !hasDoc(a.Annots) {
+				t.Errorf("%s.%s: argument %+v not named, typed and documented", x.Name, m.Name, a)
+			}
+		}
+	}
+	for _, p := range x.Props {
+		if p.Access != "read" || p.Type == "" || !hasDoc(p.Annots) {
+			t.Errorf("%s.%s: property %+v", x.Name, p.Name, p)
+		}
+	}
+	for _, s := range x.Signals {
+		if !hasDoc(s.Annots) {
+			t.Errorf("%s.%s: no doc", x.Name, s.Name)
+		}
+		for _, a := range s.Args {
+			if a.Name == "" || a.Type == "" || !hasDoc(a.Annots) {
+				t.Errorf("%s.%s: argument %+v", x.Name, s.Name, a)
+			}
+		}
+	}
+}
+
+// TestDBusPropertyTypes checks that the properties the objects carry are
+// exactly those introspection declares, with the declared types.
+func TestDBusPropertyTypes(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	e.create("acme", "A10-4Q", "")
+	snap := e.svc.current()
+	check := func(what string, props map[string]dbus.Variant, defs []propDef) {
+		if len(props) != len(defs) {
+			t.Errorf("%s: %d properties, %d declared", what, len(props), len(defs))
+		}
+		for _, d := range defs {
+			v, ok := props[d.name]
+			if !ok || v.Signature().String() != d.sig {
+				t.Errorf("%s.%s: got %v (%v), declared %s", what, d.name, v.Signature(), ok, d.sig)
+			}
+		}
+	}
+	check("Manager", snap.manager, e.svc.ifaces[ManagerInterface].props)
+	for p, o := range snap.objects {
+		check(string(p), o.props, e.svc.ifaces[o.iface].props)
+	}
+}
+
+func TestDBusPropertiesReadOnly(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	err := e.client.mgr.CallWithContext(ctxT(t), propertiesInterface+".Set", 0, ManagerInterface, "Version", dbus.MakeVariant("x")).Err
+	var de dbus.Error
+	if !errors.As(err, &de) || de.Name != "org.freedesktop.DBus.Error.PropertyReadOnly" {
+		t.Fatalf("Set = %v, want PropertyReadOnly", err)
+	}
+}
+
+func TestDBusNameTaken(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	_, err := Start(context.Background(), e.m, Options{Address: e.bus.Address()})
+	if err == nil || !strings.Contains(err.Error(), "another vgpud") {
+		t.Fatalf("second Start = %v, want an error naming another vgpud", err)
+	}
+}
+
+// slowCreate makes the next GPU-instance creation hang for d and then fail,
+// so a cancelled create leaves nothing behind on the host.
+func slowCreate(t *testing.T, e *env, d time.Duration) {
+	t.Helper()
+	if err := e.sim.AddFault(sim.Fault{Op: "CreateGpuInstanceWithPlacement", Delay: d.String(), Return: 2, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDBusCallerTimeoutCancels(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	slowCreate(t, e, 5*time.Second)
+	failed, unsub := e.m.Subscribe()
+	defer unsub()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := e.client.Create(ctx, CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: h100MIG})
+	if ErrorName(err) == "" {
+		t.Fatal("create under a 500ms timeout succeeded past a 5s driver stall")
+	}
+	// The daemon got the caller's timeout: it gives up at about the same
+	// time, not at its own default, and undoes the record.
+	waitManager(t, failed, manager.EventOperationFailed)
+	if took := time.Since(start); took > 4*time.Second {
+		t.Fatalf("daemon gave up after %v; the caller's timeout was 500ms", took)
+	}
+	if insts, _ := e.m.Instances(""); len(insts) != 0 {
+		t.Fatalf("instances left after a timed-out create: %+v", insts)
+	}
+}
+
+func waitManager(t *testing.T, ch <-chan manager.Event, kind manager.EventKind) manager.Event {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case ev := <-ch:
+			if ev.Kind == kind {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("no %s event within 20s", kind)
+		}
+	}
+}
+
+func TestDBusCancelByID(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	slowCreate(t, e, 10*time.Second)
+	failed, unsub := e.m.Subscribe()
+	defer unsub()
+	done := make(chan error, 1)
+	go func() {
+		o := map[string]dbus.Variant{OptOperationID: dbus.MakeVariant("op-1")}
+		var p dbus.ObjectPath
+		var id string
+		done <- e.client.call(context.Background(), "create", "CreateInstance", []any{"acme", "1g.10gb", o}, &p, &id)
+	}()
+	// Cancel can only name an operation once the daemon has it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := e.dial().Cancel(ctxT(t), "op-1")
+		if err == nil {
+			break
+		}
+		if ErrorName(err) != NameNotFound || time.Now().After(deadline) {
+			t.Fatalf("Cancel: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "cancelled") {
+			t.Fatalf("cancelled create returned %v", err)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("create did not return after Cancel")
+	}
+	waitManager(t, failed, manager.EventOperationFailed)
+}
+
+func TestDBusCallerLeavingCancels(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	slowCreate(t, e, 10*time.Second)
+	events, unsub := e.m.Subscribe()
+	defer unsub()
+	leaver, err := Dial(context.Background(), e.bus.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := leaver.mgr.Go(ManagerInterface+".CreateInstance", 0, make(chan *dbus.Call, 1), "acme", "1g.10gb", map[string]dbus.Variant{})
+	// The create is in flight once the manager admitted it (it emits
+	// nothing before; its record is what the daemon holds).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if insts, _ := e.m.Instances("acme"); len(insts) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("create never admitted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	leaver.Close()
+	<-call.Done
+	waitManager(t, events, manager.EventOperationFailed)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("operation of a caller that left ran on for %v", took)
+	}
+}
