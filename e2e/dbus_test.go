@@ -689,3 +689,52 @@ func dbusZero(sig string) any {
 	}
 	panic("dbusZero: no zero value for " + sig)
 }
+
+// TestDBusInterruptedClientCancels interrupts vgpuctl (SIGINT) during a
+// slow create: it exits 130 and vgpud cancels and undoes the operation.
+func TestDBusInterruptedClientCancels(t *testing.T) {
+	bus := testbus.Start(t)
+	d := startBusDaemon(t, bus, busDaemonOpts{})
+	d.ctl(t, "tenant", "define", "acme", "--vram", "unlimited", "--compute", "unlimited").must(t, "tenant define")
+	d.sim(t, "fault", "--op", "CreateGpuInstanceWithPlacement", "--delay", "20s", "--return", "2", "--count", "1")
+	sigs := subscribeSignals(t, bus)
+	cmd := exec.Command(vgpuctlBin, "--connect", bus.Address(), "create", "1g.10gb", "--tenant", "acme", "--gpu", pciH100MIG)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The create is in flight once its record shows (admission is
+	// recorded before the driver is called).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		l := jsonOut[struct {
+			Items []dbusapi.Instance `json:"items"`
+		}](t, d.ctl(t, "list", "-o", "json").must(t, "list"))
+		if len(l.Items) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the create was never admitted")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
+		t.Fatalf("interrupted vgpuctl: %v, stderr %q; want exit 130", err, errb.String())
+	}
+	sigs.wait(t, "OperationFailed of the interrupted create", func(s *dbus.Signal) bool {
+		return s.Name == dbusapi.ManagerInterface+".OperationFailed" && len(s.Body) == 3 && s.Body[0] == "create"
+	})
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("vgpud cancelled %v after the interrupt", took)
+	}
+	l := jsonOut[struct {
+		Items []dbusapi.Instance `json:"items"`
+	}](t, d.ctl(t, "list", "-o", "json").must(t, "list"))
+	if len(l.Items) != 0 {
+		t.Fatalf("instances left after an interrupted create: %+v", l.Items)
+	}
+}

@@ -105,7 +105,9 @@ func newService(m *manager.Manager, opts Options) *Service {
 // Start connects to the bus, exports the objects and takes the name
 // dev.vgpud1. It fails when the bus cannot be reached or the name is
 // owned by another connection (another vgpud) or refused by the bus
-// policy. The service runs until Close or until ctx ends.
+// policy. The service runs until Close, which the caller makes after the
+// manager finished the operations in flight (their callers still get
+// replies); operations are not cancelled when ctx ends, for that reason.
 func Start(ctx context.Context, m *manager.Manager, opts Options) (*Service, error) {
 	s := newService(m, opts)
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -139,13 +141,6 @@ func Start(ctx context.Context, m *manager.Manager, opts Options) (*Service, err
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.watchOwners(owners) }()
 	go func() { defer s.wg.Done(); defer unsubscribe(); s.watchManager(events) }()
-	go func() {
-		select {
-		case <-ctx.Done():
-			s.Close()
-		case <-s.ctx.Done():
-		}
-	}()
 	s.log.Info("D-Bus service ready", "name", BusName, "address", addressOrSystem(opts.Address), "unique", conn.Names()[0])
 	return s, nil
 }

@@ -579,3 +579,32 @@ func TestDBusCallerLeavingCancels(t *testing.T) {
 		t.Fatalf("operation of a caller that left ran on for %v", took)
 	}
 }
+
+// fixedShares is a share engine with fixed figures.
+type fixedShares []Share
+
+func (f *fixedShares) Shares(context.Context) ([]Share, error) { return *f, nil }
+
+func TestDBusSharesFromTheEngine(t *testing.T) {
+	var src fixedShares
+	e := newEnv(t, testbus.Options{}, func(o *Options) { o.Shares = &src })
+	e.tenant("acme", unlimitedQuota())
+	a := e.create("acme", "L4-4Q", "")
+	b := e.create("acme", "A10-4Q", "")
+	src = fixedShares{{Instance: a.UUID, EntitledMilli: 166, AchievedMilli: 120, DemandMilli: 200, Interference: 0.277}}
+	rows, err := e.client.Shares(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]ShareRow{}
+	for _, r := range rows {
+		byID[r.Instance] = r
+	}
+	if r := byID[a.UUID]; r.AchievedMilli == nil || *r.AchievedMilli != 120 || *r.DemandMilli != 200 || *r.Interference != 0.277 {
+		t.Fatalf("reported instance: %+v", r)
+	}
+	// An instance the engine does not report keeps its entitled compute.
+	if r := byID[b.UUID]; r.EntitledMilli != b.ComputeMilli || r.AchievedMilli != nil || r.Interference != nil {
+		t.Fatalf("unreported instance: %+v", r)
+	}
+}
