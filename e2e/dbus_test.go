@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -534,31 +535,23 @@ func TestDBusUnprivilegedCaller(t *testing.T) {
 	if before != after {
 		t.Fatalf("state changed under refused calls:\nbefore %s\nafter  %s", before, after)
 	}
+	// The bus policy keeps vgpud's signals (tenant, instance and VM names)
+	// from uid 65534; root's changes happen meanwhile.
+	if n := nobodySignals(t, d, func() {
+		d.ctl(t, "create", "A10-4Q", "--tenant", "acme").must(t, "create as root")
+		d.ctl(t, "tenant", "set-quota", "acme", "--max-instances", "9").must(t, "set-quota as root")
+	}); n != 0 {
+		t.Fatalf("uid 65534 received %d of vgpud's signals", n)
+	}
 }
 
 // nobodyCalls runs this test binary as uid 65534 to call, raw, every method
 // the objects' introspection lists, and returns each one's error name.
 func nobodyCalls(t *testing.T, d *busDaemon, paths map[string]dbus.ObjectPath) map[string]string {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The test binary's own directory is private to root.
-	dir, err := os.MkdirTemp("", "vgpud-e2e-helper-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "e2e.test")
-	if err := copyExecutable(self, bin); err != nil {
-		t.Fatal(err)
-	}
+
 	spec, _ := json.Marshal(paths)
-	cmd := exec.Command(asNobody[0], append(asNobody[1:], bin, "-test.run=^TestNobodyHelper$")...)
+	cmd := exec.Command(asNobody[0], append(asNobody[1:], helperBinary(t), "-test.run=^TestNobodyHelper$")...)
 	cmd.Env = append(d.bus.Env(), "VGPUD_E2E_NOBODY="+string(spec))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -575,6 +568,99 @@ func nobodyCalls(t *testing.T, d *busDaemon, paths map[string]dbus.ObjectPath) m
 	}
 	t.Fatalf("helper printed no ctlResult:\n%s", out)
 	return nil
+}
+
+// helperBinary is a copy of this test binary that uid 65534 can run (the
+// original's directory is private to root).
+func helperBinary(t *testing.T) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "vgpud-e2e-helper-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "e2e.test")
+	if err := copyExecutable(self, bin); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// nobodySignals subscribes to vgpud's signals as uid 65534, has act make
+// changes, and returns how many signals reached the subscriber.
+func nobodySignals(t *testing.T, d *busDaemon, act func()) int {
+	t.Helper()
+	cmd := exec.Command(asNobody[0], append(asNobody[1:], helperBinary(t), "-test.run=^TestNobodyHelper$")...)
+	cmd.Env = append(d.bus.Env(), "VGPUD_E2E_NOBODY=signals")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() && lines.Text() != "SUBSCRIBED" {
+	}
+	act()
+	fmt.Fprintln(stdin, "done")
+	for lines.Scan() {
+		if n, ok := strings.CutPrefix(lines.Text(), "NOBODY-SIGNALS "); ok {
+			var count int
+			fmt.Sscan(n, &count)
+			return count
+		}
+	}
+	t.Fatal("signal helper printed no count")
+	return 0
+}
+
+// nobodySignalsHelper counts the vgpud signals a uid 65534 subscriber
+// receives between "SUBSCRIBED" and the parent's "done". A bus round trip
+// after "done" makes sure every signal emitted before it has been routed.
+func nobodySignalsHelper(t *testing.T) {
+	conn, err := dbus.ConnectSystemBus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch := make(chan *dbus.Signal, 1024)
+	conn.Signal(ch)
+	if err := conn.AddMatchSignal(dbus.WithMatchSender(dbusapi.BusName)); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("SUBSCRIBED")
+	bufio.NewScanner(os.Stdin).Scan()
+	var id string
+	if err := conn.BusObject().Call("org.freedesktop.DBus.GetId", 0).Store(&id); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		select {
+		case s := <-ch:
+			if s.Sender != "org.freedesktop.DBus" {
+				n++
+			}
+			continue
+		default:
+		}
+		break
+	}
+	fmt.Printf("NOBODY-SIGNALS %d\n", n)
 }
 
 func copyExecutable(from, to string) error {
@@ -594,11 +680,16 @@ func copyExecutable(from, to string) error {
 	return out.Close()
 }
 
-// TestNobodyHelper is not a test: nobodyCalls runs it as uid 65534.
+// TestNobodyHelper is not a test: nobodyCalls and nobodySignals run it as
+// uid 65534.
 func TestNobodyHelper(t *testing.T) {
 	spec := os.Getenv("VGPUD_E2E_NOBODY")
 	if spec == "" {
 		t.Skip("helper process for TestDBusUnprivilegedCaller")
+	}
+	if spec == "signals" {
+		nobodySignalsHelper(t)
+		return
 	}
 	var paths map[string]dbus.ObjectPath
 	if err := json.Unmarshal([]byte(spec), &paths); err != nil {
