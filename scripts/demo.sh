@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The vgpud demo: the whole story on the built-in simulated GPU host,
+# driven with vgpuctl over a private D-Bus system bus, with a real libvirtd
+# for the VMs when it is installed. Everything lives in a temporary
+# directory and is stopped at the end.
+#
+#   make demo            (builds, installs dependencies, runs this)
+#   KEEP=1 make demo     leaves vgpud running and prints how to reach it
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export PATH=/usr/local/go/bin:$root/bin:$PATH
+
+work=$(mktemp -d /tmp/vgpud-demo.XXXXXX)
+chmod 755 "$work"
+pids=()
+cleanup() {
+  [ -n "${KEEP:-}" ] && return
+  if [ -n "${LIBVIRT_OWNED:-}" ]; then
+    for vm in vgpud-demo-web vgpud-demo-ml; do virsh -c "$LV_URI" undefine "$vm" >/dev/null 2>&1 || true; done
+  fi
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*"; "$@"; }
+
+# --- a private system bus with vgpud's shipped policy -----------------------
+say "private D-Bus system bus"
+cat > "$work/bus.conf" <<EOF
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=$work/bus.sock</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <deny send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Properties"/>
+  </policy>
+  <include>$root/systemd/dbus-1/dev.vgpud1.conf</include>
+</busconfig>
+EOF
+dbus-daemon --config-file="$work/bus.conf" --nofork --nopidfile 2>"$work/dbus.log" &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$work/bus.sock" ] && break; sleep 0.05; done
+export VGPUCTL_CONNECT="unix:path=$work/bus.sock"
+echo "bus at $VGPUCTL_CONNECT"
+
+# --- libvirtd, when installed ----------------------------------------------
+LV_SOCKET=""
+if [ -S /run/libvirt/libvirt-sock ] && virsh -c qemu:///system version >/dev/null 2>&1; then
+  LV_SOCKET=/run/libvirt/libvirt-sock
+  LV_URI=qemu:///system
+elif command -v libvirtd >/dev/null && command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" = 0 ]; then
+  say "libvirtd with the QEMU driver (private socket)"
+  getent group kvm >/dev/null || groupadd -r kvm
+  [ -f /etc/libvirt/qemu.conf ] || printf 'user = "root"\ngroup = "root"\n' > /etc/libvirt/qemu.conf
+  printf 'unix_sock_dir = "%s"\nunix_sock_rw_perms = "0700"\nauth_unix_rw = "none"\nauth_unix_ro = "none"\n' "$work" > "$work/libvirtd.conf"
+  [ -S /run/libvirt/virtlogd-sock ] || { virtlogd -p "$work/virtlogd.pid" & pids+=($!); }
+  libvirtd -f "$work/libvirtd.conf" -p "$work/libvirtd.pid" 2>"$work/libvirtd.log" &
+  pids+=($!)
+  LV_SOCKET=$work/libvirt-sock
+  LV_URI="qemu:///system?socket=$LV_SOCKET"
+  for _ in $(seq 200); do virsh -c "$LV_URI" version >/dev/null 2>&1 && break; sleep 0.05; done
+else
+  echo "(no libvirtd here: the demo skips the VMs)"
+fi
+if [ -n "$LV_SOCKET" ]; then
+  LIBVIRT_OWNED=1
+  for vm in vgpud-demo-web vgpud-demo-ml; do
+    virsh -c "$LV_URI" undefine "$vm" >/dev/null 2>&1 || true   # left by an interrupted run
+    cat > "$work/$vm.xml" <<EOF
+<domain type='qemu'><name>$vm</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>
+<os><type arch='x86_64' machine='pc'>hvm</type></os><devices/></domain>
+EOF
+    virsh -c "$LV_URI" define "$work/$vm.xml" >/dev/null
+  done
+  echo "two VMs defined: vgpud-demo-web, vgpud-demo-ml"
+fi
+
+# --- vgpud on the simulated host --------------------------------------------
+say "vgpud --sim (2x H100: MIG and time-sliced, L4: vendor VFIO, A10: legacy mdev)"
+args=(--sim --state-dir "$work/state" --bus-address "$VGPUCTL_CONNECT" --config /dev/null
+      --metrics-listen 127.0.0.1:0 --log-level warn)
+[ -n "$LV_SOCKET" ] && args+=(--libvirt-socket "$LV_SOCKET")
+vgpud "${args[@]}" 2>"$work/vgpud.log" &
+pids+=($!)
+for _ in $(seq 400); do vgpuctl gpus >/dev/null 2>&1 && break; sleep 0.05; done
+run vgpuctl version
+run vgpuctl gpus
+
+say "tenants with quotas"
+run vgpuctl tenant define acme --vram 120GiB --compute 2500m --max-instances 8 --class guaranteed
+run vgpuctl tenant define globex --vram 40GiB --compute 1 --class best-effort
+run vgpuctl tenant list
+
+say "carving: MIG instances, a MIG-backed vGPU, time-sliced vGPUs, an mdev"
+run vgpuctl create 3g.40gb --tenant acme
+run vgpuctl create H100XM-1-10C --tenant acme
+run vgpuctl create 1g.10gb --tenant globex
+run vgpuctl create 1g.10gb --tenant globex
+run vgpuctl create H100XM-20C --tenant acme
+run vgpuctl create L4-4Q --tenant globex
+run vgpuctl create A10-4Q --tenant acme
+run vgpuctl list
+
+say "refusals are named, and change nothing"
+run vgpuctl create H100XM-80C --tenant globex || true
+run vgpuctl create 9g.900gb --tenant acme || true
+run vgpuctl create 7g.80gb --tenant acme || true
+
+say "capacity and planning"
+run vgpuctl capacity
+run vgpuctl plan 4g.40gb --tenant acme || true
+
+if [ -n "$LV_SOCKET" ]; then
+  say "attaching to VMs (persistent config; live when they run)"
+  l4=$(vgpuctl list -o json | python3 -c 'import json,sys; print([i["uuid"] for i in json.load(sys.stdin)["items"] if i["profile"]=="L4-4Q"][0])')
+  a10=$(vgpuctl list -o json | python3 -c 'import json,sys; print([i["uuid"] for i in json.load(sys.stdin)["items"] if i["profile"]=="A10-4Q"][0])')
+  run vgpuctl attach vgpud-demo-web "$l4"
+  run vgpuctl attach vgpud-demo-ml "$a10"
+  run vgpuctl attach vgpud-demo-ml --profile H100XM-20C --tenant acme
+  run vgpuctl dumpxml "$a10"
+  echo "\$ virsh dumpxml --inactive vgpud-demo-ml | grep -A4 hostdev"
+  virsh -c "$LV_URI" dumpxml --inactive vgpud-demo-ml | grep -A4 "<hostdev" | head -20
+  run vgpuctl list
+fi
+
+say "the host as discovery sees it (NVML + sysfs), with each MIG GPU's slot map"
+run vgpud inventory --sim --state-dir "$work/state"
+
+say "shares: entitled vs achieved compute"
+run vgpuctl top -n 1
+
+say "a simulated host reboot: vgpud brings every instance back"
+vgpud sim summary --state-dir "$work/state" | head -3
+run vgpud sim reboot --state-dir "$work/state"
+run vgpuctl reconcile
+run vgpuctl list
+
+if [ -n "${KEEP:-}" ]; then
+  say "left running"
+  echo "export VGPUCTL_CONNECT=$VGPUCTL_CONNECT"
+  echo "state: $work"
+fi
+say "done"
