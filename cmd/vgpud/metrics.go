@@ -2,20 +2,263 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	nvmlbackend "github.com/vgpud/vgpud/pkg/gpu/nvml"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/metrics"
+	"github.com/vgpud/vgpud/pkg/share"
+	"github.com/vgpud/vgpud/pkg/share/nvmldriver"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/tenant"
+	"github.com/vgpud/vgpud/pkg/version"
 )
 
-// startMetrics serves /metrics on cfg.MetricsListen from a snapshot the
-// collector refreshes every CollectInterval; stop shuts it down.
+// slowNVMLCall is how long an NVML call may take before the start-up
+// observer logs it (metrics count every call once they run).
+const slowNVMLCall = time.Second
+
+// startMetrics starts the share loop (measurement and scheduler policy
+// enforcement, always) and, when cfg.MetricsListen is set, the metrics
+// collection every CollectInterval and the /metrics endpoint serving
+// its latest rendering. stop shuts them down.
 func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
-	return func() {}, nil
+	src := managerSource{d: d}
+	loop, err := share.New(src, nvmldriver.New(d.host.nvml), share.Config{
+		Mode:   share.Adaptive,
+		Logger: d.log.With("component", "share"),
+		OnEvent: func(e share.Event) {
+			d.mgr.Publish(manager.Event{Kind: manager.EventPolicySwitched, ID: e.GPU, Op: e.Kind, Detail: e.String(), Time: e.Time})
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("share loop: %w", err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	run := func(fn func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn()
+		}()
+	}
+	events, unsubscribe := d.mgr.Subscribe()
+	var srv *http.Server
+	var col *metrics.Collector
+	if d.cfg.MetricsListen != "" {
+		host, _ := os.Hostname()
+		drv, _ := d.host.nvml.Driver(ctx)
+		col, err = metrics.New(metrics.Config{
+			Interval: d.cfg.CollectInterval.Duration, Source: src, Shares: loop, Version: version.Version,
+			Hostname: host, DriverVersion: drv.Version, NVMLVersion: drv.NVMLVersion, Simulated: d.host.sim != nil,
+			Process: true, Logger: d.log.With("component", "metrics"),
+		})
+		if err != nil {
+			cancel()
+			unsubscribe()
+			return nil, err
+		}
+		ln, err := net.Listen("tcp", d.cfg.MetricsListen)
+		if err != nil {
+			cancel()
+			unsubscribe()
+			return nil, fmt.Errorf("metrics endpoint %s: %w", d.cfg.MetricsListen, err)
+		}
+		prev := d.host.nvml.Observer()
+		d.host.nvml.SetObserver(func(op string, took time.Duration, ret gonvml.Return) {
+			if prev != nil {
+				prev(op, took, ret)
+			}
+			col.ObserveNVML(op, took, returnCode(ret))
+		})
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", col.Handler())
+		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/" {
+				http.NotFound(w, r)
+				return
+			}
+			fmt.Fprintln(w, "vgpud: metrics at /metrics")
+		})
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
+		run(func() { col.Run(rctx) })
+		run(func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				d.log.Error("metrics endpoint", "err", err)
+			}
+		})
+		d.log.Info("metrics endpoint listening", "addr", ln.Addr().String(), "interval", d.cfg.CollectInterval.Duration)
+	}
+	run(func() {
+		if err := loop.Run(rctx); err != nil {
+			d.log.Error("share loop", "err", err)
+		}
+	})
+	run(func() { forwardEvents(rctx, d, events, col, loop) })
+	return func() {
+		cancel()
+		unsubscribe()
+		if srv != nil {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = srv.Shutdown(sctx)
+			scancel()
+		}
+		wg.Wait()
+	}, nil
 }
 
-// nvmlObserver feeds NVML call latency and errors to the metrics.
+// forwardEvents counts the manager's events in the metrics and lets the
+// share loop retry a pending policy switch as soon as a VM changes state.
+func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, col *metrics.Collector, loop *share.Loop) {
+	for {
+		var e manager.Event
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok = <-events:
+			if !ok {
+				return
+			}
+		}
+		if e.Kind == manager.EventVM {
+			loop.Kick()
+		}
+		if col == nil {
+			continue
+		}
+		switch e.Kind {
+		case manager.EventXID:
+			code, err := strconv.ParseUint(e.Detail, 10, 64)
+			if err != nil {
+				d.log.Debug("XID event without a number", "detail", e.Detail)
+				continue
+			}
+			col.Observe(metrics.Event{Kind: metrics.EventXID, GPU: e.ID, XID: code})
+		case manager.EventGPULost:
+			col.Observe(metrics.Event{Kind: metrics.EventGPULost, GPU: e.ID})
+		case manager.EventOperationDone, manager.EventOperationFailed:
+			ev := metrics.Event{Kind: metrics.EventOperation, Op: e.Op, OK: e.Kind == manager.EventOperationDone}
+			// Only a create's start is on record (the instance's Created time).
+			if e.Op == "create" && ev.OK {
+				if r, err := d.mgr.Instance(e.ID); err == nil && !r.Created.IsZero() && e.Time.After(r.Created) {
+					ev.Duration = e.Time.Sub(r.Created)
+				}
+			}
+			col.Observe(ev)
+		}
+	}
+}
+
+// managerSource is the inventory the share loop and the metrics read:
+// the manager's GPUs, instances and tenants.
+type managerSource struct{ d *daemon }
+
+func (s managerSource) Inventory(ctx context.Context) (share.Inventory, error) {
+	if err := ctx.Err(); err != nil {
+		return share.Inventory{}, err
+	}
+	m := s.d.mgr
+	gpus, err := m.GPUs()
+	if err != nil {
+		return share.Inventory{}, err
+	}
+	insts, err := m.Instances("")
+	if err != nil {
+		return share.Inventory{}, err
+	}
+	tenants, err := m.Tenants()
+	if err != nil {
+		return share.Inventory{}, err
+	}
+	var inv share.Inventory
+	guaranteed := map[string]bool{}
+	for _, t := range tenants {
+		g := t.Class == tenant.Guaranteed
+		guaranteed[t.Name] = g
+		inv.Tenants = append(inv.Tenants, share.Tenant{Name: t.Name, Guaranteed: g})
+	}
+	for _, g := range gpus {
+		x := share.GPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, Product: g.Product, MIG: g.MIG.Enabled,
+			Flavour: string(g.VGPU.Flavour), State: g.State}
+		if md, ok := s.d.host.cat.Model(g.Model); ok && md.MIG != nil {
+			x.MIGSlots = md.MIG.MemorySlices
+		}
+		inv.GPUs = append(inv.GPUs, x)
+	}
+	for _, v := range insts {
+		r := v.Instance
+		x := share.Instance{UUID: r.UUID, Tenant: r.Tenant, Guaranteed: guaranteed[r.Tenant], GPU: r.GPUUUID, Profile: r.Profile,
+			MdevUUID: r.MdevUUID, VF: r.VF, GI: r.GIID, GIStart: r.GIStart, GISize: r.GISize, TypeID: r.TypeID,
+			ComputeMilli: r.ComputeMilli, VRAMBytes: r.VRAMBytes, State: string(r.State)}
+		switch r.Kind {
+		case store.KindVGPU:
+			x.Kind, x.GI = share.TimeSliced, -1
+		case store.KindMIG, store.KindMIGVGPU:
+			x.Kind = share.MIG
+		default:
+			x.Kind = share.Passthrough
+		}
+		if v.Attachment != nil {
+			x.VM, x.VMUUID = v.Attachment.Domain, v.Attachment.DomainUUID
+		}
+		inv.Instances = append(inv.Instances, x)
+	}
+	return inv, nil
+}
+
+// nvmlObserver is the NVML hook the backend starts with: until the
+// metrics run (startMetrics chains them in), it logs calls slow enough
+// to delay start-up.
 func nvmlObserver(d *daemon) nvmlbackend.Observer {
-	return func(op string, took time.Duration, ret gonvml.Return) {}
+	return func(op string, took time.Duration, ret gonvml.Return) {
+		if took >= slowNVMLCall {
+			d.log.Warn("slow NVML call", "op", op, "took", took, "ret", returnCode(ret))
+		}
+	}
+}
+
+// returnCode is an NVML return code as a metric label ("" for success).
+func returnCode(ret gonvml.Return) string {
+	switch ret {
+	case gonvml.SUCCESS:
+		return ""
+	case gonvml.ERROR_NOT_SUPPORTED:
+		return "not_supported"
+	case gonvml.ERROR_INVALID_ARGUMENT:
+		return "invalid_argument"
+	case gonvml.ERROR_NOT_FOUND:
+		return "not_found"
+	case gonvml.ERROR_GPU_IS_LOST:
+		return "gpu_is_lost"
+	case gonvml.ERROR_TIMEOUT:
+		return "timeout"
+	case gonvml.ERROR_IN_USE:
+		return "in_use"
+	case gonvml.ERROR_INSUFFICIENT_RESOURCES:
+		return "insufficient_resources"
+	case gonvml.ERROR_UNINITIALIZED:
+		return "uninitialized"
+	case gonvml.ERROR_NO_PERMISSION:
+		return "no_permission"
+	case gonvml.ERROR_RESET_REQUIRED:
+		return "reset_required"
+	case gonvml.ERROR_LIBRARY_NOT_FOUND, gonvml.ERROR_DRIVER_NOT_LOADED:
+		return "driver_not_loaded"
+	case gonvml.ERROR_ARGUMENT_VERSION_MISMATCH:
+		return "argument_version_mismatch"
+	case gonvml.ERROR_UNKNOWN:
+		return "unknown"
+	}
+	return "code_" + strconv.Itoa(int(ret))
 }

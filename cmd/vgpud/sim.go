@@ -106,5 +106,6 @@ func simCmd(cfg *Config) *cobra.Command {
 	fault.Flags().IntVar(&f.Count, "count", 0, "fire this many times (0: forever)")
 	fault.Flags().IntVar(&f.Skip, "skip", 0, "let this many matching calls pass first")
 	cmd.AddCommand(xid, open, fault)
+	cmd.AddCommand(simWorkloadCmds(cfg)...)
 	return cmd
 }

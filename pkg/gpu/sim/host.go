@@ -62,6 +62,8 @@ type Host struct {
 	mirror   bool
 	rendered map[string]entry
 	sleep    func(time.Duration)
+	// eng is the workload model's runtime (sched.go), guarded by mu.
+	eng *engine
 }
 
 // OpenOptions configure Open.

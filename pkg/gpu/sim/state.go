@@ -29,10 +29,10 @@ type state struct {
 	NextUevent   uint64      `json:"nextUevent"`
 	NextHandle   uint32      `json:"nextHandle"`
 	NextGroup    int         `json:"nextIommuGroup"`
-	// Workloads holds the demand model per vGPU / MIG instance (see workload.go).
+	// Workloads holds the demand model per vGPU / MIG instance (see
+	// workload.go), by mdev UUID, VF address or GPU-UUID/giN. The model's
+	// runtime and clock live in the Host (sched.go), not here.
 	Workloads map[string]*Workload `json:"workloads,omitempty"`
-	// SimTime is the simulated clock the workload model runs on, in ns.
-	SimTime int64 `json:"simTimeNs"`
 }
 
 type gpuState struct {

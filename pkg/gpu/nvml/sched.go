@@ -1,0 +1,212 @@
+package nvml
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+)
+
+// The device-level vGPU scheduler (reference 5.3): capabilities, state,
+// changing the policy, and the log of runs. Every call is NOT_SUPPORTED
+// (gpu.ErrNotSupported) with MIG on or without the vGPU manager; a policy
+// change is NOT_SUPPORTED while a VM with a vGPU runs on the GPU.
+
+// Scheduler policies, as NVML numbers them.
+const (
+	PolicyUnknown    = gonvml.VGPU_SCHEDULER_POLICY_UNKNOWN
+	PolicyBestEffort = gonvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT
+	PolicyEqualShare = gonvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE
+	PolicyFixedShare = gonvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE
+)
+
+// SchedulerCaps is what the GPU's vGPU scheduler supports.
+type SchedulerCaps struct {
+	// Policies lists the supported policies (NVML numbers).
+	Policies []uint32
+	// MinTimeslice and MaxTimeslice bound the time slice.
+	MinTimeslice, MaxTimeslice time.Duration
+	// ARR: adaptive round robin is supported, with frequency and average
+	// factor in the ranges below.
+	ARR          bool
+	MinFrequency uint32
+	MaxFrequency uint32
+	MinAvgFactor uint32
+	MaxAvgFactor uint32
+}
+
+// Supports reports whether policy is among the supported ones.
+func (c SchedulerCaps) Supports(policy uint32) bool {
+	for _, p := range c.Policies {
+		if p == policy {
+			return true
+		}
+	}
+	return false
+}
+
+// SchedulerState is the scheduler's policy and parameters.
+type SchedulerState struct {
+	Policy uint32
+	// ARR enables adaptive round robin (Frequency, AvgFactor); otherwise
+	// Timeslice applies (0: the driver's default).
+	ARR       bool
+	Timeslice time.Duration
+	Frequency uint32
+	AvgFactor uint32
+}
+
+// SchedulerLogEntry is one run of one vGPU's software runlist.
+type SchedulerLogEntry struct {
+	// Time is when the run ended (it was preempted or yielded), in the
+	// driver's nanosecond clock.
+	Time int64
+	// Runlist identifies the vGPU (its runlist id; see VGPU.Runlist).
+	Runlist uint32
+	// Run is how long it ran; RunTotal its cumulative run time.
+	Run, RunTotal time.Duration
+	// Target is the time slice it was given.
+	Target time.Duration
+	// PreemptionTotal is the cumulative time spent preempting it.
+	PreemptionTotal time.Duration
+}
+
+// Preempted reports whether the run ended because its slice was over
+// (the vGPU had more work), not because it yielded.
+func (e SchedulerLogEntry) Preempted() bool {
+	return e.Target > 0 && e.Run >= e.Target-time.Microsecond
+}
+
+// SchedulerLog is the driver's ring of recent runs, oldest first.
+type SchedulerLog struct {
+	Policy  uint32
+	Entries []SchedulerLogEntry
+	// Full: the ring was full, so entries older than the first may be lost
+	// unless the previous read saw the first one.
+	Full bool
+}
+
+// Probe reads one GPU, keeping its device handle between calls (a lookup
+// by UUID is a driver call of its own). A Probe is safe for one goroutine
+// at a time; the share loop keeps one per GPU.
+type Probe struct {
+	b    *Backend
+	uuid string
+
+	mu  sync.Mutex
+	dev gonvml.Device
+	gpm map[int]gonvml.GpmSample
+}
+
+// Probe returns a reader of the GPU with uuid.
+func (b *Backend) Probe(uuid string) *Probe {
+	return &Probe{b: b, uuid: uuid, gpm: map[int]gonvml.GpmSample{}}
+}
+
+// UUID is the probed GPU's UUID.
+func (p *Probe) UUID() string { return p.uuid }
+
+func (p *Probe) device(ctx context.Context) (gonvml.Device, error) {
+	p.mu.Lock()
+	d := p.dev
+	p.mu.Unlock()
+	if d != nil {
+		return d, nil
+	}
+	d, err := p.b.device(ctx, p.uuid)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.dev = d
+	p.mu.Unlock()
+	return d, nil
+}
+
+// call runs one NVML call on the GPU; a handle the driver no longer
+// knows is dropped so the next call looks the GPU up again.
+func (p *Probe) call(ctx context.Context, op string, fn func(d gonvml.Device) gonvml.Return) error {
+	d, err := p.device(ctx)
+	if err != nil {
+		return err
+	}
+	err = p.b.do(ctx, op, func() gonvml.Return { return fn(d) })
+	if errors.Is(err, gpu.ErrGPULost) || errors.Is(err, gpu.ErrDriverNotLoaded) {
+		p.mu.Lock()
+		p.dev = nil
+		p.mu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("GPU %s: %s: %w", p.uuid, op, err)
+	}
+	return nil
+}
+
+// SchedulerCapabilities reads what the GPU's vGPU scheduler supports.
+func (p *Probe) SchedulerCapabilities(ctx context.Context) (SchedulerCaps, error) {
+	var c gonvml.VgpuSchedulerCapabilities
+	if err := p.call(ctx, "GetVgpuSchedulerCapabilities", func(d gonvml.Device) (r gonvml.Return) { c, r = d.GetVgpuSchedulerCapabilities(); return }); err != nil {
+		return SchedulerCaps{}, err
+	}
+	out := SchedulerCaps{MinTimeslice: time.Duration(c.MinTimeslice), MaxTimeslice: time.Duration(c.MaxTimeslice), ARR: c.IsArrModeSupported != 0,
+		MinFrequency: c.MinFrequencyForARR, MaxFrequency: c.MaxFrequencyForARR, MinAvgFactor: c.MinAvgFactorForARR, MaxAvgFactor: c.MaxAvgFactorForARR}
+	for _, s := range c.SupportedSchedulers {
+		if s != PolicyUnknown {
+			out.Policies = append(out.Policies, s)
+		}
+	}
+	return out, nil
+}
+
+// SchedulerState reads the scheduler's policy and parameters.
+func (p *Probe) SchedulerState(ctx context.Context) (SchedulerState, error) {
+	var s gonvml.VgpuSchedulerGetState
+	if err := p.call(ctx, "GetVgpuSchedulerState", func(d gonvml.Device) (r gonvml.Return) { s, r = d.GetVgpuSchedulerState(); return }); err != nil {
+		return SchedulerState{}, err
+	}
+	out := SchedulerState{Policy: s.SchedulerPolicy, ARR: s.ArrMode == gonvml.VGPU_SCHEDULER_ARR_ENABLE}
+	if out.ARR {
+		out.AvgFactor = binary.LittleEndian.Uint32(s.SchedulerParams[0:4])
+		out.Timeslice = time.Duration(binary.LittleEndian.Uint32(s.SchedulerParams[4:8]))
+	} else {
+		out.Timeslice = time.Duration(binary.LittleEndian.Uint32(s.SchedulerParams[0:4]))
+	}
+	return out, nil
+}
+
+// SetSchedulerState changes the scheduler. The driver accepts it only
+// while no VM with a vGPU runs on the GPU: otherwise, and with MIG on, it
+// fails with gpu.ErrNotSupported wrapping NOT_SUPPORTED.
+func (p *Probe) SetSchedulerState(ctx context.Context, s SchedulerState) error {
+	set := gonvml.VgpuSchedulerSetState{SchedulerPolicy: s.Policy, EnableARRMode: gonvml.VGPU_SCHEDULER_ARR_DISABLE}
+	if s.ARR {
+		set.EnableARRMode = gonvml.VGPU_SCHEDULER_ARR_ENABLE
+		binary.LittleEndian.PutUint32(set.SchedulerParams[0:4], s.AvgFactor)
+		binary.LittleEndian.PutUint32(set.SchedulerParams[4:8], s.Frequency)
+	} else {
+		binary.LittleEndian.PutUint32(set.SchedulerParams[0:4], uint32(s.Timeslice))
+	}
+	return p.call(ctx, "SetVgpuSchedulerState", func(d gonvml.Device) gonvml.Return { return d.SetVgpuSchedulerState(&set) })
+}
+
+// SchedulerLog reads the scheduler's log of recent runs. The ring holds
+// 200 entries: read it at least five times a second for a complete log.
+func (p *Probe) SchedulerLog(ctx context.Context) (SchedulerLog, error) {
+	var l gonvml.VgpuSchedulerLog
+	if err := p.call(ctx, "GetVgpuSchedulerLog", func(d gonvml.Device) (r gonvml.Return) { l, r = d.GetVgpuSchedulerLog(); return }); err != nil {
+		return SchedulerLog{}, err
+	}
+	n := min(int(l.EntriesCount), len(l.LogEntries))
+	out := SchedulerLog{Policy: l.SchedulerPolicy, Full: n == len(l.LogEntries), Entries: make([]SchedulerLogEntry, 0, n)}
+	for _, e := range l.LogEntries[:n] {
+		out.Entries = append(out.Entries, SchedulerLogEntry{Time: int64(e.Timestamp), Runlist: e.SwRunlistId, Run: time.Duration(e.TimeRun),
+			RunTotal: time.Duration(e.TimeRunTotal), Target: time.Duration(e.TargetTimeSlice), PreemptionTotal: time.Duration(e.CumulativePreemptionTime)})
+	}
+	return out, nil
+}

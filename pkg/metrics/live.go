@@ -1,0 +1,139 @@
+package metrics
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The live instruments: updated as things happen (NVML calls, manager
+// events), read at each collection.
+
+type liveFamily struct {
+	name      string
+	histogram bool
+}
+
+func liveFamilies() []liveFamily {
+	return []liveFamily{
+		{"vgpud_nvml_call_duration_seconds", true},
+		{"vgpud_nvml_call_errors_total", false},
+		{"vgpud_xid_events_total", false},
+		{"vgpud_gpu_lost_events_total", false},
+		{"vgpud_operations_total", false},
+		{"vgpud_operation_duration_seconds", true},
+	}
+}
+
+// Operations and outcomes vgpud_operations_total is initialised with, so
+// that every series exists before the first operation.
+var (
+	knownOps      = []string{"create", "destroy", "attach", "detach"}
+	knownOutcomes = []string{"success", "failure"}
+	// watchedXIDs are the XIDs worth a panel (reference 5.5); their
+	// counters start at 0 on every GPU. Others appear when they happen.
+	watchedXIDs = []uint64{13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
+)
+
+type live struct {
+	nvmlDur    *prometheus.HistogramVec
+	nvmlErrs   *prometheus.CounterVec
+	xid        *prometheus.CounterVec
+	lost       *prometheus.CounterVec
+	ops        *prometheus.CounterVec
+	opDuration *prometheus.HistogramVec
+	gpus       map[string]bool
+}
+
+func newLive(reg *prometheus.Registry) *live {
+	l := &live{
+		nvmlDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vgpud_nvml_call_duration_seconds",
+			Help:    "Latency of NVML calls by operation.",
+			Buckets: []float64{5e-6, 25e-6, 100e-6, 500e-6, 0.002, 0.01, 0.05, 0.25, 1, 5}}, []string{"op"}),
+		nvmlErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_nvml_call_errors_total",
+			Help: "NVML calls that failed, by operation and return code."}, []string{"op", "code"}),
+		xid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_xid_events_total",
+			Help: "NVML XID critical error events by GPU and XID code."}, []string{"gpu", "xid"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_gpu_lost_events_total",
+			Help: "Times a GPU was marked lost or failed (XID 79, fault watch)."}, []string{"gpu"}),
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_operations_total",
+			Help: "Finished operations by kind and outcome."}, []string{"op", "outcome"}),
+		opDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vgpud_operation_duration_seconds",
+			Help:    "Duration of finished operations by kind and outcome (where the start is known).",
+			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}}, []string{"op", "outcome"}),
+		gpus: map[string]bool{},
+	}
+	reg.MustRegister(l.nvmlDur, l.nvmlErrs, l.xid, l.lost, l.ops, l.opDuration)
+	for _, op := range knownOps {
+		for _, o := range knownOutcomes {
+			l.ops.WithLabelValues(op, o)
+			l.opDuration.WithLabelValues(op, o)
+		}
+	}
+	return l
+}
+
+// touchGPU creates a GPU's event counters at 0 the first time it is seen.
+// Called from the collection goroutine only.
+func (l *live) touchGPU(uuid string) {
+	if l.gpus[uuid] {
+		return
+	}
+	l.gpus[uuid] = true
+	l.lost.WithLabelValues(uuid)
+	for _, x := range watchedXIDs {
+		l.xid.WithLabelValues(uuid, strconv.FormatUint(x, 10))
+	}
+}
+
+// ObserveNVML records one NVML call: its latency, and its return code
+// when it failed (code "" means success). Safe for concurrent use.
+func (c *Collector) ObserveNVML(op string, took time.Duration, code string) {
+	c.live.nvmlDur.WithLabelValues(op).Observe(took.Seconds())
+	if code != "" {
+		c.live.nvmlErrs.WithLabelValues(op, code).Inc()
+	}
+}
+
+// EventKind names the manager events the collector counts.
+type EventKind string
+
+const (
+	// EventXID: GPU is the GPU's UUID, XID the code.
+	EventXID EventKind = "xid"
+	// EventGPULost: GPU was marked lost or failed.
+	EventGPULost EventKind = "gpu-lost"
+	// EventOperation: an operation finished (OK says how); Duration is
+	// its length when known (0: unknown, not observed in the histogram).
+	EventOperation EventKind = "operation"
+)
+
+// Event is something the manager reported.
+type Event struct {
+	Kind     EventKind
+	GPU      string
+	XID      uint64
+	Op       string
+	OK       bool
+	Duration time.Duration
+}
+
+// Observe counts an event. Safe for concurrent use.
+func (c *Collector) Observe(e Event) {
+	switch e.Kind {
+	case EventXID:
+		c.live.xid.WithLabelValues(e.GPU, strconv.FormatUint(e.XID, 10)).Inc()
+	case EventGPULost:
+		c.live.lost.WithLabelValues(e.GPU).Inc()
+	case EventOperation:
+		outcome := "success"
+		if !e.OK {
+			outcome = "failure"
+		}
+		c.live.ops.WithLabelValues(e.Op, outcome).Inc()
+		if e.Duration > 0 {
+			c.live.opDuration.WithLabelValues(e.Op, outcome).Observe(e.Duration.Seconds())
+		}
+	}
+}
