@@ -10,7 +10,6 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placement"
-	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
 	"github.com/vgpud/vgpud/pkg/virt"
 )
@@ -262,28 +261,8 @@ func (s *Service) detach(c *call, id string, options map[string]dbus.Variant) er
 	return s.detachFrom(c, id, options)
 }
 
-// hostdevOf is the libvirt device an instance is attached as: the same
-// mapping the manager uses when it attaches.
-func hostdevOf(r store.Instance) (virt.Hostdev, error) {
-	switch {
-	case r.Kind == store.KindPassthrough:
-		return virt.Hostdev{Kind: virt.Passthrough, PCI: r.GPUPCI}, nil
-	case r.Kind == store.KindMIG:
-		return virt.Hostdev{}, dbusError(NameInvalidArgument, fmt.Sprintf("instance %s is a plain MIG instance (compute only) and has no host device; create a MIG-backed vGPU type instead (`vgpuctl profiles`)", r.UUID))
-	case r.Flow == store.FlowVFIO:
-		return virt.Hostdev{Kind: virt.VF, PCI: r.VF}, nil
-	case r.Flow == store.FlowMdev:
-		return virt.Hostdev{Kind: virt.Mdev, MdevUUID: r.MdevUUID}, nil
-	}
-	return virt.Hostdev{}, dbusError(NameBackendFailure, fmt.Sprintf("instance %s has no device to attach yet (state %s)", r.UUID, r.State))
-}
-
 func (s *Service) hostdevXML(c *call, id string) (string, error) {
-	rec, err := s.m.Instance(id)
-	if err != nil {
-		return "", err
-	}
-	h, err := hostdevOf(rec)
+	h, err := s.m.Hostdev(id)
 	if err != nil {
 		return "", err
 	}

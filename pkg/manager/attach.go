@@ -80,6 +80,15 @@ func (m *Manager) hostdevOf(r store.Instance, display bool) (virt.Hostdev, error
 	return virt.Hostdev{}, fail(ErrBackendFailure, nil, "instance %s has no device to attach", r.UUID)
 }
 
+// Hostdev returns the libvirt device an instance is attached as.
+func (m *Manager) Hostdev(id string) (virt.Hostdev, error) {
+	rec, err := m.Instance(id)
+	if err != nil {
+		return virt.Hostdev{}, err
+	}
+	return m.hostdevOf(rec, false)
+}
+
 type attachPayload struct {
 	Domain  string `json:"domain"`
 	Display bool   `json:"display,omitempty"`
