@@ -6,9 +6,12 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -51,10 +54,63 @@ type Config struct {
 	// UndefinePolicy is what happens to a VM's instances when it is
 	// undefined: release (destroy them) or keep.
 	UndefinePolicy string `json:"undefinePolicy,omitempty"`
+	// CriticalXIDs are the XIDs that mark a GPU failed: its instances are
+	// reported, new carving on it is refused until it is reset or comes
+	// back. Other XIDs are counted and logged only.
+	CriticalXIDs []uint `json:"criticalXIDs,omitempty"`
+	// UeventSettle is how long a burst of uevents must be quiet before
+	// vgpud re-reads the host; a storm is re-read at least every ten
+	// settle periods, never once per event.
+	UeventSettle Duration `json:"ueventSettle,omitempty"`
+	// RecoverProbe is how often a failed or lost GPU is re-read to see
+	// whether it came back.
+	RecoverProbe Duration `json:"recoverProbe,omitempty"`
 
 	file  string
 	flags *flagValues
+	// live holds the settings running parts read on every use; load keeps
+	// the holder and reload swaps what it holds (see Live).
+	live *atomic.Pointer[Live]
 }
+
+// Live are the settings a SIGHUP applies to the running daemon; the rest
+// take effect at the next start.
+type Live struct {
+	CriticalXIDs map[uint64]bool
+	UeventSettle time.Duration
+	RecoverProbe time.Duration
+}
+
+// Live returns the settings in force now.
+func (c *Config) Live() *Live {
+	if c.live == nil || c.live.Load() == nil {
+		return c.liveValues()
+	}
+	return c.live.Load()
+}
+
+func (c *Config) liveValues() *Live {
+	l := &Live{CriticalXIDs: map[uint64]bool{}, UeventSettle: c.UeventSettle.Duration, RecoverProbe: c.RecoverProbe.Duration}
+	for _, x := range c.CriticalXIDs {
+		l.CriticalXIDs[uint64(x)] = true
+	}
+	return l
+}
+
+// applyLive makes next's live settings the ones in force.
+func (c *Config) applyLive(next *Config) {
+	if c.live == nil {
+		c.live = new(atomic.Pointer[Live])
+	}
+	c.live.Store(next.liveValues())
+}
+
+// defaultCriticalXIDs: errors after which a GPU needs a reset (NVIDIA's
+// XID catalogue): 48 double-bit ECC, 62 internal micro-controller halt,
+// 64 row-remapping failure, 79 fallen off the bus, 94/95 contained and
+// uncontained ECC errors, 119/120 GSP timeout and error. Application
+// faults (13, 31, 43, 45) are not: the guest's program failed, not the GPU.
+var defaultCriticalXIDs = []uint{48, 62, 64, 79, 94, 95, 119, 120}
 
 // Duration is a time.Duration written as "30s" in YAML.
 type Duration struct{ time.Duration }
@@ -85,6 +141,9 @@ func defaultConfig() *Config {
 		DriverWait:      Duration{2 * time.Minute},
 		CollectInterval: Duration{time.Second},
 		UndefinePolicy:  "release",
+		CriticalXIDs:    slices.Clone(defaultCriticalXIDs),
+		UeventSettle:    Duration{500 * time.Millisecond},
+		RecoverProbe:    Duration{5 * time.Second},
 	}
 }
 
@@ -113,6 +172,9 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&v.cfg.DriverWait.Duration, "driver-wait", c.DriverWait.Duration, "how long start-up waits for the NVIDIA driver")
 	fs.DurationVar(&v.cfg.CollectInterval.Duration, "collect-interval", c.CollectInterval.Duration, "metrics collection interval")
 	fs.StringVar(&v.cfg.UndefinePolicy, "undefine-policy", c.UndefinePolicy, "when a VM is undefined: release or keep its instances")
+	fs.UintSliceVar(&v.cfg.CriticalXIDs, "critical-xids", c.CriticalXIDs, "XIDs that mark a GPU failed until it is reset")
+	fs.DurationVar(&v.cfg.UeventSettle.Duration, "uevent-settle", c.UeventSettle.Duration, "quiet time after a burst of uevents before the host is re-read")
+	fs.DurationVar(&v.cfg.RecoverProbe.Duration, "recover-probe", c.RecoverProbe.Duration, "how often a failed or lost GPU is re-read")
 }
 
 // load reads the configuration file, then applies the flags the user set
@@ -168,6 +230,12 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 			next.CollectInterval = v.cfg.CollectInterval
 		case "undefine-policy":
 			next.UndefinePolicy = v.cfg.UndefinePolicy
+		case "critical-xids":
+			next.CriticalXIDs = slices.Clone(v.cfg.CriticalXIDs)
+		case "uevent-settle":
+			next.UeventSettle = v.cfg.UeventSettle
+		case "recover-probe":
+			next.RecoverProbe = v.cfg.RecoverProbe
 		}
 	})
 	if err := next.validate(); err != nil {
@@ -178,7 +246,12 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 		return usageError{fmt.Errorf("configuration %s: %w", where, err)}
 	}
 	next.flags = v
+	live := c.live
 	*c = *next
+	// The holder outlives a load: parts that kept it see what a later
+	// reload applies.
+	c.live = live
+	c.applyLive(next)
 	return nil
 }
 
@@ -196,6 +269,24 @@ func (c *Config) validate() error {
 	if c.SimHost != "" && !c.Sim {
 		return errors.New("simHost: only with sim (pass --sim)")
 	}
+	for _, p := range []struct{ key, val string }{
+		{"sysfsRoot", c.SysfsRoot}, {"profilesDir", c.ProfilesDir}, {"libvirtSocket", c.LibvirtSocket}, {"simHost", c.SimHost},
+	} {
+		if p.val != "" && !filepath.IsAbs(p.val) {
+			return fmt.Errorf("%s: %q must be an absolute path", p.key, p.val)
+		}
+	}
+	if c.SysfsRoot == "" {
+		return errors.New("sysfsRoot: must be set (/sys on a host)")
+	}
+	if c.LibvirtURI != "" {
+		if u, err := url.Parse(c.LibvirtURI); err != nil || u.Scheme == "" {
+			return fmt.Errorf("libvirtURI: %q is not a libvirt URI (like qemu:///system)", c.LibvirtURI)
+		}
+	}
+	if c.BusAddress != "" && !strings.Contains(c.BusAddress, ":") {
+		return fmt.Errorf("busAddress: %q is not a D-Bus address (like unix:path=/run/dbus/system_bus_socket)", c.BusAddress)
+	}
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			return fmt.Errorf("metricsListen: %q: %w", c.MetricsListen, err)
@@ -212,6 +303,18 @@ func (c *Config) validate() error {
 	}
 	if c.UndefinePolicy != "release" && c.UndefinePolicy != "keep" {
 		return fmt.Errorf("undefinePolicy: %q must be release or keep", c.UndefinePolicy)
+	}
+	for _, x := range c.CriticalXIDs {
+		// The driver numbers XIDs from 1; 999 is its "unknown XID".
+		if x == 0 || x > 999 {
+			return fmt.Errorf("criticalXIDs: %d is not an XID (1..999)", x)
+		}
+	}
+	if c.UeventSettle.Duration < 10*time.Millisecond || c.UeventSettle.Duration > time.Minute {
+		return fmt.Errorf("ueventSettle: %v must be 10ms..1m", c.UeventSettle.Duration)
+	}
+	if c.RecoverProbe.Duration < 100*time.Millisecond || c.RecoverProbe.Duration > 10*time.Minute {
+		return fmt.Errorf("recoverProbe: %v must be 100ms..10m", c.RecoverProbe.Duration)
 	}
 	return nil
 }

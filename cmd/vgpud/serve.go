@@ -105,8 +105,10 @@ func (d *daemon) start(ctx context.Context) error {
 	return nil
 }
 
-// waitDriver waits, up to DriverWait, for NVML to load: at boot the daemon
-// may start before the NVIDIA driver's units are done.
+// waitDriver waits, up to DriverWait, for NVML to load and then for the
+// SR-IOV VFs (waitVFs, faults.go): at boot the daemon may start before the
+// NVIDIA driver's units are done. While it waits, it asks systemd to
+// extend the start timeout.
 func (d *daemon) waitDriver(ctx context.Context) error {
 	deadline := time.Now().Add(d.cfg.DriverWait.Duration)
 	for attempt := 1; ; attempt++ {
@@ -115,6 +117,7 @@ func (d *daemon) waitDriver(ctx context.Context) error {
 			if attempt > 1 {
 				d.log.Info("NVIDIA driver is ready", "after", attempt)
 			}
+			d.waitVFs(ctx, deadline)
 			return nil
 		}
 		if !errors.Is(err, gpu.ErrDriverNotLoaded) || time.Now().After(deadline) {
@@ -124,6 +127,7 @@ func (d *daemon) waitDriver(ctx context.Context) error {
 			d.log.Warn("waiting for the NVIDIA driver", "err", err, "up to", d.cfg.DriverWait.Duration)
 			d.notify.Status("waiting for the NVIDIA driver")
 		}
+		d.notify.ExtendTimeout(time.Until(deadline) + startMargin)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -205,22 +209,31 @@ func (d *daemon) statusLine() string {
 
 // watchHost re-discovers the host now and then and reconciles when it
 // changed under vgpud (uevents and NVML events refine this, see faults.go).
+// While degraded it looks for the driver every driverPoll, so a driver
+// that loads late is picked up within seconds.
 func (d *daemon) watchHost(ctx context.Context) {
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
+	poll := time.NewTicker(driverPoll)
+	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-poll.C:
+			if d.mgr.Degraded() == "" {
+				continue
+			}
+			if err := d.host.nvml.Init(ctx); err == nil {
+				d.log.Info("NVIDIA driver appeared: leaving degraded mode")
+				d.mgr.SetDegraded("")
+				if _, err := d.mgr.Reconcile(ctx); err != nil {
+					d.log.Warn("reconcile", "err", err)
+				}
+				d.notify.Status(d.statusLine())
+			}
 		case <-t.C:
 			if d.mgr.Degraded() != "" {
-				if err := d.host.nvml.Init(ctx); err == nil {
-					d.log.Info("NVIDIA driver appeared: leaving degraded mode")
-					d.mgr.SetDegraded("")
-					if _, err := d.mgr.Reconcile(ctx); err != nil {
-						d.log.Warn("reconcile", "err", err)
-					}
-				}
 				continue
 			}
 			if err := d.mgr.Refresh(ctx); err != nil {
@@ -229,6 +242,9 @@ func (d *daemon) watchHost(ctx context.Context) {
 		}
 	}
 }
+
+// driverPoll is how often a degraded daemon looks for the driver.
+const driverPoll = 2 * time.Second
 
 func (d *daemon) close() {
 	if d.virt != nil {

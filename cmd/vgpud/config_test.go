@@ -1,0 +1,186 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// loadWith loads a configuration from file content and flags, as main does.
+func loadWith(t *testing.T, yaml string, args ...string) (*Config, error) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "vgpud.yaml")
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaultConfig()
+	fs := pflag.NewFlagSet("vgpud", pflag.ContinueOnError)
+	cfg.bindFlags(fs)
+	if err := fs.Parse(append([]string{"--config", file}, args...)); err != nil {
+		return nil, err
+	}
+	return cfg, cfg.load(fs)
+}
+
+func TestConfigFileAndFlags(t *testing.T) {
+	tests := []struct {
+		name  string
+		yaml  string
+		args  []string
+		check func(c *Config) string
+	}{
+		{name: "defaults", yaml: "", check: func(c *Config) string {
+			if c.StateDir != "/var/lib/vgpud" || c.DriverWait.Duration != 2*time.Minute || c.MetricsListen != "127.0.0.1:9835" {
+				return "defaults changed"
+			}
+			return ""
+		}},
+		{name: "file-sets", yaml: "version: v1\nstateDir: /srv/vgpud\ndriverWait: 30s\ncriticalXIDs: [79, 48]\n", check: func(c *Config) string {
+			if c.StateDir != "/srv/vgpud" || c.DriverWait.Duration != 30*time.Second || !reflect.DeepEqual(c.CriticalXIDs, []uint{79, 48}) {
+				return "file values not applied"
+			}
+			return ""
+		}},
+		{name: "flag-overrides-file", yaml: "stateDir: /srv/vgpud\ndriverWait: 30s\n", args: []string{"--state-dir", "/tmp/x", "--critical-xids", "95"},
+			check: func(c *Config) string {
+				if c.StateDir != "/tmp/x" || c.DriverWait.Duration != 30*time.Second || !reflect.DeepEqual(c.CriticalXIDs, []uint{95}) {
+					return "flags must win over the file, unset flags must not"
+				}
+				return ""
+			}},
+		{name: "flag-to-empty", yaml: "metricsListen: 0.0.0.0:9835\n", args: []string{"--metrics-listen", ""}, check: func(c *Config) string {
+			if c.MetricsListen != "" {
+				return "an explicitly empty flag must override"
+			}
+			return ""
+		}},
+		{name: "relative-state-dir-made-absolute", yaml: "stateDir: state\n", check: func(c *Config) string {
+			if !filepath.IsAbs(c.StateDir) {
+				return "stateDir not absolute"
+			}
+			return ""
+		}},
+		{name: "live-settings", yaml: "ueventSettle: 2s\nrecoverProbe: 1s\ncriticalXIDs: [94]\n", check: func(c *Config) string {
+			l := c.Live()
+			if l.UeventSettle != 2*time.Second || l.RecoverProbe != time.Second || !l.CriticalXIDs[94] || l.CriticalXIDs[79] {
+				return "live settings not taken from the file"
+			}
+			return ""
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := loadWith(t, tt.yaml, tt.args...)
+			if err != nil {
+				t.Fatalf("load: %v", err)
+			}
+			if why := tt.check(c); why != "" {
+				t.Fatalf("%s: %+v", why, c)
+			}
+		})
+	}
+}
+
+// TestConfigErrors: every mistake is refused at start with the key named,
+// as a usage error (exit status 2).
+func TestConfigErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		args       []string
+		want       string
+	}{
+		{name: "unknown-key", yaml: "stateDri: /x\n", want: `unknown field "stateDri"`},
+		{name: "bad-version", yaml: "version: v2\n", want: `version: "v2" is not supported`},
+		{name: "bad-duration", yaml: "driverWait: 5\n", want: `duration "5"`},
+		{name: "wrong-type", yaml: "sim: maybe\n", want: "sim"},
+		{name: "driver-wait-range", yaml: "driverWait: 2h\n", want: "driverWait: 2h0m0s must be 0..1h"},
+		{name: "relative-sysfs-root", yaml: "sysfsRoot: sys\n", want: `sysfsRoot: "sys" must be an absolute path`},
+		{name: "relative-socket", yaml: "libvirtSocket: libvirt-sock\n", want: "libvirtSocket"},
+		{name: "libvirt-uri", yaml: "libvirtURI: system\n", want: `libvirtURI: "system" is not a libvirt URI`},
+		{name: "bus-address", yaml: "busAddress: /run/dbus/system_bus_socket\n", want: "busAddress"},
+		{name: "metrics-listen", yaml: "metricsListen: 9835\n", want: "metricsListen"},
+		{name: "log-level", yaml: "logLevel: loud\n", want: "logLevel"},
+		{name: "undefine-policy", yaml: "undefinePolicy: delete\n", want: "undefinePolicy"},
+		{name: "xid-zero", yaml: "criticalXIDs: [0]\n", want: "criticalXIDs: 0 is not an XID"},
+		{name: "uevent-settle", yaml: "ueventSettle: 1ms\n", want: "ueventSettle: 1ms must be 10ms..1m"},
+		{name: "recover-probe", yaml: "recoverProbe: 1h\n", want: "recoverProbe"},
+		{name: "sim-host-without-sim", yaml: "simHost: /etc/vgpud/host.yaml\n", want: "simHost: only with sim"},
+		{name: "flag-checked-too", args: []string{"--collect-interval", "1ms"}, want: "collectInterval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := loadWith(t, tt.yaml, tt.args...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("load: %v, want an error containing %q", err, tt.want)
+			}
+			if !strings.Contains(err.Error(), "configuration") {
+				t.Fatalf("error %q does not say it is the configuration", err)
+			}
+			t.Logf("%v", err)
+		})
+	}
+	t.Run("validation-is-a-usage-error", func(t *testing.T) {
+		_, err := loadWith(t, "logLevel: loud\n")
+		var ec exitCoder
+		if !errors.As(err, &ec) || ec.ExitCode() != 2 {
+			t.Fatalf("%v: want exit status 2", err)
+		}
+	})
+	t.Run("missing-explicit-file", func(t *testing.T) {
+		cfg := defaultConfig()
+		fs := pflag.NewFlagSet("vgpud", pflag.ContinueOnError)
+		cfg.bindFlags(fs)
+		if err := fs.Parse([]string{"--config", filepath.Join(t.TempDir(), "absent.yaml")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.load(fs); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("load: %v, want not-exist", err)
+		}
+	})
+}
+
+// TestConfigShippedExample: the example installed as /etc/vgpud/vgpud.yaml
+// loads, and every value it shows is the default it says it is.
+func TestConfigShippedExample(t *testing.T) {
+	data, err := os.ReadFile("../../systemd/vgpud.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := loadWith(t, string(data))
+	if err != nil {
+		t.Fatalf("the shipped example does not load: %v", err)
+	}
+	want := defaultConfig()
+	want.Version = "v1"
+	got := *c
+	got.file, got.flags, got.live = "", nil, nil
+	if !reflect.DeepEqual(settingsMap(&got), settingsMap(want)) {
+		t.Fatalf("the example's values differ from the defaults:\n got %v\nwant %v", settingsMap(&got), settingsMap(want))
+	}
+}
+
+// TestConfigLiveHolder: a second load (a reload) keeps the holder that
+// running parts read, with the new values in it.
+func TestConfigLiveHolder(t *testing.T) {
+	c, err := loadWith(t, "ueventSettle: 1s\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := c.live
+	next := defaultConfig()
+	next.flags = c.flags
+	if err := next.load(nil); err != nil {
+		t.Fatal(err)
+	}
+	next.UeventSettle = Duration{3 * time.Second}
+	c.applyLive(next)
+	if c.live != holder || c.Live().UeventSettle != 3*time.Second {
+		t.Fatalf("holder replaced or not updated: %v", c.Live())
+	}
+}
