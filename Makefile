@@ -58,12 +58,15 @@ lint: ## gofmt, go vet, staticcheck
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
-install: build ## install into $(DESTDIR)$(PREFIX)
-	install -D -m 0755 bin/vgpud $(DESTDIR)$(PREFIX)/sbin/vgpud
-	install -D -m 0755 bin/vgpuctl $(DESTDIR)$(PREFIX)/bin/vgpuctl
+install: build ## install binaries, units, D-Bus/polkit policy, profiles, dashboards, docs, man pages, completions into $(DESTDIR)$(PREFIX)
+	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' scripts/install.sh install
 
-uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/sbin/vgpud $(DESTDIR)$(PREFIX)/bin/vgpuctl
+uninstall: ## remove what install put into $(DESTDIR)$(PREFIX) (a changed /etc/vgpud/vgpud.yaml stays)
+	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' scripts/install.sh uninstall
+
+.PHONY: verify-units
+verify-units: build ## install into a temporary DESTDIR, systemd-analyze verify and security --offline; fails above exposure 2.5
+	scripts/verify-units.sh
 
 clean:
 	rm -rf bin/
