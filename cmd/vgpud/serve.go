@@ -28,7 +28,7 @@ type daemon struct {
 	log    *slog.Logger
 	host   *host
 	db     *store.DB
-	virt   *virt.Conn
+	virt   *lazyVirt
 	mgr    *manager.Manager
 	notify notifier
 }
@@ -72,21 +72,20 @@ func (d *daemon) start(ctx context.Context) error {
 		degraded = err.Error()
 		log.Error("starting degraded: reads are served, carving is refused", "why", degraded)
 	}
-	if cfg.LibvirtSocket != "" && exists(cfg.LibvirtSocket) {
-		vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		v, err := virt.Connect(vctx, virt.Config{URI: cfg.LibvirtURI, Socket: cfg.LibvirtSocket, Logger: log.With("component", "virt")})
-		cancel()
-		if err != nil {
-			log.Warn("libvirt unavailable: attach and detach are disabled", "err", err)
-		} else {
-			d.virt = v
+	var mv manager.Virt
+	if cfg.LibvirtSocket != "" {
+		d.virt = newLazyVirt(virt.Config{URI: cfg.LibvirtURI, Socket: cfg.LibvirtSocket, Logger: log.With("component", "virt")}, log)
+		mv = d.virt
+		// A libvirtd that answers now is used from the start-up reconcile on;
+		// one that does not (at boot it starts after vgpud) is connected to
+		// in the background after READY.
+		if exists(cfg.LibvirtSocket) {
+			if err := d.virt.try(ctx, 3*time.Second); err != nil {
+				log.Info("libvirt not answering yet; connecting after start-up", "err", err)
+			}
 		}
 	} else {
-		log.Info("no libvirt socket: attach and detach are disabled", "socket", cfg.LibvirtSocket)
-	}
-	var mv manager.Virt
-	if d.virt != nil {
-		mv = d.virt
+		log.Info("libvirt disabled (empty libvirtSocket): attach and detach are refused")
 	}
 	disc := discover.Host{NVML: h.nvml, Sysfs: h.sysfs}
 	d.mgr = manager.New(h.cat, db, h.nvml, h.sysfs, disc, mv, manager.Options{
@@ -151,7 +150,15 @@ func (d *daemon) run(ctx context.Context) error {
 	defer stopFaults()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go d.mgr.WatchVirt(wctx, d.cfg.UndefinePolicy)
+	if d.virt != nil {
+		// Connected after READY: libvirtd starts after vgpud at boot.
+		go d.virt.connect(wctx, func() {
+			go d.mgr.WatchVirt(wctx, d.cfg.UndefinePolicy)
+			if _, err := d.mgr.Reconcile(wctx); err != nil {
+				d.log.Warn("reconcile once libvirt is connected", "err", err)
+			}
+		})
+	}
 	go d.watchHost(wctx)
 
 	d.notify.Ready(d.statusLine())

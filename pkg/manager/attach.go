@@ -68,7 +68,7 @@ func (m *Manager) hostdevOf(r store.Instance, display bool) (virt.Hostdev, error
 	case r.Flow == store.FlowMdev:
 		h := virt.Hostdev{Kind: virt.Mdev, MdevUUID: r.MdevUUID}
 		if display {
-			md, _ := m.cat.Model(r.Model)
+			md, _ := m.catalog().Model(r.Model)
 			t, ok := md.VGPUTypeByID(r.TypeID)
 			if !ok || t.Series == profile.SeriesC {
 				return h, fail(ErrInvalidArgument, nil, "vGPU type %s has no display (C-series); attach without --display", r.TypeName)
@@ -104,7 +104,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 		return store.Attachment{}, err
 	}
 	defer done()
-	if m.virt == nil {
+	if m.lv() == nil {
 		return store.Attachment{}, fail(ErrBackendFailure, nil, "libvirt is not configured for this daemon")
 	}
 	rec, att, err := m.instanceAndAttachment(id)
@@ -117,7 +117,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	if rec.State != store.StateReady {
 		return store.Attachment{}, fail(ErrBusy, nil, "instance %s is %s; only a ready instance can be attached", rec.UUID, rec.State)
 	}
-	dom, err := m.virt.Domain(ctx, domain)
+	dom, err := m.lv().Domain(ctx, domain)
 	if err != nil {
 		return store.Attachment{}, classifyVirt(err, "attach %s to VM %s", rec.UUID, domain)
 	}
@@ -139,7 +139,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 		return store.Attachment{}, classify(err, "attach %s", rec.UUID)
 	}
 	m.crash(CrashAttachIntent)
-	live, err := m.virt.Attach(ctx, dom.Name, h, rec.UUID)
+	live, err := m.lv().Attach(ctx, dom.Name, h, rec.UUID)
 	if err != nil {
 		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
 		cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, dom.Name)
@@ -147,7 +147,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 		return store.Attachment{}, cerr
 	}
 	m.crash(CrashAttachDone)
-	a := store.Attachment{Instance: rec.UUID, Domain: dom.Name, DomainUUID: dom.UUID, URI: m.virt.URI(), Live: live, Created: m.now()}
+	a := store.Attachment{Instance: rec.UUID, Domain: dom.Name, DomainUUID: dom.UUID, URI: m.lv().URI(), Live: live, Created: m.now()}
 	if err := m.db.Update(func(tx *store.Tx) error {
 		if err := tx.PutAttachment(a); err != nil {
 			return err
@@ -170,7 +170,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		return err
 	}
 	defer done()
-	if m.virt == nil {
+	if m.lv() == nil {
 		return fail(ErrBackendFailure, nil, "libvirt is not configured for this daemon")
 	}
 	rec, att, err := m.instanceAndAttachment(id)
@@ -192,7 +192,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		return classify(err, "detach %s", rec.UUID)
 	}
 	m.crash(CrashDetachIntent)
-	err = m.virt.Detach(ctx, att.Domain, h, rec.UUID)
+	err = m.lv().Detach(ctx, att.Domain, h, rec.UUID)
 	if errors.Is(err, virt.ErrDomainNotFound) {
 		err = nil // the VM is gone: nothing holds the device
 	}
@@ -220,10 +220,10 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 // CreateAndAttach creates an instance and attaches it; if the attach fails
 // the instance is destroyed again and the VM is left as it was.
 func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain string, opts AttachOptions) (store.Instance, store.Attachment, error) {
-	if m.virt == nil {
+	if m.lv() == nil {
 		return store.Instance{}, store.Attachment{}, fail(ErrBackendFailure, nil, "libvirt is not configured for this daemon")
 	}
-	if _, err := m.virt.Domain(ctx, domain); err != nil {
+	if _, err := m.lv().Domain(ctx, domain); err != nil {
 		return store.Instance{}, store.Attachment{}, classifyVirt(err, "attach a new %s to VM %s", req.Profile, domain)
 	}
 	rec, err := m.Create(ctx, req)
@@ -246,10 +246,10 @@ func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain
 // only ("keep"); a started VM gets its devices checked and re-created by
 // reconcile if a reboot lost them. Every event is published as a VMEvent.
 func (m *Manager) WatchVirt(ctx context.Context, policy string) {
-	if m.virt == nil {
+	if m.lv() == nil {
 		return
 	}
-	for ev := range m.virt.Events(ctx) {
+	for ev := range m.lv().Events(ctx) {
 		m.emit(Event{Kind: EventVM, ID: ev.UUID, Op: ev.Kind.String(), Detail: ev.Domain})
 		switch ev.Kind {
 		case virt.Undefined:

@@ -270,7 +270,7 @@ func (m *Manager) decideMIG(s *snapshot, models map[string]offer, names []string
 				}
 				sameSize := true
 				for _, x := range on {
-					if md, _ := m.cat.Model(x.Model); md != nil {
+					if md, _ := m.catalog().Model(x.Model); md != nil {
 						if xt, ok := md.VGPUTypeByID(x.TypeID); ok && xt.FramebufferMiB != t.FramebufferMiB {
 							sameSize = false
 						}

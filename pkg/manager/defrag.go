@@ -96,8 +96,8 @@ func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 		if att.Live {
 			return fail(ErrBusy, nil, "instance %s is in use by running VM %s and never moves", rec.UUID, att.Domain)
 		}
-		if m.virt != nil {
-			if dom, err := m.virt.Domain(ctx, att.Domain); err == nil && dom.Running {
+		if m.lv() != nil {
+			if dom, err := m.lv().Domain(ctx, att.Domain); err == nil && dom.Running {
 				return fail(ErrBusy, nil, "instance %s is attached to running VM %s and never moves", rec.UUID, att.Domain)
 			}
 		}
@@ -161,13 +161,13 @@ func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 	}); err != nil {
 		return classify(err, "record move of %s", rec.UUID)
 	}
-	if att != nil && m.virt != nil && rec.VF != old.VF {
+	if att != nil && m.lv() != nil && rec.VF != old.VF {
 		oldH, _ := m.hostdevOf(old, false)
 		newH, _ := m.hostdevOf(rec, false)
-		if err := m.virt.Detach(ctx, att.Domain, oldH, rec.UUID); err != nil && !errors.Is(err, ErrNotFound) {
+		if err := m.lv().Detach(ctx, att.Domain, oldH, rec.UUID); err != nil && !errors.Is(err, ErrNotFound) {
 			m.log.Warn("update VM config after move", "vm", att.Domain, "err", err)
 		}
-		if _, err := m.virt.Attach(ctx, att.Domain, newH, rec.UUID); err != nil {
+		if _, err := m.lv().Attach(ctx, att.Domain, newH, rec.UUID); err != nil {
 			m.log.Warn("update VM config after move", "vm", att.Domain, "err", err)
 		}
 	}

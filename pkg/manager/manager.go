@@ -70,12 +70,10 @@ type Options struct {
 // Manager runs the operations.
 type Manager struct {
 	log   *slog.Logger
-	cat   *profile.Catalog
 	db    *store.DB
 	mig   MIGBackend
 	vgpu  VGPUBackend
 	disc  Discoverer
-	virt  Virt
 	now   func() time.Time
 	crash func(string)
 	retry time.Duration
@@ -92,7 +90,11 @@ type Manager struct {
 	// failedGPUs are GPUs an XID or loss marked failed; carving there is refused.
 	failedGPUs map[string]string
 
-	grids map[string]*placement.Grid
+	// confMu guards what SetCatalog and SetVirt replace while the daemon runs.
+	confMu sync.RWMutex
+	cat    *profile.Catalog
+	grids  map[string]*placement.Grid
+	virt   Virt
 	// dirty are GPUs a reconcile pass changed and re-reads at its end
 	// (guarded by admit).
 	dirty map[string]bool
@@ -108,9 +110,9 @@ type Manager struct {
 // with ErrBackendFailure ("libvirt not configured").
 func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, disc Discoverer, virt Virt, opts Options) *Manager {
 	m := &Manager{
-		log: opts.Logger, cat: cat, db: db, mig: mig, vgpu: vg, disc: disc, virt: virt,
+		log: opts.Logger, db: db, mig: mig, vgpu: vg, disc: disc, virt: virt,
 		now: opts.Now, crash: opts.Crash, retry: opts.BusyRetry, degraded: opts.Degraded,
-		gpuLocks: map[string]*sync.Mutex{}, grids: map[string]*placement.Grid{},
+		gpuLocks: map[string]*sync.Mutex{},
 		failedGPUs: map[string]string{}, events: newBroadcaster(), dirty: map[string]bool{},
 	}
 	if m.log == nil {
@@ -125,12 +127,50 @@ func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, dis
 	if m.retry == 0 {
 		m.retry = 10 * time.Second
 	}
+	m.SetCatalog(cat)
+	return m
+}
+
+// SetCatalog replaces the GPU catalog (SIGHUP): new requests plan with it;
+// records and the host are untouched.
+func (m *Manager) SetCatalog(cat *profile.Catalog) {
+	grids := map[string]*placement.Grid{}
 	for _, md := range cat.Models() {
 		if md.MIG != nil {
-			m.grids[md.Name] = placement.GridFromModel(md)
+			grids[md.Name] = placement.GridFromModel(md)
 		}
 	}
-	return m
+	m.confMu.Lock()
+	m.cat, m.grids = cat, grids
+	m.confMu.Unlock()
+}
+
+func (m *Manager) catalog() *profile.Catalog {
+	m.confMu.RLock()
+	defer m.confMu.RUnlock()
+	return m.cat
+}
+
+func (m *Manager) grid(model string) *placement.Grid {
+	m.confMu.RLock()
+	defer m.confMu.RUnlock()
+	return m.grids[model]
+}
+
+// SetVirt sets (or, with nil, drops) the libvirt connection; the daemon
+// connects after start-up, so that libvirtd, ordered after vgpud at boot,
+// is not waited for.
+func (m *Manager) SetVirt(v Virt) {
+	m.confMu.Lock()
+	m.virt = v
+	m.confMu.Unlock()
+}
+
+// lv is the libvirt connection, nil when there is none.
+func (m *Manager) lv() Virt {
+	m.confMu.RLock()
+	defer m.confMu.RUnlock()
+	return m.virt
 }
 
 // SetDegraded marks the manager degraded (reads work, carving is refused
@@ -187,13 +227,19 @@ func (m *Manager) refreshGPU(ctx context.Context, uuid string) {
 	}
 	m.invMu.Lock()
 	defer m.invMu.Unlock()
-	for i := range m.inv.GPUs {
-		if m.inv.GPUs[i].UUID == uuid {
-			m.inv.GPUs[i] = g
-			return
+	// Copy on write: Inventory hands out the slice to readers.
+	gpus := make([]gpu.GPU, 0, len(m.inv.GPUs)+1)
+	found := false
+	for _, x := range m.inv.GPUs {
+		if x.UUID == uuid {
+			x, found = g, true
 		}
+		gpus = append(gpus, x)
 	}
-	m.inv.GPUs = append(m.inv.GPUs, g)
+	if !found {
+		gpus = append(gpus, g)
+	}
+	m.inv.GPUs = gpus
 }
 
 // gpuByAnyID finds a GPU by UUID, PCI address or NVML index.

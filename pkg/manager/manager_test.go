@@ -551,3 +551,27 @@ func TestTenantLifecycle(t *testing.T) {
 		t.Fatalf("forced undefine left the device:\n%s", e.summary())
 	}
 }
+
+func TestFailedGPUFailsItsInstancesUntilCleared(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	r := e.mustCreate("acme", "L4-4Q", "")
+	e.m.MarkGPUFailed(r.GPUUUID, "XID 48 (double-bit ECC)")
+	if _, err := e.m.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := e.m.Instance(r.UUID)
+	if got.State != store.StateFailed || !strings.Contains(got.Reason, "XID 48") {
+		t.Fatalf("instance on a failed GPU: %s %q", got.State, got.Reason)
+	}
+	if _, err := e.create("acme", "L4-4Q", l4); !errors.Is(err, manager.ErrNoCapacity) {
+		t.Fatalf("carving on a failed GPU: %v", err)
+	}
+	e.m.MarkGPUFailed(r.GPUUUID, "")
+	if _, err := e.m.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.m.Instance(r.UUID); got.State != store.StateReady {
+		t.Fatalf("after the GPU is cleared: %s %q", got.State, got.Reason)
+	}
+}

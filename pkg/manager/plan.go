@@ -126,7 +126,7 @@ func (m *Manager) capacity(s *snapshot) []Capacity {
 	for _, f := range placement.Capacity(m.migFleet(s)) {
 		out = append(out, Capacity{Model: f.Model, Profile: f.Profile, Kind: string(store.KindMIG), Count: f.Count, GPUs: f.GPUs})
 		// MIG-backed vGPU types ride on the same GPU instances.
-		md, _ := m.cat.Model(f.Model)
+		md, _ := m.catalog().Model(f.Model)
 		if md == nil || md.VGPU == nil {
 			continue
 		}
@@ -141,7 +141,7 @@ func (m *Manager) capacity(s *snapshot) []Capacity {
 	counts := map[key]*Capacity{}
 	for _, h := range m.vgpuHosts(s) {
 		g := m.gpuOf(s, h.ID)
-		md, _ := m.cat.Model(h.Model)
+		md, _ := m.catalog().Model(h.Model)
 		for name := range h.Types {
 			t, _ := md.VGPUTypeByName(name)
 			n := min(placement.VGPURoom(h, name), s.freeDevices(g, t.ID))

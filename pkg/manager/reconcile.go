@@ -85,7 +85,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		m.refreshGPU(ctx, uuid)
 		delete(m.dirty, uuid)
 	}
-	if m.virt != nil {
+	if v := m.lv(); v != nil && virtReady(v) {
 		m.reconcileAttachments(ctx, &rep)
 	}
 	rep.Foreign = m.foreign()
@@ -220,7 +220,10 @@ func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *Recon
 	case store.OpAttach, store.OpDetach:
 		var p attachPayload
 		_ = json.Unmarshal(it.Payload, &p)
-		if !missing && m.virt != nil && p.Domain != "" {
+		if v := m.lv(); v != nil && !virtReady(v) {
+			return nil // settled once libvirt is connected (it reconciles again)
+		}
+		if !missing && m.lv() != nil && p.Domain != "" {
 			if err := m.settleAttach(ctx, rec, p, it.Op == store.OpAttach); err != nil {
 				return err
 			}
@@ -243,7 +246,7 @@ func (m *Manager) settleAttach(ctx context.Context, rec store.Instance, p attach
 	if err != nil {
 		return err
 	}
-	dom, err := m.virt.Domain(ctx, p.Domain)
+	dom, err := m.lv().Domain(ctx, p.Domain)
 	if errors.Is(err, virt.ErrDomainNotFound) {
 		return m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(rec.UUID) })
 	}
@@ -251,24 +254,24 @@ func (m *Manager) settleAttach(ctx context.Context, rec store.Instance, p attach
 		return err
 	}
 	if !attach {
-		if err := m.virt.Detach(ctx, dom.Name, h, rec.UUID); err != nil {
+		if err := m.lv().Detach(ctx, dom.Name, h, rec.UUID); err != nil {
 			return err
 		}
 		return m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(rec.UUID) })
 	}
-	held, err := m.virt.Attached(ctx, dom.Name)
+	held, err := m.lv().Attached(ctx, dom.Name)
 	if err != nil {
 		return err
 	}
 	for _, a := range held {
 		if a.Config && sameDevice(a.Hostdev, h) {
 			return m.db.Update(func(tx *store.Tx) error {
-				return tx.PutAttachment(store.Attachment{Instance: rec.UUID, Domain: dom.Name, DomainUUID: dom.UUID, URI: m.virt.URI(), Live: a.Live, Created: m.now()})
+				return tx.PutAttachment(store.Attachment{Instance: rec.UUID, Domain: dom.Name, DomainUUID: dom.UUID, URI: m.lv().URI(), Live: a.Live, Created: m.now()})
 			})
 		}
 	}
 	// The attach never reached the config: clear any metadata it left.
-	return m.virt.Detach(ctx, dom.Name, h, rec.UUID)
+	return m.lv().Detach(ctx, dom.Name, h, rec.UUID)
 }
 
 func sameDevice(a, b virt.Hostdev) bool {
@@ -294,6 +297,23 @@ func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *Reconcile
 			m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
 		}
 		rep.Lost = append(rep.Lost, r.UUID)
+		return nil
+	}
+	m.invMu.RLock()
+	why := m.failedGPUs[r.GPUUUID]
+	m.invMu.RUnlock()
+	if why != "" {
+		// A critical XID on a GPU that still answers: its instances are
+		// failed until the GPU is cleared (MarkGPUFailed(uuid, "")).
+		reason := "GPU failed: " + why
+		if r.State != store.StateFailed || r.Reason != reason {
+			r.State, r.Reason, r.Updated = store.StateFailed, reason, m.now()
+			if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) }); err != nil {
+				return err
+			}
+			m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
+		}
+		rep.Failed = append(rep.Failed, r.UUID)
 		return nil
 	}
 	before := *r
@@ -413,7 +433,7 @@ func (m *Manager) moveIfTaken(r *store.Instance, g *gpu.GPU) error {
 			s.byGPU[r.GPUUUID] = append(s.byGPU[r.GPUUUID], &s.recs[i])
 		}
 	}
-	md, _ := m.cat.Model(r.Model)
+	md, _ := m.catalog().Model(r.Model)
 	p, ok := md.GPUInstanceProfileByID(r.GIProfileID)
 	if !ok {
 		return fail(ErrBackendFailure, nil, "GPU model %s lost profile %d from the catalog", r.Model, r.GIProfileID)
@@ -507,7 +527,7 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 		if err != nil {
 			continue
 		}
-		held, err := m.virt.Attached(ctx, a.Domain)
+		held, err := m.lv().Attached(ctx, a.Domain)
 		if errors.Is(err, virt.ErrDomainNotFound) {
 			_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) })
 			rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s is gone", a.Instance, a.Domain))
@@ -532,9 +552,9 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 		if len(stale) > 0 {
 			// The device moved (another VF after a reboot): re-point the VM.
 			for _, old := range stale {
-				_ = m.virt.Detach(ctx, a.Domain, old, a.Instance)
+				_ = m.lv().Detach(ctx, a.Domain, old, a.Instance)
 			}
-			if _, err := m.virt.Attach(ctx, a.Domain, h, a.Instance); err != nil {
+			if _, err := m.lv().Attach(ctx, a.Domain, h, a.Instance); err != nil {
 				m.log.Warn("re-point VM at moved device", "vm", a.Domain, "instance", a.Instance, "err", err)
 				continue
 			}
@@ -561,7 +581,7 @@ func (m *Manager) foreign() []Foreign {
 					Detail: fmt.Sprintf("profile %d at %d+%d", gi.ProfileID, gi.Placement.Start, gi.Placement.Size)})
 			}
 		}
-		md, _ := m.cat.Model(g.Model)
+		md, _ := m.catalog().Model(g.Model)
 		if md == nil {
 			continue
 		}
@@ -582,4 +602,11 @@ func (m *Manager) foreign() []Foreign {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GPU+out[i].ID < out[j].GPU+out[j].ID })
 	return out
+}
+
+// virtReady: a Virt that connects in the background says whether it is
+// connected (the attachment check would otherwise wait for libvirtd).
+func virtReady(v Virt) bool {
+	r, ok := v.(interface{ Ready() bool })
+	return !ok || r.Ready()
 }

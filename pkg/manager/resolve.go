@@ -69,10 +69,10 @@ func (m *Manager) resolve(name string) ([]offer, error) {
 	if raw == "" {
 		return nil, fail(ErrInvalidArgument, nil, "no profile given (run `vgpuctl profiles` for the list)")
 	}
-	models := m.cat.Models()
+	models := m.catalog().Models()
 	want := raw
 	if mod, rest, ok := strings.Cut(raw, "/"); ok {
-		md, found := m.cat.Model(mod)
+		md, found := m.catalog().Model(mod)
 		if !found {
 			return nil, fail(ErrInvalidArgument, nil, "unknown GPU model %q in profile %q (known: %s)", mod, raw, m.modelNames())
 		}
@@ -122,7 +122,7 @@ func offersOn(md *profile.Model, name string) []offer {
 
 func (m *Manager) modelNames() string {
 	var names []string
-	for _, md := range m.cat.Models() {
+	for _, md := range m.catalog().Models() {
 		names = append(names, md.Name)
 	}
 	sort.Strings(names)
@@ -148,7 +148,7 @@ func (m *Manager) Profiles() []ProfileInfo {
 		present[g.Model] = true
 	}
 	var out []ProfileInfo
-	for _, md := range m.cat.Models() {
+	for _, md := range m.catalog().Models() {
 		if len(present) > 0 && !present[md.Name] {
 			continue
 		}

@@ -98,7 +98,7 @@ func (m *Manager) migFleet(s *snapshot) []placement.GPU {
 	var out []placement.GPU
 	for i := range s.inv.GPUs {
 		g := &s.inv.GPUs[i]
-		grid := m.grids[g.Model]
+		grid := m.grid(g.Model)
 		if grid == nil || !g.MIG.Capable {
 			continue
 		}
@@ -142,7 +142,7 @@ func (m *Manager) vgpuHosts(s *snapshot) []placement.VGPUHost {
 	var out []placement.VGPUHost
 	for i := range s.inv.GPUs {
 		g := &s.inv.GPUs[i]
-		md, ok := m.cat.Model(g.Model)
+		md, ok := m.catalog().Model(g.Model)
 		if !ok || md.VGPU == nil || g.VGPU.Flavour == gpu.FlavourNone || g.VGPU.Flavour == "" {
 			continue
 		}

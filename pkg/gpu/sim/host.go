@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,7 +54,8 @@ type Host struct {
 	lock    *os.File
 	st      *state
 	stamp   fileStamp
-	latency time.Duration
+	// latency is read by every NVML call without the host lock.
+	latency atomic.Int64
 	// tree is the sysfs tree the state implies; FS reads are served from it.
 	tree *tree
 	// mirror: also keep the tree on disk under DIR/sys (for people and
@@ -142,13 +144,18 @@ func Open(dir string, spec *Spec, cat *profile.Catalog, opts OpenOptions) (*Host
 		lf.Close()
 		return nil, fmt.Errorf("stat simulated host state: %w", statErr)
 	}
-	h.latency, _ = h.st.Spec.callLatency()
+	h.setLatency(&h.st.Spec)
 	h.updateTree()
 	if err := h.writeMirror(); err != nil {
 		lf.Close()
 		return nil, err
 	}
 	return h, nil
+}
+
+func (h *Host) setLatency(s *Spec) {
+	d, _ := s.callLatency()
+	h.latency.Store(int64(d))
 }
 
 // Close releases the host's files; the state stays on disk.
@@ -286,7 +293,7 @@ func (h *Host) load() error {
 	}
 	h.stamp = stampOf(fi)
 	h.rendered = nil
-	h.latency, _ = st.Spec.callLatency()
+	h.setLatency(&st.Spec)
 	h.tree = nil
 	h.updateTree()
 	return nil
@@ -539,7 +546,7 @@ func (h *Host) ClearFaults() error {
 func (h *Host) SetCallLatency(d time.Duration) error {
 	return h.mutate(func(st *state) (bool, error) {
 		st.Spec.Options.CallLatency = d.String()
-		h.latency = d
+		h.latency.Store(int64(d))
 		return true, nil
 	})
 }

@@ -216,8 +216,8 @@ func (l *lib) libCall(op string, fn func(st *state)) nvml.Return {
 // then, under the host lock, fault rules, the lost-GPU rule and fn. write
 // says fn may change the state. It returns fn's NVML return code.
 func (h *Host) call(op string, gpuIdx int, write bool, fn func(st *state, g *gpuState) (bool, nvml.Return)) nvml.Return {
-	if h.latency > 0 {
-		h.sleep(h.latency)
+	if d := time.Duration(h.latency.Load()); d > 0 {
+		h.sleep(d)
 	}
 	var delay time.Duration
 	ret := nvml.SUCCESS

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/virt"
+)
+
+// lazyVirt is the libvirt connection the manager uses, made in the
+// background: at boot vgpud is ordered before libvirtd (VMs must find their
+// devices), so start-up must not wait for it. Calls made before the
+// connection exists wait for it within their context; reconcile skips the
+// attachment check until Ready.
+type lazyVirt struct {
+	cfg   virt.Config
+	log   *slog.Logger
+	ready chan struct{}
+
+	mu   sync.Mutex
+	conn *virt.Conn
+}
+
+var _ manager.Virt = (*lazyVirt)(nil)
+
+func newLazyVirt(cfg virt.Config, log *slog.Logger) *lazyVirt {
+	return &lazyVirt{cfg: cfg, log: log, ready: make(chan struct{})}
+}
+
+// try makes one connection attempt bounded by timeout.
+func (l *lazyVirt) try(ctx context.Context, timeout time.Duration) error {
+	if l.Ready() {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	c, err := virt.Connect(cctx, l.cfg)
+	cancel()
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.conn = c
+	l.mu.Unlock()
+	close(l.ready)
+	l.log.Info("connected to libvirt", "uri", l.cfg.URI, "socket", l.cfg.Socket)
+	return nil
+}
+
+// connect dials until it succeeds or ctx ends, then calls onReady.
+func (l *lazyVirt) connect(ctx context.Context, onReady func()) {
+	delay := time.Second
+	for attempt := 1; ; attempt++ {
+		err := l.try(ctx, 10*time.Second)
+		if err == nil {
+			onReady()
+			return
+		}
+		if attempt == 1 {
+			l.log.Warn("libvirt not reachable yet; attach waits for it and vgpud keeps trying", "socket", l.cfg.Socket, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
+// Ready reports whether the connection exists.
+func (l *lazyVirt) Ready() bool {
+	select {
+	case <-l.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l *lazyVirt) get(ctx context.Context) (*virt.Conn, error) {
+	select {
+	case <-l.ready:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.conn, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("connecting to libvirtd at %s: %w", l.cfg.Socket, virt.ErrUnreachable)
+	}
+}
+
+func (l *lazyVirt) URI() string { return l.cfg.URI }
+
+func (l *lazyVirt) Domain(ctx context.Context, ref string) (virt.Domain, error) {
+	c, err := l.get(ctx)
+	if err != nil {
+		return virt.Domain{}, err
+	}
+	return c.Domain(ctx, ref)
+}
+
+func (l *lazyVirt) Attach(ctx context.Context, domain string, h virt.Hostdev, instance string) (bool, error) {
+	c, err := l.get(ctx)
+	if err != nil {
+		return false, err
+	}
+	return c.Attach(ctx, domain, h, instance)
+}
+
+func (l *lazyVirt) Detach(ctx context.Context, domain string, h virt.Hostdev, instance string) error {
+	c, err := l.get(ctx)
+	if err != nil {
+		return err
+	}
+	return c.Detach(ctx, domain, h, instance)
+}
+
+func (l *lazyVirt) Attached(ctx context.Context, ref string) ([]virt.Attached, error) {
+	c, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.Attached(ctx, ref)
+}
+
+// Events waits for the connection, then forwards its events.
+func (l *lazyVirt) Events(ctx context.Context) <-chan virt.Event {
+	out := make(chan virt.Event)
+	go func() {
+		defer close(out)
+		c, err := l.get(ctx)
+		if err != nil {
+			return
+		}
+		for ev := range c.Events(ctx) {
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+func (l *lazyVirt) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil {
+		l.conn.Close()
+	}
+}
