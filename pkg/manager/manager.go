@@ -112,7 +112,7 @@ func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, dis
 	m := &Manager{
 		log: opts.Logger, db: db, mig: mig, vgpu: vg, disc: disc, virt: virt,
 		now: opts.Now, crash: opts.Crash, retry: opts.BusyRetry, degraded: opts.Degraded,
-		gpuLocks: map[string]*sync.Mutex{},
+		gpuLocks:   map[string]*sync.Mutex{},
 		failedGPUs: map[string]string{}, events: newBroadcaster(), dirty: map[string]bool{},
 	}
 	if m.log == nil {

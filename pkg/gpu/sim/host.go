@@ -50,10 +50,10 @@ type Host struct {
 	cat *profile.Catalog
 	log *slog.Logger
 
-	mu      sync.Mutex
-	lock    *os.File
-	st      *state
-	stamp   fileStamp
+	mu    sync.Mutex
+	lock  *os.File
+	st    *state
+	stamp fileStamp
 	// latency is read by every NVML call without the host lock.
 	latency atomic.Int64
 	// tree is the sysfs tree the state implies; FS reads are served from it.
