@@ -24,8 +24,16 @@ type host struct {
 }
 
 func newLogger(cfg *Config) *slog.Logger {
+	l, _ := newLeveledLogger(cfg)
+	return l
+}
+
+// newLeveledLogger returns a logger whose level SIGHUP can change.
+func newLeveledLogger(cfg *Config) (*slog.Logger, *slog.LevelVar) {
 	lvl, _ := cfg.level()
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	v := &slog.LevelVar{}
+	v.Set(lvl)
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: v})), v
 }
 
 func loadCatalog(cfg *Config) (*profile.Catalog, error) {

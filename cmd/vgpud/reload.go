@@ -10,7 +10,7 @@ import (
 )
 
 // liveKeys are the settings reload applies to the running daemon.
-var liveKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true}
+var liveKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "logLevel": true}
 
 // reload re-reads the configuration file and the catalog on SIGHUP. State
 // is not touched: instance records, the host and operations in flight stay
@@ -35,8 +35,15 @@ func (d *daemon) reload() {
 	}
 	applied, restart := changedSettings(running(d.cfg), next)
 	d.cfg.applyLive(next)
+	if lvl, err := next.level(); err == nil && d.level != nil {
+		d.level.Set(lvl)
+	}
 	if !reflect.DeepEqual(cat.Models(), d.host.cat.Models()) {
-		restart = append(restart, "catalog")
+		// New requests plan with the new catalog; records and the host stay.
+		d.host.cat = cat
+		d.host.nvml.SetCatalog(cat)
+		d.mgr.SetCatalog(cat)
+		applied = append(applied, "catalog")
 	}
 	d.log.Info("configuration reloaded", "file", next.file, "applied", applied)
 	if len(restart) > 0 {

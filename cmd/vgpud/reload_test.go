@@ -84,7 +84,7 @@ func TestChangedSettings(t *testing.T) {
 			c.CriticalXIDs = []uint{120, 119, 95, 94, 79, 64, 62, 48}
 		}, applied: "[]", restart: "[]"},
 		{name: "live", change: func(c *Config) { c.UeventSettle = Duration{time.Second} }, applied: "[ueventSettle]", restart: "[]"},
-		{name: "restart", change: func(c *Config) { c.StateDir = "/srv"; c.LogLevel = "debug" }, applied: "[]", restart: "[logLevel stateDir]"},
+		{name: "restart", change: func(c *Config) { c.StateDir = "/srv"; c.LogLevel = "debug" }, applied: "[logLevel]", restart: "[stateDir]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -26,6 +26,7 @@ const stopTimeout = 60 * time.Second
 type daemon struct {
 	cfg    *Config
 	log    *slog.Logger
+	level  *slog.LevelVar
 	host   *host
 	db     *store.DB
 	virt   *lazyVirt
@@ -35,8 +36,8 @@ type daemon struct {
 
 // serve runs the daemon until ctx ends (SIGTERM/SIGINT).
 func serve(ctx context.Context, cfg *Config) error {
-	log := newLogger(cfg)
-	d := &daemon{cfg: cfg, log: log, notify: newNotifier(log)}
+	log, level := newLeveledLogger(cfg)
+	d := &daemon{cfg: cfg, log: log, level: level, notify: newNotifier(log)}
 	defer d.close()
 	if err := d.start(ctx); err != nil {
 		return err

@@ -64,6 +64,19 @@ func New(lib gonvml.Interface, cat *profile.Catalog, opts Options) *Backend {
 	return &Backend{lib: lib, cat: cat, log: log, observe: opts.Observer, profiles: map[string]map[int]int{}, known: map[int]gpu.GPU{}}
 }
 
+// SetCatalog replaces the catalog used to name models and profiles.
+func (b *Backend) SetCatalog(cat *profile.Catalog) {
+	b.mu.Lock()
+	b.cat = cat
+	b.mu.Unlock()
+}
+
+func (b *Backend) catalog() *profile.Catalog {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cat
+}
+
 // wrap turns an nvml.Return into an error carrying the matching gpu sentinel.
 func wrap(ret gonvml.Return) error {
 	if ret == gonvml.SUCCESS {

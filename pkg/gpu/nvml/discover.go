@@ -104,7 +104,7 @@ func (b *Backend) describeDevice(ctx context.Context, i int, d gonvml.Device) (g
 	if soft("name", b.do(ctx, "GetName", func() (r gonvml.Return) { g.Product, r = d.GetName(); return })) {
 		return g, ctx.Err()
 	}
-	if m, ok := b.cat.Identify(g.PCIDeviceID, g.Product); ok {
+	if m, ok := b.catalog().Identify(g.PCIDeviceID, g.Product); ok {
 		g.Model = m.Name
 	}
 	var mem gonvml.Memory
@@ -131,7 +131,7 @@ func (b *Backend) describeMIG(ctx context.Context, d gonvml.Device, g *gpu.GPU, 
 	g.MIG.Capable = true
 	g.MIG.Enabled = cur == gonvml.DEVICE_MIG_ENABLE
 	g.MIG.Pending = pend == gonvml.DEVICE_MIG_ENABLE
-	model, _ := b.cat.Model(g.Model)
+	model, _ := b.catalog().Model(g.Model)
 	for idx := 0; idx < gonvml.GPU_INSTANCE_PROFILE_COUNT; idx++ {
 		var info gonvml.GpuInstanceProfileInfo
 		err := b.do(ctx, "GetGpuInstanceProfileInfo", func() (r gonvml.Return) { info, r = d.GetGpuInstanceProfileInfo(idx); return })
