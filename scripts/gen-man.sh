@@ -1,5 +1,6 @@
 #!/bin/sh
-# Write vgpuctl's man pages (DIR/man/vgpuctl*.1) and its bash, zsh and fish
+# Write vgpuctl's man pages (DIR/man/vgpuctl*.1), vgpud's (DIR/man/vgpud*.8,
+# when a vgpud binary sits beside vgpuctl or $VGPUD names one) and vgpuctl's bash, zsh and fish
 # completion scripts (DIR/completions/) from the command definitions, so
 # they never drift from the binary. `make man` calls it.
 #
@@ -21,4 +22,9 @@ if [ -z "$bin" ]; then
 fi
 rm -rf "$out/man" "$out/completions"
 "$bin" gen-docs --man "$out/man" --completions "$out/completions"
+# vgpud's own pages (section 8), from a vgpud built beside vgpuctl.
+vgpud=${VGPUD:-$(dirname "$bin")/vgpud}
+if [ -x "$vgpud" ]; then
+	"$vgpud" gen-docs --man "$out/man"
+fi
 echo "man pages in $out/man, completions in $out/completions"

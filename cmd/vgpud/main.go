@@ -53,6 +53,6 @@ func run() error {
 	root.SetVersionTemplate("vgpud {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cfg.bindFlags(root.PersistentFlags())
-	root.AddCommand(inventoryCmd(cfg), simCmd(cfg))
+	root.AddCommand(inventoryCmd(cfg), simCmd(cfg), genDocsCmd())
 	return root.ExecuteContext(ctx)
 }
