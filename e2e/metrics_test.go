@@ -354,8 +354,8 @@ scrape_configs:
 	// What the scenario should show: the switch landed, the victim is no
 	// longer starved, the power cap shows on the MIG instances.
 	for _, want := range []struct{ expr, what string }{
-		{fmt.Sprintf(`vgpud_gpu_scheduler_policy_switches_total{from="best_effort",to="fixed_share"} >= 1`), "a best-effort -> fixed-share switch"},
-		{fmt.Sprintf(`vgpud_gpu_scheduler_policy_refusals_total{reason="not_supported"} >= 1`), "the driver's NOT_SUPPORTED refusals counted"},
+		{`vgpud_gpu_scheduler_policy_switches_total{from="best_effort",to="fixed_share"} >= 1`, "a best-effort -> fixed-share switch"},
+		{`vgpud_gpu_scheduler_policy_refusals_total{reason="not_supported"} >= 1`, "the driver's NOT_SUPPORTED refusals counted"},
 		{fmt.Sprintf(`vgpud_instance_interference_index{instance_uuid=%q} <= 0.05`, victim.UUID), "the victim's interference down after the switch"},
 		{fmt.Sprintf(`max_over_time(vgpud_instance_interference_index{instance_uuid=%q}[1m]) >= 0.3`, victim.UUID), "the victim starved before the switch"},
 		{fmt.Sprintf(`vgpud_instance_clock_event_seconds_total{instance_uuid=%q,reason="sw_power_cap"} > 0`, migA.UUID), "power-cap time attributed to the MIG instance"},

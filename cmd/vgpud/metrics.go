@@ -32,7 +32,7 @@ const slowNVMLCall = time.Second
 // collection every CollectInterval and the /metrics endpoint serving
 // its latest rendering. stop shuts them down.
 func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
-	src := managerSource{d: d}
+	src := &inventoryCache{src: managerSource{d: d}, maxAge: inventoryMaxAge}
 	loop, err := share.New(src, nvmldriver.New(d.host.nvml), share.Config{
 		Mode:   share.Adaptive,
 		Logger: d.log.With("component", "share"),
@@ -104,7 +104,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			d.log.Error("share loop", "err", err)
 		}
 	})
-	run(func() { forwardEvents(rctx, d, events, col, loop) })
+	run(func() { forwardEvents(rctx, d, events, col, loop, src) })
 	return func() {
 		cancel()
 		unsubscribe()
@@ -119,7 +119,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 
 // forwardEvents counts the manager's events in the metrics and lets the
 // share loop retry a pending policy switch as soon as a VM changes state.
-func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, col *metrics.Collector, loop *share.Loop) {
+func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, col *metrics.Collector, loop *share.Loop, inv *inventoryCache) {
 	for {
 		var e manager.Event
 		var ok bool
@@ -131,8 +131,12 @@ func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, 
 				return
 			}
 		}
-		if e.Kind == manager.EventVM {
+		switch e.Kind {
+		case manager.EventVM:
 			loop.Kick()
+		case manager.EventInstanceAdded, manager.EventInstanceChanged, manager.EventInstanceRemoved,
+			manager.EventTenantAdded, manager.EventTenantChanged, manager.EventTenantRemoved, manager.EventGPUChanged, manager.EventGPULost:
+			inv.invalidate()
 		}
 		if col == nil {
 			continue
@@ -158,6 +162,53 @@ func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, 
 			col.Observe(ev)
 		}
 	}
+}
+
+// inventoryMaxAge bounds how long a cached inventory is used without a
+// manager event saying it changed (events a slow subscriber lost).
+const inventoryMaxAge = 30 * time.Second
+
+// inventoryCache keeps the manager's inventory between the share loop's
+// windows and the metrics' collections: reading it decodes every record,
+// and it changes only when the manager says so.
+type inventoryCache struct {
+	src    share.Source
+	maxAge time.Duration
+
+	mu    sync.Mutex
+	inv   share.Inventory
+	at    time.Time
+	valid bool
+	gen   uint64
+}
+
+func (c *inventoryCache) invalidate() {
+	c.mu.Lock()
+	c.valid = false
+	c.gen++
+	c.mu.Unlock()
+}
+
+func (c *inventoryCache) Inventory(ctx context.Context) (share.Inventory, error) {
+	c.mu.Lock()
+	if c.valid && time.Since(c.at) < c.maxAge {
+		inv := c.inv
+		c.mu.Unlock()
+		return inv, nil
+	}
+	gen := c.gen
+	c.mu.Unlock()
+	inv, err := c.src.Inventory(ctx)
+	if err != nil {
+		return inv, err
+	}
+	c.mu.Lock()
+	// An event that came while reading means the read may be stale.
+	if c.gen == gen {
+		c.inv, c.at, c.valid = inv, time.Now(), true
+	}
+	c.mu.Unlock()
+	return inv, nil
 }
 
 // managerSource is the inventory the share loop and the metrics read:

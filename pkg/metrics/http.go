@@ -30,24 +30,16 @@ func (c *Collector) Handler() http.Handler {
 			ageFamily + " " + strconv.FormatFloat(age, 'g', -1, 64) + "\n"
 		w.Header().Set("Content-Type", contentType)
 		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
-			out.gzOnce.Do(func() {
-				var buf bytes.Buffer
-				zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
-				zw.Write(out.text)
-				zw.Close()
-				out.gz = buf.Bytes()
-			})
+			out.gzOnce.Do(func() { out.gz = c.gzip(out.text) })
 			// A gzip stream may be followed by another member: the age
 			// goes in a second one, so the cached first stays as it is.
-			var tb bytes.Buffer
-			zw, _ := gzip.NewWriterLevel(&tb, gzip.BestSpeed)
-			zw.Write([]byte(tail))
-			zw.Close()
+			// Compressors are pooled: each holds buffers of hundreds of KiB.
+			tz := c.gzip([]byte(tail))
 			w.Header().Set("Content-Encoding", "gzip")
-			w.Header().Set("Content-Length", strconv.Itoa(len(out.gz)+tb.Len()))
+			w.Header().Set("Content-Length", strconv.Itoa(len(out.gz)+len(tz)))
 			if r.Method == http.MethodGet {
 				w.Write(out.gz)
-				w.Write(tb.Bytes())
+				w.Write(tz)
 			}
 			return
 		}
@@ -57,4 +49,20 @@ func (c *Collector) Handler() http.Handler {
 			w.Write([]byte(tail))
 		}
 	})
+}
+
+// gzip compresses b with a pooled compressor (each holds buffers of
+// hundreds of KiB, too much to allocate per scrape).
+func (c *Collector) gzip(b []byte) []byte {
+	var buf bytes.Buffer
+	zw, _ := c.gzips.Get().(*gzip.Writer)
+	if zw == nil {
+		zw, _ = gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+	} else {
+		zw.Reset(&buf)
+	}
+	zw.Write(b)
+	zw.Close()
+	c.gzips.Put(zw)
+	return buf.Bytes()
 }

@@ -1,7 +1,10 @@
 package metrics
 
 import (
+	"bytes"
+	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,8 +40,7 @@ var (
 )
 
 type live struct {
-	nvmlDur    *prometheus.HistogramVec
-	nvmlErrs   *prometheus.CounterVec
+	nvml       nvmlStats
 	xid        *prometheus.CounterVec
 	lost       *prometheus.CounterVec
 	ops        *prometheus.CounterVec
@@ -48,11 +50,7 @@ type live struct {
 
 func newLive(reg *prometheus.Registry) *live {
 	l := &live{
-		nvmlDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vgpud_nvml_call_duration_seconds",
-			Help:    "Latency of NVML calls by operation.",
-			Buckets: []float64{5e-6, 25e-6, 100e-6, 500e-6, 0.002, 0.01, 0.05, 0.25, 1, 5}}, []string{"op"}),
-		nvmlErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_nvml_call_errors_total",
-			Help: "NVML calls that failed, by operation and return code."}, []string{"op", "code"}),
+		nvml: nvmlStats{ops: map[string]*opStats{}},
 		xid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_xid_events_total",
 			Help: "NVML XID critical error events by GPU and XID code."}, []string{"gpu", "xid"}),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_gpu_lost_events_total",
@@ -64,7 +62,7 @@ func newLive(reg *prometheus.Registry) *live {
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}}, []string{"op", "outcome"}),
 		gpus: map[string]bool{},
 	}
-	reg.MustRegister(l.nvmlDur, l.nvmlErrs, l.xid, l.lost, l.ops, l.opDuration)
+	reg.MustRegister(l.xid, l.lost, l.ops, l.opDuration)
 	for _, op := range knownOps {
 		for _, o := range knownOutcomes {
 			l.ops.WithLabelValues(op, o)
@@ -90,9 +88,115 @@ func (l *live) touchGPU(uuid string) {
 // ObserveNVML records one NVML call: its latency, and its return code
 // when it failed (code "" means success). Safe for concurrent use.
 func (c *Collector) ObserveNVML(op string, took time.Duration, code string) {
-	c.live.nvmlDur.WithLabelValues(op).Observe(took.Seconds())
+	c.live.nvml.observe(op, took, code)
+}
+
+// nvmlBuckets are the NVML call latency histogram's upper bounds (s).
+var nvmlBuckets = [...]float64{5e-6, 25e-6, 100e-6, 500e-6, 0.002, 0.01, 0.05, 0.25, 1, 5}
+
+// nvmlStats is the NVML call histogram and error counts. It is rendered
+// straight to text: with a series per operation and bucket it is the
+// largest live family, and a registry's Gather of it costs more than the
+// rest of a collection.
+type nvmlStats struct {
+	mu  sync.Mutex
+	ops map[string]*opStats
+}
+
+type opStats struct {
+	buckets [len(nvmlBuckets)]uint64
+	count   uint64
+	sum     float64
+	errs    map[string]uint64
+}
+
+func (n *nvmlStats) observe(op string, took time.Duration, code string) {
+	s := took.Seconds()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	o := n.ops[op]
+	if o == nil {
+		o = &opStats{}
+		n.ops[op] = o
+	}
+	for i, ub := range nvmlBuckets {
+		if s <= ub {
+			o.buckets[i]++
+			break
+		}
+	}
+	o.count++
+	o.sum += s
 	if code != "" {
-		c.live.nvmlErrs.WithLabelValues(op, code).Inc()
+		if o.errs == nil {
+			o.errs = map[string]uint64{}
+		}
+		o.errs[code]++
+	}
+}
+
+// write renders vgpud_nvml_call_duration_seconds and vgpud_nvml_call_errors_total.
+func (n *nvmlStats) write(w *bytes.Buffer) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	names := make([]string, 0, len(n.ops))
+	for op := range n.ops {
+		names = append(names, op)
+	}
+	sort.Strings(names)
+	var b []byte
+	b = append(b, "# HELP vgpud_nvml_call_duration_seconds Latency of NVML calls by operation.\n# TYPE vgpud_nvml_call_duration_seconds histogram\n"...)
+	for _, op := range names {
+		o := n.ops[op]
+		cum := uint64(0)
+		for i, ub := range nvmlBuckets {
+			cum += o.buckets[i]
+			b = append(b, `vgpud_nvml_call_duration_seconds_bucket{op="`...)
+			b = appendEscaped(b, op)
+			b = append(b, `",le="`...)
+			b = strconv.AppendFloat(b, ub, 'g', -1, 64)
+			b = append(b, `"} `...)
+			b = strconv.AppendUint(b, cum, 10)
+			b = append(b, '\n')
+		}
+		b = append(b, `vgpud_nvml_call_duration_seconds_bucket{op="`...)
+		b = appendEscaped(b, op)
+		b = append(b, `",le="+Inf"} `...)
+		b = strconv.AppendUint(b, o.count, 10)
+		b = append(b, "\nvgpud_nvml_call_duration_seconds_sum{op=\""...)
+		b = appendEscaped(b, op)
+		b = append(b, `"} `...)
+		b = appendFloat(b, o.sum)
+		b = append(b, "\nvgpud_nvml_call_duration_seconds_count{op=\""...)
+		b = appendEscaped(b, op)
+		b = append(b, `"} `...)
+		b = strconv.AppendUint(b, o.count, 10)
+		b = append(b, '\n')
+	}
+	errs := false
+	for _, op := range names {
+		o := n.ops[op]
+		codes := make([]string, 0, len(o.errs))
+		for c := range o.errs {
+			codes = append(codes, c)
+		}
+		sort.Strings(codes)
+		for _, c := range codes {
+			if !errs {
+				errs = true
+				b = append(b, "# HELP vgpud_nvml_call_errors_total NVML calls that failed, by operation and return code.\n# TYPE vgpud_nvml_call_errors_total counter\n"...)
+			}
+			b = append(b, `vgpud_nvml_call_errors_total{op="`...)
+			b = appendEscaped(b, op)
+			b = append(b, `",code="`...)
+			b = appendEscaped(b, c)
+			b = append(b, `"} `...)
+			b = strconv.AppendUint(b, o.errs[c], 10)
+			b = append(b, '\n')
+		}
+	}
+	if len(names) > 0 {
+		w.Write(b)
 	}
 }
 

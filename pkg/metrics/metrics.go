@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sort"
 	"strconv"
@@ -29,6 +30,10 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/share"
 )
+
+// processEvery is how many collections the process_* and go_* families
+// are kept for before they are read again.
+const processEvery = 10
 
 // ErrBadConfig is wrapped by New's validation errors.
 var ErrBadConfig = errors.New("invalid metrics configuration")
@@ -63,19 +68,28 @@ type Config struct {
 
 // Collector collects in the background and serves the latest rendering.
 type Collector struct {
-	cfg   Config
-	log   *slog.Logger
-	reg   *prometheus.Registry
-	live  *live
-	snap  *snapshotCollector
-	descs map[string]*prometheus.Desc
-	types map[string]prometheus.ValueType
+	cfg  Config
+	log  *slog.Logger
+	reg  *prometheus.Registry
+	live *live
+	// proc holds the process_* and go_* collectors; reading /proc and the
+	// runtime costs more than the rest, so they are rendered every
+	// processEvery collections and the rendering kept.
+	proc     *prometheus.Registry
+	procText []byte
+	// bufs are the family buffers of the last collection, reused.
+	bufs [][]byte
+	// fams are the snapshot families in the order they are rendered, and
+	// famIdx finds one by name.
+	fams   []family
+	famIdx map[string]int
 
 	mu          sync.Mutex // one collection at a time
 	collections uint64
 	collectors  map[string]collectorRun
 
-	out atomic.Pointer[rendering]
+	out   atomic.Pointer[rendering]
+	gzips sync.Pool // *gzip.Writer for the scrape-time tail
 }
 
 type collectorRun struct {
@@ -109,17 +123,16 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Collector{cfg: cfg, log: cfg.Logger, reg: prometheus.NewRegistry(), descs: map[string]*prometheus.Desc{},
-		types: map[string]prometheus.ValueType{}, collectors: map[string]collectorRun{}}
-	for _, f := range snapshotFamilies() {
-		c.descs[f.name] = prometheus.NewDesc(f.name, f.help, f.labels, nil)
-		c.types[f.name] = f.typ
+	c := &Collector{cfg: cfg, log: cfg.Logger, reg: prometheus.NewRegistry(), famIdx: map[string]int{},
+		collectors: map[string]collectorRun{}}
+	c.fams = snapshotFamilies()
+	for i, f := range c.fams {
+		c.famIdx[f.name] = i
 	}
 	c.live = newLive(c.reg)
-	c.snap = &snapshotCollector{}
-	c.reg.MustRegister(c.snap)
 	if cfg.Process {
-		c.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
+		c.proc = prometheus.NewRegistry()
+		c.proc.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	}
 	c.out.Store(&rendering{})
 	return c, nil
@@ -141,40 +154,93 @@ func (c *Collector) Run(ctx context.Context) {
 	}
 }
 
-// snapshotCollector hands the registry the metrics one collection built.
-type snapshotCollector struct {
-	metrics []prometheus.Metric
-}
-
-// Describe sends nothing: the families vary with the host, so the
-// collector is unchecked.
-func (s *snapshotCollector) Describe(chan<- *prometheus.Desc) {}
-
-func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, m := range s.metrics {
-		ch <- m
-	}
-}
-
-// batch accumulates one collection's metrics.
+// batch accumulates one collection's snapshot families, rendered in the
+// text exposition format as they are added (one buffer per family, so a
+// family's series stay together whatever order they come in).
 type batch struct {
-	c   *Collector
-	out []prometheus.Metric
-	err error
+	c    *Collector
+	bufs [][]byte
+	err  error
 }
 
 func (b *batch) add(name string, v float64, labels ...string) {
-	d := b.c.descs[name]
-	if d == nil {
+	i, ok := b.c.famIdx[name]
+	if !ok {
 		b.err = errors.Join(b.err, fmt.Errorf("metric %s is not declared", name))
 		return
 	}
-	m, err := prometheus.NewConstMetric(d, b.c.types[name], v, labels...)
-	if err != nil {
-		b.err = errors.Join(b.err, fmt.Errorf("metric %s: %w", name, err))
+	f := &b.c.fams[i]
+	if len(labels) != len(f.labels) {
+		b.err = errors.Join(b.err, fmt.Errorf("metric %s: %d label values for %d labels", name, len(labels), len(f.labels)))
 		return
 	}
-	b.out = append(b.out, m)
+	if b.bufs == nil {
+		b.bufs = make([][]byte, len(b.c.fams))
+	}
+	buf := b.bufs[i]
+	buf = append(buf, name...)
+	if len(labels) > 0 {
+		buf = append(buf, '{')
+		for j, l := range f.labels {
+			if j > 0 {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, l...)
+			buf = append(buf, '=', '"')
+			buf = appendEscaped(buf, labels[j])
+			buf = append(buf, '"')
+		}
+		buf = append(buf, '}')
+	}
+	buf = append(buf, ' ')
+	buf = appendFloat(buf, v)
+	buf = append(buf, '\n')
+	b.bufs[i] = buf
+}
+
+// appendEscaped escapes a label value as the text format wants.
+func appendEscaped(buf []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\\':
+			buf = append(buf, '\\', '\\')
+		case '"':
+			buf = append(buf, '\\', '"')
+		case '\n':
+			buf = append(buf, '\\', 'n')
+		default:
+			buf = append(buf, c)
+		}
+	}
+	return buf
+}
+
+func appendFloat(buf []byte, v float64) []byte {
+	switch {
+	case math.IsNaN(v):
+		return append(buf, "NaN"...)
+	case math.IsInf(v, 1):
+		return append(buf, "+Inf"...)
+	case math.IsInf(v, -1):
+		return append(buf, "-Inf"...)
+	}
+	return strconv.AppendFloat(buf, v, 'g', -1, 64)
+}
+
+// write renders the families that have series, with their HELP and TYPE.
+func (b *batch) write(w *bytes.Buffer) {
+	for i, buf := range b.bufs {
+		if len(buf) == 0 {
+			continue
+		}
+		f := &b.c.fams[i]
+		typ := "gauge"
+		if f.typ == prometheus.CounterValue {
+			typ = "counter"
+		}
+		w.WriteString("# HELP " + f.name + " " + f.help + "\n# TYPE " + f.name + " " + typ + "\n")
+		w.Write(buf)
+	}
 }
 
 // Collect runs one collection now and publishes its rendering.
@@ -182,7 +248,10 @@ func (c *Collector) Collect(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	start := time.Now()
-	b := &batch{c: c}
+	b := &batch{c: c, bufs: c.bufs}
+	for i := range b.bufs {
+		b.bufs[i] = b.bufs[i][:0]
+	}
 	var errs error
 
 	t0 := time.Now()
@@ -224,19 +293,37 @@ func (c *Collector) Collect(ctx context.Context) error {
 	if b.err != nil {
 		errs = errors.Join(errs, b.err)
 	}
-	c.snap.metrics = b.out
 	mfs, gerr := c.reg.Gather()
-	c.snap.metrics = nil
 	if gerr != nil {
 		errs = errors.Join(errs, fmt.Errorf("gather: %w", gerr))
 	}
 	var buf bytes.Buffer
 	buf.Grow(len(c.out.Load().text) + 4096)
+	b.write(&buf)
+	c.live.nvml.write(&buf)
+	c.bufs = b.bufs // the next collection reuses their memory
 	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
 	for _, mf := range mfs {
 		if err := enc.Encode(mf); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("encode %s: %w", mf.GetName(), err))
 		}
+	}
+	if c.proc != nil {
+		if c.procText == nil || c.collections%processEvery == 1 {
+			var pb bytes.Buffer
+			pmfs, err := c.proc.Gather()
+			if err != nil {
+				errs = errors.Join(errs, fmt.Errorf("gather process metrics: %w", err))
+			}
+			penc := expfmt.NewEncoder(&pb, expfmt.NewFormat(expfmt.TypeTextPlain))
+			for _, mf := range pmfs {
+				if err := penc.Encode(mf); err != nil {
+					errs = errors.Join(errs, fmt.Errorf("encode %s: %w", mf.GetName(), err))
+				}
+			}
+			c.procText = pb.Bytes()
+		}
+		buf.Write(c.procText)
 	}
 	c.out.Store(&rendering{text: buf.Bytes(), at: now})
 	return errs

@@ -326,3 +326,21 @@ func TestScrapeServesTheSnapshot(t *testing.T) {
 		t.Errorf("gzip scrape: %v", rec.Header())
 	}
 }
+
+// TestDocsListEveryFamily keeps docs/metrics.md's table complete.
+func TestDocsListEveryFamily(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range metrics.FamilyNames() {
+		for _, suf := range []string{"_bucket", "_sum", "_count"} {
+			if strings.HasSuffix(n, suf) && strings.HasPrefix(n, "vgpud_") && (strings.Contains(n, "duration_seconds")) {
+				n = strings.TrimSuffix(n, suf)
+			}
+		}
+		if !strings.Contains(string(doc), "`"+n+"`") {
+			t.Errorf("docs/metrics.md does not list %s", n)
+		}
+	}
+}

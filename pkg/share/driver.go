@@ -27,7 +27,9 @@ type GPUDriver interface {
 	// VGPUUtilization returns samples newer than since (µs) and the newest timestamp.
 	VGPUUtilization(ctx context.Context, since uint64) ([]UtilSample, uint64, error)
 	Clocks(ctx context.Context) (Clocks, error)
-	Telemetry(ctx context.Context) (Telemetry, error)
+	// Telemetry reads power, energy, temperature and utilization; with full
+	// also what moves slowly (power limit, maximum clock, memory).
+	Telemetry(ctx context.Context, full bool) (Telemetry, error)
 	// MIGActivity samples the GPU instances and returns their activity
 	// since the previous call (instances seen the first time are absent).
 	MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity, error)

@@ -58,6 +58,7 @@ type gpuPoller struct {
 	windows   int
 	utilSince uint64
 	active    int
+	migMem    map[int][2]uint64
 
 	inst map[string]*instAcc
 
@@ -148,7 +149,7 @@ func (p *gpuPoller) poll(ctx context.Context, now time.Time) {
 	}
 	if !p.hasTel {
 		// The maximum clock is needed to read the first clock samples.
-		if t, err := p.drv.Telemetry(ctx); err == nil {
+		if t, err := p.drv.Telemetry(ctx, true); err == nil {
 			p.tel, p.hasTel, p.maxMHz = t, true, t.SMMaxMHz
 		}
 	}
@@ -277,8 +278,9 @@ func matchVGPUs(insts []Instance, active []VGPU) map[string]VGPU {
 func (p *gpuPoller) closeWindow(ctx context.Context, now time.Time, window time.Duration, insts []Instance) []InstanceShare {
 	secs := window.Seconds()
 	p.windows++
+	slow := p.windows == 1 || p.windows%p.l.cfg.SlowEvery == 0
 	if p.windows == 1 || p.windows%p.l.cfg.TelemetryEvery == 0 {
-		if t, err := p.drv.Telemetry(ctx); err != nil {
+		if t, err := p.drv.Telemetry(ctx, slow); err != nil {
 			p.fail(now, "telemetry", err)
 		} else {
 			p.tel, p.hasTel = t, true
@@ -342,10 +344,16 @@ func (p *gpuPoller) closeWindow(ctx context.Context, now time.Time, window time.
 		if err != nil {
 			p.fail(now, "MIG activity", err)
 		}
-		mem, err := p.drv.MIGMemory(ctx)
-		if err != nil {
-			p.fail(now, "MIG memory", err)
+		// Framebuffer use moves slowly: it is read every few windows.
+		if slow || p.migMem == nil {
+			mem, err := p.drv.MIGMemory(ctx)
+			if err != nil {
+				p.fail(now, "MIG memory", err)
+			} else {
+				p.migMem = mem
+			}
 		}
+		mem := p.migMem
 		for _, i := range insts {
 			if a, ok := act[i.GI]; ok && i.GI >= 0 {
 				m := Measured{Busy: min(1, a.SM), Saturated: a.SM >= saturatedMIG, Clock: clock}

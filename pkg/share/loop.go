@@ -138,8 +138,12 @@ func (l *Loop) Step(ctx context.Context) error {
 		}
 		l.windowStart = now
 	}
-	l.each(func(p *gpuPoller) { p.poll(ctx, now) })
-	if now.Sub(l.windowStart) < l.cfg.Window-l.cfg.Poll/2 {
+	closing := now.Sub(l.windowStart) >= l.cfg.Window-l.cfg.Poll/2
+	// Time-sliced GPUs are read every poll (the scheduler log ring needs
+	// it); MIG GPUs, whose clocks are all there is to poll, once a window.
+	l.eachWhere(func(p *gpuPoller) bool { return closing || p.timeSliced() || p.pending != nil },
+		func(p *gpuPoller) { p.poll(ctx, now) })
+	if !closing {
 		return nil
 	}
 	window := now.Sub(l.windowStart)
@@ -191,10 +195,14 @@ func (l *Loop) Step(ctx context.Context) error {
 // each runs fn for every polled GPU, the GPUs in parallel (a slow driver
 // on one GPU does not hold the others up).
 func (l *Loop) each(fn func(p *gpuPoller)) {
+	l.eachWhere(func(*gpuPoller) bool { return true }, fn)
+}
+
+func (l *Loop) eachWhere(want func(p *gpuPoller) bool, fn func(p *gpuPoller)) {
 	var wg sync.WaitGroup
 	for _, g := range l.inv.GPUs {
 		p := l.pollers[g.UUID]
-		if p == nil || !polled(g) {
+		if p == nil || !polled(g) || !want(p) {
 			continue
 		}
 		wg.Add(1)

@@ -166,6 +166,10 @@ type Config struct {
 	// TelemetryEvery reads power, temperature and memory every this many
 	// windows (default 1).
 	TelemetryEvery int
+	// SlowEvery reads what moves slowly (power limit, maximum clock, GPU
+	// memory, MIG instances' framebuffer use) every this many windows
+	// (default 5).
+	SlowEvery int
 	// SharedPolicy is the policy of GPUs with no starved (adaptive) or no
 	// guaranteed (static) instance: best_effort (default) or equal_share.
 	SharedPolicy Policy
@@ -219,6 +223,9 @@ func (c *Config) defaults() error {
 	if c.TelemetryEvery == 0 {
 		c.TelemetryEvery = 1
 	}
+	if c.SlowEvery == 0 {
+		c.SlowEvery = 5
+	}
 	if c.SharedPolicy == "" {
 		c.SharedPolicy = BestEffort
 	}
@@ -243,7 +250,7 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("%w: shared policy %q: want best_effort or equal_share", ErrBadConfig, c.SharedPolicy)
 	case c.Threshold <= 0 || c.Threshold >= 1 || c.Release <= 0 || c.Release > c.Threshold:
 		return fmt.Errorf("%w: thresholds %v/%v: want 0 < release <= threshold < 1", ErrBadConfig, c.Release, c.Threshold)
-	case c.Timeslice < 0 || c.TelemetryEvery < 0:
+	case c.Timeslice < 0 || c.TelemetryEvery < 0 || c.SlowEvery < 0:
 		return fmt.Errorf("%w: negative timeslice or telemetry interval", ErrBadConfig)
 	}
 	return nil

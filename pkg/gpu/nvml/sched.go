@@ -99,14 +99,18 @@ type Probe struct {
 	b    *Backend
 	uuid string
 
-	mu  sync.Mutex
-	dev gonvml.Device
-	gpm map[int]gonvml.GpmSample
+	mu           sync.Mutex
+	dev          gonvml.Device
+	gpm          map[int]*migSamples
+	gpmChecked   bool
+	gpmSupported bool
+	tel          Telemetry
+	telRead      bool
 }
 
 // Probe returns a reader of the GPU with uuid.
 func (b *Backend) Probe(uuid string) *Probe {
-	return &Probe{b: b, uuid: uuid, gpm: map[int]gonvml.GpmSample{}}
+	return &Probe{b: b, uuid: uuid, gpm: map[int]*migSamples{}}
 }
 
 // UUID is the probed GPU's UUID.

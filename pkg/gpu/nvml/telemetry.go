@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -173,51 +172,74 @@ type Telemetry struct {
 	MemTotal, MemUse uint64
 }
 
-// Telemetry reads the GPU's utilization, power, energy, temperature,
-// maximum clock and memory. A GPU that is lost fails the whole read.
-func (p *Probe) Telemetry(ctx context.Context) (Telemetry, error) {
-	var t Telemetry
+// Telemetry reads the GPU's utilization, power, energy and temperature.
+// With full it also reads what moves slowly (power limit, maximum clock,
+// memory) and which readings the GPU supports in its mode; without, those
+// come from the last full read and unsupported readings are not asked for
+// again. A GPU that is lost fails the whole read.
+func (p *Probe) Telemetry(ctx context.Context, full bool) (Telemetry, error) {
+	p.mu.Lock()
+	t, known := p.tel, p.telRead
+	p.mu.Unlock()
+	if !known {
+		full = true
+	}
 	soft := func(err error) error {
 		if err == nil || errors.Is(err, gpu.ErrNotSupported) {
 			return nil
 		}
 		return err
 	}
-	var u gonvml.Utilization
-	err := p.call(ctx, "GetUtilizationRates", func(d gonvml.Device) (r gonvml.Return) { u, r = d.GetUtilizationRates(); return })
-	if err == nil {
-		t.HasUtil, t.Util, t.MemUtil = true, float64(u.Gpu)/100, float64(u.Memory)/100
-	} else if err := soft(err); err != nil {
-		return t, err
+	if full || t.HasUtil {
+		var u gonvml.Utilization
+		err := p.call(ctx, "GetUtilizationRates", func(d gonvml.Device) (r gonvml.Return) { u, r = d.GetUtilizationRates(); return })
+		if err == nil {
+			t.HasUtil, t.Util, t.MemUtil = true, float64(u.Gpu)/100, float64(u.Memory)/100
+		} else if err := soft(err); err != nil {
+			return t, err
+		} else {
+			t.HasUtil = false
+		}
 	}
-	var mw, limit uint32
+	var mw uint32
 	if err := soft(p.call(ctx, "GetPowerUsage", func(d gonvml.Device) (r gonvml.Return) { mw, r = d.GetPowerUsage(); return })); err != nil {
 		return t, err
 	}
-	if err := soft(p.call(ctx, "GetEnforcedPowerLimit", func(d gonvml.Device) (r gonvml.Return) { limit, r = d.GetEnforcedPowerLimit(); return })); err != nil {
-		return t, err
-	}
-	t.PowerW, t.PowerLimitW = float64(mw)/1000, float64(limit)/1000
-	var mj uint64
-	err = p.call(ctx, "GetTotalEnergyConsumption", func(d gonvml.Device) (r gonvml.Return) { mj, r = d.GetTotalEnergyConsumption(); return })
-	if err == nil {
-		t.HasEnergy, t.EnergyJ = true, float64(mj)/1000
-	} else if err := soft(err); err != nil {
-		return t, err
+	t.PowerW = float64(mw) / 1000
+	if full || t.HasEnergy {
+		var mj uint64
+		err := p.call(ctx, "GetTotalEnergyConsumption", func(d gonvml.Device) (r gonvml.Return) { mj, r = d.GetTotalEnergyConsumption(); return })
+		if err == nil {
+			t.HasEnergy, t.EnergyJ = true, float64(mj)/1000
+		} else if err := soft(err); err != nil {
+			return t, err
+		} else {
+			t.HasEnergy = false
+		}
 	}
 	var c uint32
 	if err := soft(p.call(ctx, "GetTemperature", func(d gonvml.Device) (r gonvml.Return) { c, r = d.GetTemperature(gonvml.TEMPERATURE_GPU); return })); err != nil {
 		return t, err
 	}
 	t.TemperatureC = float64(c)
-	if err := soft(p.call(ctx, "GetMaxClockInfo", func(d gonvml.Device) (r gonvml.Return) { t.SMMaxMHz, r = d.GetMaxClockInfo(gonvml.CLOCK_SM); return })); err != nil {
-		return t, err
+	if full {
+		var limit uint32
+		if err := soft(p.call(ctx, "GetEnforcedPowerLimit", func(d gonvml.Device) (r gonvml.Return) { limit, r = d.GetEnforcedPowerLimit(); return })); err != nil {
+			return t, err
+		}
+		t.PowerLimitW = float64(limit) / 1000
+		if err := soft(p.call(ctx, "GetMaxClockInfo", func(d gonvml.Device) (r gonvml.Return) { t.SMMaxMHz, r = d.GetMaxClockInfo(gonvml.CLOCK_SM); return })); err != nil {
+			return t, err
+		}
+		var m gonvml.Memory
+		if err := soft(p.call(ctx, "GetMemoryInfo", func(d gonvml.Device) (r gonvml.Return) { m, r = d.GetMemoryInfo(); return })); err != nil {
+			return t, err
+		}
+		t.MemTotal, t.MemUse = m.Total, m.Used
 	}
-	var m gonvml.Memory
-	if err := soft(p.call(ctx, "GetMemoryInfo", func(d gonvml.Device) (r gonvml.Return) { m, r = d.GetMemoryInfo(); return })); err != nil {
-		return t, err
-	}
-	t.MemTotal, t.MemUse = m.Total, m.Used
+	p.mu.Lock()
+	p.tel, p.telRead = t, true
+	p.mu.Unlock()
 	return t, nil
 }
 
@@ -225,8 +247,13 @@ func (p *Probe) Telemetry(ctx context.Context) (Telemetry, error) {
 // samples, as fractions of the instance (SM) and of its memory bandwidth.
 type MIGActivity struct {
 	SM, DRAM float64
-	// Over is the time between the samples.
-	Over time.Duration
+}
+
+// migSamples are one GPU instance's two GPM samples, reused: the last
+// one taken and a spare for the next.
+type migSamples struct {
+	last, spare gonvml.GpmSample
+	have        bool
 }
 
 // MIGActivity samples the GPU instances gis with GPM and returns, for
@@ -237,41 +264,56 @@ func (p *Probe) MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity
 	if err != nil {
 		return nil, err
 	}
-	var sup gonvml.GpmSupport
-	if err := p.b.do(ctx, "GpmQueryDeviceSupport", func() (r gonvml.Return) { sup, r = p.b.lib.GpmQueryDeviceSupport(d); return }); err != nil {
-		return nil, fmt.Errorf("GPU %s: GPM: %w", p.uuid, err)
+	p.mu.Lock()
+	checked, supported := p.gpmChecked, p.gpmSupported
+	p.mu.Unlock()
+	if !checked {
+		var sup gonvml.GpmSupport
+		if err := p.b.do(ctx, "GpmQueryDeviceSupport", func() (r gonvml.Return) { sup, r = p.b.lib.GpmQueryDeviceSupport(d); return }); err != nil {
+			return nil, fmt.Errorf("GPU %s: GPM: %w", p.uuid, err)
+		}
+		supported = sup.IsSupportedDevice != 0
+		p.mu.Lock()
+		p.gpmChecked, p.gpmSupported = true, supported
+		p.mu.Unlock()
 	}
-	if sup.IsSupportedDevice == 0 {
+	if !supported {
 		return nil, fmt.Errorf("GPU %s: GPM: %w", p.uuid, gpu.ErrNotSupported)
 	}
 	out := map[int]MIGActivity{}
 	want := map[int]bool{}
 	for _, gi := range gis {
 		want[gi] = true
-		var s gonvml.GpmSample
-		if err := p.b.do(ctx, "GpmSampleAlloc", func() (r gonvml.Return) { s, r = p.b.lib.GpmSampleAlloc(); return }); err != nil {
-			return nil, fmt.Errorf("GPU %s: GPM sample: %w", p.uuid, err)
+		p.mu.Lock()
+		ms := p.gpm[gi]
+		if ms == nil {
+			ms = &migSamples{}
+			p.gpm[gi] = ms
 		}
-		if err := p.b.do(ctx, "GpmMigSampleGet", func() gonvml.Return { return p.b.lib.GpmMigSampleGet(d, gi, s) }); err != nil {
-			_ = s.Free()
+		p.mu.Unlock()
+		for _, s := range []*gonvml.GpmSample{&ms.last, &ms.spare} {
+			if *s == nil {
+				if err := p.b.do(ctx, "GpmSampleAlloc", func() (r gonvml.Return) { *s, r = p.b.lib.GpmSampleAlloc(); return }); err != nil {
+					return nil, fmt.Errorf("GPU %s: GPM sample: %w", p.uuid, err)
+				}
+			}
+		}
+		if err := p.b.do(ctx, "GpmMigSampleGet", func() gonvml.Return { return p.b.lib.GpmMigSampleGet(d, gi, ms.spare) }); err != nil {
 			if errors.Is(err, gpu.ErrInvalid) || errors.Is(err, gpu.ErrNotFound) {
+				ms.have = false
 				continue // the GPU instance went away
 			}
 			return nil, fmt.Errorf("GPU %s: GPM sample of GI %d: %w", p.uuid, gi, err)
 		}
-		p.mu.Lock()
-		prev := p.gpm[gi]
-		p.gpm[gi] = s
-		p.mu.Unlock()
-		if prev == nil {
+		prev, had := ms.last, ms.have
+		ms.last, ms.spare, ms.have = ms.spare, ms.last, true
+		if !had {
 			continue
 		}
-		m := gonvml.GpmMetricsGetType{Version: gonvml.GPM_METRICS_GET_VERSION, NumMetrics: 2, Sample1: prev, Sample2: s}
+		m := gonvml.GpmMetricsGetType{Version: gonvml.GPM_METRICS_GET_VERSION, NumMetrics: 2, Sample1: prev, Sample2: ms.last}
 		m.Metrics[0].MetricId = uint32(gonvml.GPM_METRIC_SM_UTIL)
 		m.Metrics[1].MetricId = uint32(gonvml.GPM_METRIC_DRAM_BW_UTIL)
-		err := p.b.do(ctx, "GpmMetricsGet", func() gonvml.Return { return p.b.lib.GpmMetricsGet(&m) })
-		_ = prev.Free()
-		if err != nil {
+		if err := p.b.do(ctx, "GpmMetricsGet", func() gonvml.Return { return p.b.lib.GpmMetricsGet(&m) }); err != nil {
 			return nil, fmt.Errorf("GPU %s: GPM metrics of GI %d: %w", p.uuid, gi, err)
 		}
 		a := MIGActivity{}
@@ -284,9 +326,13 @@ func (p *Probe) MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity
 		out[gi] = a
 	}
 	p.mu.Lock()
-	for gi, s := range p.gpm {
+	for gi, ms := range p.gpm {
 		if !want[gi] {
-			_ = s.Free()
+			for _, s := range []gonvml.GpmSample{ms.last, ms.spare} {
+				if s != nil {
+					_ = s.Free()
+				}
+			}
 			delete(p.gpm, gi)
 		}
 	}

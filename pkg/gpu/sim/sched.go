@@ -215,10 +215,9 @@ type gpuRun struct {
 }
 
 type gpuBucket struct {
-	t              int64
-	busy, mem      float64 // fractions of the bucket
-	energyMJ       float64 // at the bucket's end
-	powerAvailable bool
+	t         int64
+	busy, mem float64 // fractions of the bucket
+	energyMJ  float64 // at the bucket's end
 }
 
 // schedLog is the driver's ring of the last 200 scheduler entries.

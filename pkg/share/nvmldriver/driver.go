@@ -127,8 +127,8 @@ func (g *gpu) Clocks(ctx context.Context) (share.Clocks, error) {
 	return share.Clocks{SMMHz: c.SMMHz, Reasons: c.Reasons}, err
 }
 
-func (g *gpu) Telemetry(ctx context.Context) (share.Telemetry, error) {
-	t, err := g.p.Telemetry(ctx)
+func (g *gpu) Telemetry(ctx context.Context, full bool) (share.Telemetry, error) {
+	t, err := g.p.Telemetry(ctx, full)
 	return share.Telemetry{HasUtil: t.HasUtil, Util: t.Util, MemUtil: t.MemUtil, PowerW: t.PowerW, PowerLimitW: t.PowerLimitW,
 		HasEnergy: t.HasEnergy, EnergyJ: t.EnergyJ, TemperatureC: t.TemperatureC, SMMaxMHz: t.SMMaxMHz, MemTotal: t.MemTotal, MemUse: t.MemUse}, err
 }

@@ -209,6 +209,7 @@ func GPUOf(s *share.Snapshot, uuid string) share.GPUShares {
 func (x *Harness) CheckTruth(from time.Duration, skip func(at time.Duration) bool) {
 	x.t.Helper()
 	n := 0
+	var worstAch, worstIdx float64
 	for _, w := range x.Windows {
 		if w.At <= from || (skip != nil && skip(w.At)) {
 			continue
@@ -219,6 +220,10 @@ func (x *Harness) CheckTruth(from time.Duration, skip func(at time.Duration) boo
 			tr := w.Truth(si.Key)
 			tIdx := share.Interference(tr.Achieved, tr.Demand, inst.Entitled())
 			where := fmt.Sprintf("window at %v, %s", w.At, si.Name)
+			if tr.Achieved > 0.01 {
+				worstAch = math.Max(worstAch, math.Abs(m.Achieved-tr.Achieved)/tr.Achieved)
+			}
+			worstIdx = math.Max(worstIdx, math.Abs(m.Interference-tIdx))
 			if d := math.Abs(m.Achieved - tr.Achieved); d > 0.02*tr.Achieved+0.002 {
 				x.t.Errorf("%s: achieved %.4f, truth %.4f", where, m.Achieved, tr.Achieved)
 			}
@@ -236,6 +241,7 @@ func (x *Harness) CheckTruth(from time.Duration, skip func(at time.Duration) boo
 	if n == 0 {
 		x.t.Fatal("no window to compare")
 	}
+	x.t.Logf("%s: %d instance-windows against the truth: achieved within %.2f%%, interference within %.4f", x.SC.Name, n, 100*worstAch, worstIdx)
 }
 
 // Events returns the loop's policy events so far.
