@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/vgpud/vgpud/pkg/dbusapi"
+	"github.com/vgpud/vgpud/pkg/share"
 	"github.com/vgpud/vgpud/pkg/version"
 )
 
@@ -30,6 +31,7 @@ func startDBus(ctx context.Context, d *daemon) (stop func(), err error) {
 		Logger:  d.log.With("component", "dbus"),
 		Version: version.Version,
 		Apply:   dbusapi.NewApplier(d.mgr),
+		Shares:  d.shares,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("D-Bus API: %w", err)
@@ -39,4 +41,17 @@ func startDBus(ctx context.Context, d *daemon) (stop func(), err error) {
 			d.log.Debug("close D-Bus connection", "err", err)
 		}
 	}, nil
+}
+
+// loopShares serves the share loop's latest window to D-Bus GetShares
+// (vgpuctl top), in milli-GPU.
+type loopShares struct{ loop *share.Loop }
+
+func (l loopShares) Shares(context.Context) ([]dbusapi.Share, error) {
+	var out []dbusapi.Share
+	for _, s := range l.loop.Shares() {
+		out = append(out, dbusapi.Share{Instance: s.Instance, EntitledMilli: uint64(s.Entitled*1000 + 0.5),
+			AchievedMilli: s.Achieved * 1000, DemandMilli: s.Demand * 1000, Interference: s.Interference})
+	}
+	return out, nil
 }

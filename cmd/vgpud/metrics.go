@@ -43,6 +43,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("share loop: %w", err)
 	}
+	d.shares = loopShares{loop: loop}
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	run := func(fn func()) {
@@ -152,14 +153,7 @@ func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, 
 		case manager.EventGPULost:
 			col.Observe(metrics.Event{Kind: metrics.EventGPULost, GPU: e.ID})
 		case manager.EventOperationDone, manager.EventOperationFailed:
-			ev := metrics.Event{Kind: metrics.EventOperation, Op: e.Op, OK: e.Kind == manager.EventOperationDone}
-			// Only a create's start is on record (the instance's Created time).
-			if e.Op == "create" && ev.OK {
-				if r, err := d.mgr.Instance(e.ID); err == nil && !r.Created.IsZero() && e.Time.After(r.Created) {
-					ev.Duration = e.Time.Sub(r.Created)
-				}
-			}
-			col.Observe(ev)
+			col.Observe(metrics.Event{Kind: metrics.EventOperation, Op: e.Op, OK: e.Kind == manager.EventOperationDone, Duration: e.Took})
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/dbusapi"
 	"github.com/vgpud/vgpud/pkg/discover"
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
@@ -32,6 +33,8 @@ type daemon struct {
 	virt   *lazyVirt
 	mgr    *manager.Manager
 	notify notifier
+	// shares is the share loop's view for D-Bus (set by startMetrics).
+	shares dbusapi.SharesSource
 }
 
 // serve runs the daemon until ctx ends (SIGTERM/SIGINT).

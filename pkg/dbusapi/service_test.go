@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -580,18 +581,32 @@ func TestDBusCallerLeavingCancels(t *testing.T) {
 	}
 }
 
-// fixedShares is a share engine with fixed figures.
-type fixedShares []Share
+// fixedShares is a share engine with fixed figures, set while the service
+// may already be asking for them.
+type fixedShares struct {
+	mu   sync.Mutex
+	rows []Share
+}
 
-func (f *fixedShares) Shares(context.Context) ([]Share, error) { return *f, nil }
+func (f *fixedShares) Shares(context.Context) ([]Share, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rows, nil
+}
+
+func (f *fixedShares) set(rows []Share) {
+	f.mu.Lock()
+	f.rows = rows
+	f.mu.Unlock()
+}
 
 func TestDBusSharesFromTheEngine(t *testing.T) {
-	var src fixedShares
-	e := newEnv(t, testbus.Options{}, func(o *Options) { o.Shares = &src })
+	src := &fixedShares{}
+	e := newEnv(t, testbus.Options{}, func(o *Options) { o.Shares = src })
 	e.tenant("acme", unlimitedQuota())
 	a := e.create("acme", "L4-4Q", "")
 	b := e.create("acme", "A10-4Q", "")
-	src = fixedShares{{Instance: a.UUID, EntitledMilli: 166, AchievedMilli: 120, DemandMilli: 200, Interference: 0.277}}
+	src.set([]Share{{Instance: a.UUID, EntitledMilli: 166, AchievedMilli: 120, DemandMilli: 200, Interference: 0.277}})
 	rows, err := e.client.Shares(ctxT(t))
 	if err != nil {
 		t.Fatal(err)

@@ -132,6 +132,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 		return store.Attachment{}, err
 	}
 	intent := uuid.NewString()
+	started := m.now()
 	payload, _ := json.Marshal(attachPayload{Domain: dom.Name, Display: opts.Display})
 	if err := m.db.Update(func(tx *store.Tx) error {
 		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpAttach, Instance: rec.UUID, Payload: payload, Started: m.now()})
@@ -143,7 +144,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	if err != nil {
 		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
 		cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, dom.Name)
-		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "attach", Detail: Message(cerr)})
+		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "attach", Detail: Message(cerr), Took: m.now().Sub(started)})
 		return store.Attachment{}, cerr
 	}
 	m.crash(CrashAttachDone)
@@ -158,7 +159,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	}
 	m.log.Info("attached", "instance", rec.UUID, "vm", dom.Name, "live", live)
 	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
-	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "attach"})
+	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "attach", Took: m.now().Sub(started)})
 	return a, nil
 }
 
@@ -185,6 +186,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		return err
 	}
 	intent := uuid.NewString()
+	started := m.now()
 	payload, _ := json.Marshal(attachPayload{Domain: att.Domain})
 	if err := m.db.Update(func(tx *store.Tx) error {
 		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpDetach, Instance: rec.UUID, Payload: payload, Started: m.now()})
@@ -199,7 +201,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if err != nil {
 		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
 		cerr := classifyVirt(err, "detach %s from VM %s", rec.UUID, att.Domain)
-		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "detach", Detail: Message(cerr)})
+		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "detach", Detail: Message(cerr), Took: m.now().Sub(started)})
 		return cerr
 	}
 	m.crash(CrashDetachDone)
@@ -213,7 +215,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	}
 	m.log.Info("detached", "instance", rec.UUID, "vm", att.Domain)
 	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
-	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "detach"})
+	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "detach", Took: m.now().Sub(started)})
 	return nil
 }
 

@@ -71,12 +71,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	if err != nil {
 		return store.Instance{}, err
 	}
+	started := m.now()
 	rec, intent, existing, err := m.admitCreate(ctx, req, offers)
 	if err != nil || existing {
 		return rec, err
 	}
 	m.crash(CrashCreateIntent)
-	return m.carve(ctx, rec, intent)
+	return m.carve(ctx, rec, intent, started)
 }
 
 func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []offer) (store.Instance, string, bool, error) {
@@ -375,7 +376,7 @@ func keys[V any](m map[string]V) []string {
 }
 
 // carve performs the admitted record's steps on the host.
-func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string) (store.Instance, error) {
+func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string, started time.Time) (store.Instance, error) {
 	l := m.gpuLock(rec.GPUUUID)
 	l.Lock()
 	defer l.Unlock()
@@ -406,7 +407,7 @@ func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string) 
 		m.log.Info("created", "instance", rec.UUID, "tenant", rec.Tenant, "profile", rec.Profile, "gpu", rec.GPUPCI,
 			"gi", rec.GIID, "vf", rec.VF, "mdev", rec.MdevUUID)
 		m.emit(Event{Kind: EventInstanceAdded, ID: rec.UUID})
-		m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "create"})
+		m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "create", Took: m.now().Sub(started)})
 		return rec, nil
 	}
 	cerr := classify(err, "create %s on GPU %s", rec.Profile, rec.GPUPCI)
@@ -429,7 +430,7 @@ func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string) 
 		}
 	}
 	m.log.Warn("create failed", "instance", rec.UUID, "profile", rec.Profile, "gpu", rec.GPUPCI, "err", err)
-	m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "create", Detail: Message(cerr)})
+	m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "create", Detail: Message(cerr), Took: m.now().Sub(started)})
 	return store.Instance{}, cerr
 }
 

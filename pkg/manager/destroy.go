@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -38,6 +39,7 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 		}
 	}
 	intent := uuid.NewString()
+	started := m.now()
 	m.admit.Lock()
 	err = m.db.Update(func(tx *store.Tx) error {
 		r, err := tx.Instance(rec.UUID)
@@ -62,18 +64,18 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 		return classify(err, "destroy %s", id)
 	}
 	m.crash(CrashDestroyStart)
-	return m.finishDestroy(ctx, rec, intent)
+	return m.finishDestroy(ctx, rec, intent, started)
 }
 
 // finishDestroy releases the record's devices and drops it with its intent.
-func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent string) error {
+func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent string, started time.Time) error {
 	l := m.gpuLock(rec.GPUUUID)
 	l.Lock()
 	err := m.release(ctx, &rec, func(string) bool { return true }, true)
 	l.Unlock()
 	defer m.refreshGPU(context.WithoutCancel(ctx), rec.GPUUUID)
 	if err != nil {
-		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "destroy", Detail: Message(err)})
+		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "destroy", Detail: Message(err), Took: m.now().Sub(started)})
 		return err
 	}
 	err = m.db.Update(func(tx *store.Tx) error {
@@ -87,7 +89,7 @@ func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent 
 	}
 	m.log.Info("destroyed", "instance", rec.UUID, "tenant", rec.Tenant, "gpu", rec.GPUPCI)
 	m.emit(Event{Kind: EventInstanceRemoved, ID: rec.UUID})
-	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "destroy"})
+	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "destroy", Took: m.now().Sub(started)})
 	return nil
 }
 

@@ -35,6 +35,8 @@ type Event struct {
 	// Detail is a one-line human description (error message for failures).
 	Detail string
 	Time   time.Time
+	// Took is how long the operation ran, for operation events.
+	Took time.Duration
 }
 
 // subscriberBuffer is how many events a slow subscriber may lag behind

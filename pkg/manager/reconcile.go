@@ -212,7 +212,7 @@ func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *Recon
 			return dropIntent()
 		}
 		m.present(&rec)
-		if err := m.finishDestroy(ctx, rec, it.ID); err != nil {
+		if err := m.finishDestroy(ctx, rec, it.ID, it.Started); err != nil {
 			return err
 		}
 		rep.Finished = append(rep.Finished, rec.UUID)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"os"
 	"sync"
 	"time"
 
@@ -12,8 +13,9 @@ import (
 const supportedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError |
 	nvml.EventTypeSingleBitEccError | nvml.EventTypeClock | nvml.EventMigConfigChange | nvml.EventTypePState
 
-// eventPoll is how often Wait looks for new events.
-const eventPoll = 10 * time.Millisecond
+// eventPoll is how often Wait looks for new events. A look that finds
+// state.json unchanged since the last scan costs one stat, no lock.
+const eventPoll = 20 * time.Millisecond
 
 // eventSet is a simulated nvml.EventSet over the host's event ring.
 type eventSet struct {
@@ -24,6 +26,8 @@ type eventSet struct {
 	regs map[string]uint64 // GPU UUID -> event mask
 	last uint64            // last delivered sequence number
 	free bool
+	// scanned is state.json's stamp at the last full scan.
+	scanned fileStamp
 }
 
 var _ nvml.EventSet = (*eventSet)(nil)
@@ -91,7 +95,17 @@ func (es *eventSet) next() (nvml.EventData, bool, nvml.Return) {
 		regs[k] = v
 	}
 	last := es.last
+	scanned := es.scanned
 	es.mu.Unlock()
+	// Events arrive only with a mutation, which rewrites state.json.
+	fi, err := os.Stat(es.l.h.statePath())
+	if err == nil && stampOf(fi) == scanned {
+		return nvml.EventData{}, false, nvml.SUCCESS
+	}
+	var stamp fileStamp
+	if err == nil {
+		stamp = stampOf(fi)
+	}
 
 	var out nvml.EventData
 	found := false
@@ -120,13 +134,15 @@ func (es *eventSet) next() (nvml.EventData, bool, nvml.Return) {
 	if ret != nvml.SUCCESS {
 		return nvml.EventData{}, false, ret
 	}
-	if seq > last {
-		es.mu.Lock()
-		if seq > es.last {
-			es.last = seq
-		}
-		es.mu.Unlock()
+	es.mu.Lock()
+	if seq > es.last {
+		es.last = seq
 	}
+	if !found {
+		// Nothing more to deliver from this version of the state.
+		es.scanned = stamp
+	}
+	es.mu.Unlock()
 	if found {
 		out.Device = es.l.h.device(es.l, idx)
 	}
