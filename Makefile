@@ -68,5 +68,8 @@ uninstall: ## remove what install put into $(DESTDIR)$(PREFIX) (a changed /etc/v
 verify-units: build ## install into a temporary DESTDIR, systemd-analyze verify and security --offline; fails above exposure 2.5
 	scripts/verify-units.sh
 
+man: build ## man pages (vgpud.8, vgpuctl.1) and shell completions into man/ and completions/
+	VGPUCTL=bin/vgpuctl scripts/gen-man.sh .
+
 clean:
-	rm -rf bin/
+	rm -rf bin/ man/ completions/
