@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
+	"github.com/vgpud/vgpud/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,7 +64,7 @@ func fits100(t testing.TB, what, out string) {
 // cmd/vgpuctl/testdata/e2e; VGPUD_UPDATE_GOLDEN=1 rewrites it.
 func goldenE2E(t *testing.T, name, got string) {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -480,5 +480,5 @@ func BenchmarkCLIAttachVsVirsh(b *testing.B) {
 	b.ReportMetric(float64(mo.Microseconds())/1000, "ms-vgpuctl")
 	b.ReportMetric(float64(mt.Microseconds())/1000, "ms-virsh")
 	b.ReportMetric(float64(mo)/float64(mt), "vgpuctl/virsh")
-	b.Log(fmt.Sprintf("median attach: vgpuctl %v, virsh %v, ratio %.2f (goal <= 1.3)", mo, mt, float64(mo)/float64(mt)))
+	b.Logf("median attach: vgpuctl %v, virsh %v, ratio %.2f (goal <= 1.3)", mo, mt, float64(mo)/float64(mt))
 }

@@ -6,10 +6,10 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/vgpud/vgpud/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 )
 
@@ -63,13 +63,13 @@ func testMain(m *testing.M) int {
 }
 
 func build(dir string) error {
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		return err
 	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
 	}
 	cmd := exec.Command(goBin, "build", "-o", dir+"/", "./cmd/vgpud", "./cmd/vgpuctl")
 	cmd.Dir = root
@@ -79,22 +79,4 @@ func build(dir string) error {
 		return fmt.Errorf("%v\n%s", err, out)
 	}
 	return nil
-}
-
-// repoRoot is the directory holding go.mod, above the working directory.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/vgpud/vgpud/internal/testenv"
 	"io"
 	"net"
 	"net/http"
@@ -174,7 +175,7 @@ func TestMetricsPrometheus(t *testing.T) {
 	if err != nil {
 		t.Skip("skipping: promtool is not installed (Debian package prometheus)")
 	}
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vgpud/vgpud/internal/testenv"
 	"io/fs"
 	"net"
 	"os"
@@ -98,7 +99,7 @@ func yes(v string) bool { return v == "yes" || v == "true" || v == "on" || v == 
 
 func unitPath(t *testing.T) string {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,7 +607,7 @@ func subject(check string) string {
 // installTree runs scripts/install.sh into a fresh DESTDIR.
 func installTree(t *testing.T, prefix string) (string, []string) {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -691,7 +692,7 @@ func TestSystemdInstallTree(t *testing.T) {
 					t.Errorf("systemd-analyze verify of the installed unit: %v\n%s", err, out)
 				}
 			}
-			root, _ := repoRoot()
+			root, _ := testenv.RepoRoot()
 			cmd := exec.Command(filepath.Join(root, "scripts", "install.sh"), "uninstall")
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(), "DESTDIR="+dest, "PREFIX="+tt.prefix, "BUILDDIR="+filepath.Dir(vgpudBin))

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/vgpud/vgpud/internal/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -137,23 +138,6 @@ type Latency struct {
 	P90Ms float64 `json:"p90Ms"`
 	P99Ms float64 `json:"p99Ms"`
 	MaxMs float64 `json:"maxMs"`
-}
-
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 func hostSpec() *sim.Spec {
@@ -395,7 +379,7 @@ func exporterAlone(ctx context.Context, state string, cat *profile.Catalog, inv 
 
 func run(outPath string, scrapes int, idle time.Duration, serve bool, bin string) error {
 	ctx := context.Background()
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		return err
 	}

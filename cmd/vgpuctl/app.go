@@ -242,3 +242,17 @@ Exit codes: 0 ok, 1 failure, 2 usage or invalid argument, 3 access denied,
 	root.SetHelpCommandGroupID("other")
 	return root
 }
+
+// withAPI is a command's RunE with the --timeout context and a connected
+// client, the start every vgpud-talking command shares.
+func (a *app) withAPI(fn func(ctx context.Context, c api, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		ctx, cancel := a.ctx(cmd)
+		defer cancel()
+		c, err := a.api(ctx)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, c, cmd, args)
+	}
+}

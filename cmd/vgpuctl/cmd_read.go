@@ -48,19 +48,13 @@ func (a *app) gpusCmd() *cobra.Command {
 		Use:   "gpus",
 		Short: "List the host's GPUs",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
 			o, err := c.Objects(ctx)
 			if err != nil {
 				return err
 			}
 			return a.emit(newList("GPU", o.GPUs), func(w io.Writer) error { return gpuTable(w, o.GPUs) })
-		},
+		}),
 	}
 }
 
@@ -103,13 +97,7 @@ func (a *app) gpuCmd() *cobra.Command {
 		Short:             "Show one GPU (by PCI address, UUID or index)",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeGPUs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			g, err := c.GPU(ctx, args[0])
 			if err != nil {
 				return err
@@ -138,7 +126,7 @@ func (a *app) gpuCmd() *cobra.Command {
 				}
 				return nil
 			})
-		},
+		}),
 	}
 	mode := func(use, short, what string, fn func(api, context.Context, string, bool) error) *cobra.Command {
 		return &cobra.Command{
@@ -204,13 +192,7 @@ func (a *app) profilesCmd() *cobra.Command {
 		Use:   "profiles [--gpu GPU]",
 		Short: "List the profiles (MIG profiles, vGPU types, passthrough) of the host's GPU models",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
 			ps, err := c.Profiles(ctx, gpu)
 			if err != nil {
 				return err
@@ -222,7 +204,7 @@ func (a *app) profilesCmd() *cobra.Command {
 				}
 				return table(w, []col{{"MODEL", 20}, {"PROFILE", 22}, {"KIND", 11}, {"VRAM", 8}, {"COMPUTE", 7}, {"MAX/GPU", 7}, {"FLOWS", 10}}, rows)
 			})
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&gpu, "gpu", "", "only this GPU's model (PCI address, UUID or index)")
 	_ = cmd.RegisterFlagCompletionFunc("gpu", a.completeGPUs)
@@ -240,13 +222,7 @@ placement inventory an orchestrator reports. Each profile is counted on its
 own: placing one changes the others' counts. Profiles with no room are
 hidden unless --all.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
 			caps, err := c.Capacity(ctx)
 			if err != nil {
 				return err
@@ -264,7 +240,7 @@ hidden unless --all.`,
 				}
 				return table(w, []col{{"MODEL", 22}, {"PROFILE", 24}, {"KIND", 11}, {"FREE", 6}, {"GPUS", 5}}, rows)
 			})
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&model, "model", "", "only this GPU model")
 	cmd.Flags().StringVar(&kind, "kind", "", "only this kind: mig, mig-vgpu, vgpu or passthrough")
@@ -281,19 +257,13 @@ func (a *app) listCmd() *cobra.Command {
 		Aliases: []string{"ls"},
 		Short:   "List instances",
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
 			insts, err := c.Instances(ctx, tenantName)
 			if err != nil {
 				return err
 			}
 			return a.emit(newList("Instance", insts), func(w io.Writer) error { return instanceTable(w, insts, full) })
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&tenantName, "tenant", "", "only this tenant's instances")
 	cmd.Flags().BoolVar(&full, "no-trunc", false, "show whole UUIDs (wider than 100 columns)")
@@ -326,13 +296,7 @@ func (a *app) showCmd() *cobra.Command {
 		Short:             "Show one instance",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeInstances,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			id, err := a.resolveInstance(ctx, c, args[0])
 			if err != nil {
 				return err
@@ -342,7 +306,7 @@ func (a *app) showCmd() *cobra.Command {
 				return err
 			}
 			return a.emit(instanceDoc{hdr("Instance"), in}, func(w io.Writer) error { return instanceDetail(w, in) })
-		},
+		}),
 	}
 }
 
@@ -382,13 +346,7 @@ func (a *app) dumpxmlCmd() *cobra.Command {
 		Short:             "Print the libvirt <hostdev> element of an instance (what virsh attach-device takes)",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeInstances,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			id, err := a.resolveInstance(ctx, c, args[0])
 			if err != nil {
 				return err
@@ -401,7 +359,7 @@ func (a *app) dumpxmlCmd() *cobra.Command {
 				_, err := fmt.Fprintln(w, strings.TrimRight(doc, "\n"))
 				return err
 			})
-		},
+		}),
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -116,13 +117,7 @@ func (a *app) tenantListCmd() *cobra.Command {
 		Aliases: []string{"ls"},
 		Short:   "List tenants with their usage and quota",
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
 			ts, err := c.Tenants(ctx)
 			if err != nil {
 				return err
@@ -137,7 +132,7 @@ func (a *app) tenantListCmd() *cobra.Command {
 				}
 				return table(w, []col{{"NAME", 24}, {"CLASS", 11}, {"VRAM USED/QUOTA", 22}, {"COMPUTE USED/QUOTA", 20}, {"INSTANCES", 13}}, rows)
 			})
-		},
+		}),
 	}
 }
 
@@ -147,13 +142,7 @@ func (a *app) tenantShowCmd() *cobra.Command {
 		Short:             "Show a tenant: quota, usage, allowed models and profiles, instances",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeTenants,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			t, err := c.Tenant(ctx, args[0])
 			if err != nil {
 				return err
@@ -177,7 +166,7 @@ func (a *app) tenantShowCmd() *cobra.Command {
 				}
 				return nil
 			})
-		},
+		}),
 	}
 }
 
@@ -232,13 +221,7 @@ func (a *app) tenantUndefineCmd() *cobra.Command {
 		Short:             "Remove a tenant (--force destroys its instances first)",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeTenants,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			if err := c.UndefineTenant(ctx, args[0], force); err != nil {
 				return err
 			}
@@ -246,7 +229,7 @@ func (a *app) tenantUndefineCmd() *cobra.Command {
 				_, err := fmt.Fprintf(w, "tenant %s undefined\n", args[0])
 				return err
 			})
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "detach and destroy the tenant's instances first")
 	return cmd

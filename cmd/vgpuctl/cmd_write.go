@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -81,13 +82,7 @@ func (a *app) destroyCmd() *cobra.Command {
 		Short:             "Destroy instances (an attached one needs --detach)",
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: a.completeInstances,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			var done []resultDoc
 			for _, arg := range args {
 				id, err := a.resolveInstance(ctx, c, arg)
@@ -106,7 +101,7 @@ func (a *app) destroyCmd() *cobra.Command {
 				return nil
 			}
 			return a.emit(newList("Result", done), nil)
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&detach, "detach", false, "detach from the VM first")
 	return cmd
@@ -179,13 +174,7 @@ func (a *app) detachCmd() *cobra.Command {
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
 			return a.completeInstances(cmd, nil, toComplete)
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			id, err := a.resolveInstance(ctx, c, args[len(args)-1])
 			if err != nil {
 				return err
@@ -210,7 +199,7 @@ func (a *app) detachCmd() *cobra.Command {
 				_, err := fmt.Fprintf(w, "detached %s\n", id)
 				return err
 			})
-		},
+		}),
 	}
 }
 
@@ -219,13 +208,7 @@ func (a *app) reconcileCmd() *cobra.Command {
 		Use:   "reconcile",
 		Short: "Compare vgpud's records with the host now and repair what differs",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
 			r, err := c.Reconcile(ctx)
 			if err != nil {
 				return err
@@ -238,7 +221,7 @@ func (a *app) reconcileCmd() *cobra.Command {
 				}
 				return nil
 			})
-		},
+		}),
 	}
 }
 
@@ -250,13 +233,7 @@ func (a *app) defragCmd() *cobra.Command {
 		Short:             "Show (or with --apply perform) the MIG moves that would make room for a profile",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeProfiles,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			c, err := a.api(ctx)
-			if err != nil {
-				return err
-			}
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			r, err := c.Defragment(ctx, dbusapi.PlanRequest{Tenant: tenantName, Profile: args[0], GPU: gpu}, apply)
 			if err != nil {
 				return err
@@ -272,7 +249,7 @@ func (a *app) defragCmd() *cobra.Command {
 				fmt.Fprintf(w, "%s then fits on %s slot %d\n", args[0], r.GPU, r.Start)
 				return nil
 			})
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&tenantName, "tenant", "", "tenant of the request")
 	cmd.Flags().StringVar(&gpu, "gpu", "", "pin the GPU")

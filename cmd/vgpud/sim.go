@@ -10,15 +10,10 @@ import (
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
-// simCmd drives the simulated host: what a real host's hardware, kernel or
-// administrator would do (reboot, lose a GPU, inject faults). It works
-// while the daemon runs: both share the host's directory and lock.
-func simCmd(cfg *Config) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "sim",
-		Short: "Drive the simulated GPU host (reboot, faults, GPU loss, VM device use)",
-	}
-	withHost := func(fn func(h *sim.Host, args []string) error) func(*cobra.Command, []string) error {
+// withSimHost makes a sim subcommand's RunE: it loads the configuration and
+// opens the simulated host for fn.
+func withSimHost(cfg *Config) func(fn func(h *sim.Host, args []string) error) func(*cobra.Command, []string) error {
+	return func(fn func(h *sim.Host, args []string) error) func(*cobra.Command, []string) error {
 		return func(c *cobra.Command, args []string) error {
 			if err := cfg.load(c.Flags()); err != nil {
 				return err
@@ -35,6 +30,17 @@ func simCmd(cfg *Config) *cobra.Command {
 			return fn(h, args)
 		}
 	}
+}
+
+// simCmd drives the simulated host: what a real host's hardware, kernel or
+// administrator would do (reboot, lose a GPU, inject faults). It works
+// while the daemon runs: both share the host's directory and lock.
+func simCmd(cfg *Config) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Drive the simulated GPU host (reboot, faults, GPU loss, VM device use)",
+	}
+	withHost := withSimHost(cfg)
 	sub := func(use, short string, args cobra.PositionalArgs, fn func(h *sim.Host, args []string) error) *cobra.Command {
 		return &cobra.Command{Use: use, Short: short, Args: args, RunE: withHost(fn)}
 	}

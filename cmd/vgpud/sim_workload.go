@@ -14,23 +14,7 @@ import (
 // simWorkloadCmds drive the simulated host's workload model: what the
 // tenants' VMs and jobs run (vgpud sim workload, workloads, power-cap).
 func simWorkloadCmds(cfg *Config) []*cobra.Command {
-	withHost := func(fn func(h *sim.Host, args []string) error) func(*cobra.Command, []string) error {
-		return func(c *cobra.Command, args []string) error {
-			if err := cfg.load(c.Flags()); err != nil {
-				return err
-			}
-			cat, err := loadCatalog(cfg)
-			if err != nil {
-				return err
-			}
-			h, err := openSim(cfg, cat, newLogger(cfg))
-			if err != nil {
-				return err
-			}
-			defer h.Close()
-			return fn(h, args)
-		}
-	}
+	withHost := withSimHost(cfg)
 	var w sim.Workload
 	var kernel, period time.Duration
 	var clear bool

@@ -472,7 +472,7 @@ func (c *Client) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	r.DurationSeconds = float64(usec) / 1e6
 	r.Foreign = []Foreign{}
 	for _, f := range foreign {
-		r.Foreign = append(r.Foreign, Foreign{GPU: f.GPU, Kind: f.Kind, ID: f.ID, Detail: f.Detail})
+		r.Foreign = append(r.Foreign, Foreign(f))
 	}
 	return r, nil
 }

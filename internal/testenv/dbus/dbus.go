@@ -18,6 +18,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/vgpud/vgpud/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -196,24 +197,8 @@ func (b *Bus) stop(t testing.TB) {
 	}
 }
 
-// RepoRoot finds the repository root (the directory holding go.mod) from
-// the working directory up.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
+// RepoRoot finds the repository root (the directory holding go.mod).
+func RepoRoot() (string, error) { return testenv.RepoRoot() }
 
 const busconfigHeader = `<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
