@@ -158,6 +158,7 @@ func TestCrashRecovery(t *testing.T) {
 		d.ready(t, c)
 		t1 := time.Now()
 		uncertain := map[string]bool{}
+		var journal []string
 		killAfter := time.Duration(20+rng.Intn(400)) * time.Millisecond
 		begin := time.Now()
 		died := false
@@ -165,7 +166,7 @@ func TestCrashRecovery(t *testing.T) {
 			if crashAt == "" && time.Since(begin) > killAfter {
 				break
 			}
-			died = crashOp(ctx, t, rng, c, acked, uncertain, vms)
+			died = crashOp(ctx, t, rng, c, acked, uncertain, vms, &journal)
 			select {
 			case <-d.done:
 				died = true
@@ -201,7 +202,10 @@ func TestCrashRecovery(t *testing.T) {
 			t.Logf("iteration %d: start %v, ops %v, restart %v, check %v, stop %v", it, t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3), time.Since(t4))
 		}
 		if t.Failed() {
-			t.Logf("iteration %d (crash at %q) failed; daemon log: %s", it, crashAt, filepath.Join(state, "vgpud.log"))
+			t.Logf("iteration %d (crash at %q) failed; operations: %s", it, crashAt, strings.Join(journal, "; "))
+			if b, err := os.ReadFile(filepath.Join(state, "vgpud.log")); err == nil {
+				t.Logf("daemon log:\n%s", b[max(0, len(b)-20000):])
+			}
 			break
 		}
 	}
@@ -215,7 +219,7 @@ func TestCrashRecovery(t *testing.T) {
 // crashOp runs one random operation; it reports whether the daemon went
 // away during it. Acknowledged results update acked; an operation cut off
 // by the crash makes its instance uncertain.
-func crashOp(ctx context.Context, t *testing.T, rng *rand.Rand, c *dbusapi.Client, acked, uncertain map[string]bool, vms []string) bool {
+func crashOp(ctx context.Context, t *testing.T, rng *rand.Rand, c *dbusapi.Client, acked, uncertain map[string]bool, vms []string, journal *[]string) bool {
 	octx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	ids := make([]string, 0, len(acked))
@@ -230,29 +234,30 @@ func crashOp(ctx context.Context, t *testing.T, rng *rand.Rand, c *dbusapi.Clien
 		return ids[rng.Intn(len(ids))]
 	}
 	var err error
-	var subject string
+	var subject, kind string
 	switch k := rng.Intn(10); {
 	case k < 5 || len(ids) == 0:
-		subject = uuid.NewString()
+		subject, kind = uuid.NewString(), "create"
 		tn := []string{"alpha", "beta"}[rng.Intn(2)]
 		_, err = c.Create(octx, dbusapi.CreateRequest{Tenant: tn, Profile: crashProfiles[rng.Intn(len(crashProfiles))], UUID: subject})
 		if err == nil {
 			acked[subject] = true
 		}
 	case k < 7:
-		subject = pick()
+		subject, kind = pick(), "destroy"
 		err = c.Destroy(octx, subject, true)
 		if err == nil || dbusapi.ErrorName(err) == dbusapi.NameNotFound {
 			delete(acked, subject)
 			err = nil
 		}
 	case k < 9:
-		subject = pick()
+		subject, kind = pick(), "attach"
 		_, err = c.Attach(octx, subject, vms[rng.Intn(len(vms))], dbusapi.AttachOptions{})
 	default:
-		subject = pick()
+		subject, kind = pick(), "detach"
 		err = c.Detach(octx, subject)
 	}
+	*journal = append(*journal, fmt.Sprintf("%s %s -> %q", kind, subject, dbusapi.ErrorName(err)))
 	if err == nil {
 		return false
 	}

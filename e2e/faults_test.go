@@ -283,8 +283,11 @@ func TestFaultsUeventStorm(t *testing.T) {
 	if seen < storm {
 		t.Fatalf("only %d of %d uevents were handled", seen, storm)
 	}
-	if reconciles > int(emitted/(500*time.Millisecond))+3 {
-		t.Fatalf("%d reconciles for %d uevents over %v", reconciles, storm, emitted)
+	// Batching, not timing: a slow emitter (fsync per simulated uevent on a
+	// loaded machine) leaves quiet gaps that each end a batch, so the bound
+	// is on events per reconcile.
+	if reconciles > storm/20 {
+		t.Fatalf("%d reconciles for %d uevents over %v: not batched", reconciles, storm, emitted)
 	}
 	if worst >= watchdog {
 		t.Fatalf("watchdog gap %v during the storm (WatchdogSec %v)", worst, watchdog)

@@ -64,7 +64,56 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 		return classify(err, "destroy %s", id)
 	}
 	m.crash(CrashDestroyStart)
-	return m.finishDestroy(ctx, rec, intent, started)
+	err = m.finishDestroy(ctx, rec, intent, started)
+	if err != nil {
+		// The caller is told the destroy failed, so the instance must stay:
+		// put back what the release took and drop the intent (a crash in
+		// between is rolled forward by reconcile instead).
+		m.undoDestroy(context.WithoutCancel(ctx), rec, intent)
+	}
+	return err
+}
+
+// undoDestroy brings an instance whose destroy failed half-way back to
+// ready: the parts the release removed are carved again, as reconcile
+// does after a reboot. If that fails too the record is failed, with the
+// reason, and reconcile keeps trying.
+func (m *Manager) undoDestroy(ctx context.Context, rec store.Instance, intent string) {
+	ctx, cancel := context.WithTimeout(ctx, undoTimeout)
+	defer cancel()
+	m.refreshGPU(ctx, rec.GPUUUID)
+	rec.State, rec.Reason = store.StateReady, ""
+	var rep ReconcileReport
+	l := m.gpuLock(rec.GPUUUID)
+	restored := func() error {
+		g := m.hostGPU(rec.GPUUUID)
+		if g == nil || g.Lost {
+			return fail(ErrGPULost, nil, "GPU %s is gone", rec.GPUPCI)
+		}
+		gi, ci, vg := m.present(&rec)
+		if complete(&rec, gi, ci, vg) {
+			return nil
+		}
+		l.Lock()
+		defer l.Unlock()
+		return m.recreate(ctx, &rec, g, gi, ci)
+	}()
+	if restored != nil {
+		rec.State, rec.Reason = store.StateFailed, "destroy failed and the instance could not be restored: "+Message(restored)
+		rep.Failed = append(rep.Failed, rec.UUID)
+	}
+	rec.Updated = m.now()
+	if err := m.db.Update(func(tx *store.Tx) error {
+		if err := tx.PutInstance(&rec); err != nil {
+			return err
+		}
+		return tx.DeleteIntent(intent)
+	}); err != nil {
+		m.log.Error("record the undone destroy", "instance", rec.UUID, "err", err)
+	}
+	m.refreshGPU(ctx, rec.GPUUUID)
+	m.log.Warn("destroy failed; instance kept", "instance", rec.UUID, "state", rec.State, "reason", rec.Reason)
+	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 }
 
 // finishDestroy releases the record's devices and drops it with its intent.

@@ -575,3 +575,32 @@ func TestFailedGPUFailsItsInstancesUntilCleared(t *testing.T) {
 		t.Fatalf("after the GPU is cleared: %s %q", got.State, got.Reason)
 	}
 }
+
+// A destroy that fails half-way tells the caller so, and the instance
+// stays (its released parts carved again), with no intent left behind.
+func TestFailedDestroyKeepsTheInstance(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	r := e.mustCreate("acme", "3g.40gb", h100MIG)
+	before := e.discovered()
+	if err := e.sim.AddFault(sim.Fault{Op: "GpuInstanceDestroy", Return: 999, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Destroy(context.Background(), r.UUID, manager.DestroyOptions{}); err == nil {
+		t.Fatal("destroy succeeded through a fault")
+	}
+	got, err := e.m.Instance(r.UUID)
+	if err != nil || got.State != store.StateReady {
+		t.Fatalf("after a failed destroy: %+v, %v", got, err)
+	}
+	if after := e.discovered(); after != before {
+		t.Fatalf("host not restored:\n%s\nwas\n%s", after, before)
+	}
+	rep, err := e.m.Reconcile(context.Background())
+	if err != nil || len(rep.Finished)+len(rep.Undone)+len(rep.Recreated) != 0 {
+		t.Fatalf("reconcile after a failed destroy: %+v, %v", rep, err)
+	}
+	if err := e.m.Destroy(context.Background(), r.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatalf("destroy once the fault is gone: %v", err)
+	}
+}

@@ -288,12 +288,10 @@ func TestScrapeServesTheSnapshot(t *testing.T) {
 	calls := src.calls.Load()
 	// The source becomes very slow: scrapes neither call it nor wait.
 	src.delay.Store(int64(time.Hour))
-	start := time.Now()
+	// With the source an hour slow, a scrape that called it would hang
+	// the test; that none does is the check (the latency is bench-metrics').
 	for i := 0; i < 200; i++ {
 		scrape(t, c)
-	}
-	if took := time.Since(start); took > 2*time.Second {
-		t.Errorf("200 scrapes took %v", took)
 	}
 	if n := src.calls.Load(); n != calls {
 		t.Errorf("scrapes called the source %d times", n-calls)
