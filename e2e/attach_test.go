@@ -86,7 +86,7 @@ func (e *attachEnv) create(t *testing.T, profile string) store.Instance {
 func validateDomainXML(t *testing.T, xml string) {
 	t.Helper()
 	if _, err := exec.LookPath("virt-xml-validate"); err != nil {
-		t.Skip("virt-xml-validate not installed (libvirt-clients)")
+		skipMissing(t, "virt-xml-validate not installed (libvirt-clients)")
 	}
 	f := filepath.Join(t.TempDir(), "domain.xml")
 	if err := os.WriteFile(f, []byte(xml), 0o644); err != nil {

@@ -205,7 +205,7 @@ func (r ctlResult) must(t testing.TB, what string) ctlResult {
 func (d *busDaemon) busctl(t testing.TB, prefix []string, args ...string) ctlResult {
 	t.Helper()
 	if _, err := exec.LookPath("busctl"); err != nil {
-		t.Skip("skipping: busctl is not installed (systemd)")
+		skipMissing(t, "busctl is not installed (systemd)")
 	}
 	return d.run(t, prefix, "busctl", append([]string{"--address=" + d.bus.Address()}, args...)...)
 }
@@ -467,7 +467,7 @@ func TestDBusCallerTimeoutCancelsAndUndoes(t *testing.T) {
 // nothing changes, and each denial is logged with the uid and the method.
 func TestDBusUnprivilegedCaller(t *testing.T) {
 	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("skipping: setpriv is not installed (util-linux)")
+		skipMissing(t, "setpriv is not installed (util-linux)")
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: running callers as another uid needs root")

@@ -372,7 +372,7 @@ scrape_configs:
 
 // skipMissing skips a test whose service binary is absent, or fails it
 // where CI installs every service (VGPUD_TEST_REQUIRE_SERVICES=1).
-func skipMissing(t *testing.T, why string) {
+func skipMissing(t testing.TB, why string) {
 	t.Helper()
 	if os.Getenv("VGPUD_TEST_REQUIRE_SERVICES") == "1" {
 		t.Fatalf("%s, and VGPUD_TEST_REQUIRE_SERVICES=1", why)

@@ -422,7 +422,7 @@ func TestSystemdHardeningKernelSemantics(t *testing.T) {
 	}
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
-		t.Skip("unshare (util-linux) not found")
+		skipMissing(t, "unshare (util-linux) not found")
 	}
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "run", "libvirt", "libvirt-sock")
@@ -539,7 +539,7 @@ func TestSystemdHelperMountProbe(t *testing.T) {
 func exposure(t *testing.T, unit string) (float64, string) {
 	t.Helper()
 	if _, err := exec.LookPath("systemd-analyze"); err != nil {
-		t.Skip("systemd-analyze not found (apt-get install systemd)")
+		skipMissing(t, "systemd-analyze not found (apt-get install systemd)")
 	}
 	out, _ := exec.Command("systemd-analyze", "security", "--offline=true", "--no-pager", unit).CombinedOutput()
 	m := regexp.MustCompile(`Overall exposure level for vgpud.service: ([0-9.]+)`).FindSubmatch(out)
