@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 	"github.com/vgpud/vgpud/pkg/discover"
 	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
@@ -53,7 +54,8 @@ func newAttachEnv(t *testing.T) *attachEnv {
 	}
 	t.Cleanup(func() { db.Close() })
 	ctx := context.Background()
-	vc, err := virt.Connect(ctx, virt.Config{Socket: lv.Socket()})
+	log := testenv.Logger(t)
+	vc, err := virt.Connect(ctx, virt.Config{Socket: lv.Socket(), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +65,7 @@ func newAttachEnv(t *testing.T) *attachEnv {
 		t.Fatal(err)
 	}
 	fs := sysfs.New(h.FS())
-	m := manager.New(cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, vc, manager.Options{BusyRetry: time.Millisecond})
+	m := manager.New(cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, vc, manager.Options{BusyRetry: time.Millisecond, Logger: log})
 	if _, err := m.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}

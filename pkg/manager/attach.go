@@ -132,6 +132,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 		return store.Attachment{}, err
 	}
 	intent := uuid.NewString()
+	defer m.live.add(intent, rec.UUID)()
 	started := m.now()
 	payload, _ := json.Marshal(attachPayload{Domain: dom.Name, Display: opts.Display})
 	if err := m.db.Update(func(tx *store.Tx) error {
@@ -186,6 +187,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		return err
 	}
 	intent := uuid.NewString()
+	defer m.live.add(intent, rec.UUID)()
 	started := m.now()
 	payload, _ := json.Marshal(attachPayload{Domain: att.Domain})
 	if err := m.db.Update(func(tx *store.Tx) error {

@@ -72,7 +72,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 		return store.Instance{}, err
 	}
 	started := m.now()
-	rec, intent, existing, err := m.admitCreate(ctx, req, offers)
+	intent := uuid.NewString()
+	defer m.live.add(intent, req.UUID)()
+	rec, existing, err := m.admitCreate(ctx, req, offers, intent)
 	if err != nil || existing {
 		return rec, err
 	}
@@ -80,11 +82,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	return m.carve(ctx, rec, intent, started)
 }
 
-func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []offer) (store.Instance, string, bool, error) {
+func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []offer, intent string) (store.Instance, bool, error) {
 	m.admit.Lock()
 	defer m.admit.Unlock()
 	var rec store.Instance
-	intent := uuid.NewString()
 	existing := false
 	err := m.db.Update(func(tx *store.Tx) error {
 		if prev, err := tx.Instance(req.UUID); err == nil {
@@ -130,12 +131,12 @@ func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []o
 		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpCreate, Instance: rec.UUID, Started: m.now()})
 	})
 	if err != nil {
-		return store.Instance{}, "", false, classify(err, "create %s for tenant %s", req.Profile, req.Tenant)
+		return store.Instance{}, false, classify(err, "create %s for tenant %s", req.Profile, req.Tenant)
 	}
 	if !existing {
 		m.log.Info("admitted", "instance", rec.UUID, "tenant", rec.Tenant, "profile", rec.Profile, "gpu", rec.GPUPCI, "kind", rec.Kind)
 	}
-	return rec, intent, existing, nil
+	return rec, existing, nil
 }
 
 // allowed keeps the offers a tenant may use.

@@ -107,6 +107,7 @@ func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 		return fail(ErrNotFound, nil, "GPU %s is gone", mv.ToGPU)
 	}
 	intent := uuid.NewString()
+	defer m.live.add(intent, rec.UUID)()
 	payload, _ := json.Marshal(movePayload{FromGPU: rec.GPUUUID, FromPCI: rec.GPUPCI, FromStart: rec.GIStart, FromVF: rec.VF})
 	if err := m.db.Update(func(tx *store.Tx) error {
 		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpMove, Instance: rec.UUID, Payload: payload, Started: m.now()})

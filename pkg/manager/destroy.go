@@ -39,6 +39,7 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 		}
 	}
 	intent := uuid.NewString()
+	defer m.live.add(intent, rec.UUID)()
 	started := m.now()
 	m.admit.Lock()
 	err = m.db.Update(func(tx *store.Tx) error {

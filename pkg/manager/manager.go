@@ -98,6 +98,8 @@ type Manager struct {
 	// dirty are GPUs a reconcile pass changed and re-reads at its end
 	// (guarded by admit).
 	dirty map[string]bool
+	// live: intents of operations in flight, which reconcile leaves alone.
+	live liveSet
 
 	events *broadcaster
 

@@ -604,3 +604,68 @@ func TestFailedDestroyKeepsTheInstance(t *testing.T) {
 		t.Fatalf("destroy once the fault is gone: %v", err)
 	}
 }
+
+// A reconcile that runs while an operation is in flight (on demand, or on
+// a libvirtd reconnect) leaves that operation's intent to it: it neither
+// undoes a create half-way nor finishes a destroy underneath.
+func TestReconcileLeavesOperationsInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		point string
+		op    func(e *env, uuid string) error
+	}{
+		{manager.CrashCreateGI, func(e *env, id string) error {
+			_, err := e.m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", GPU: h100MIG, UUID: id})
+			return err
+		}},
+		{manager.CrashDestroyCI, func(e *env, id string) error {
+			return e.m.Destroy(context.Background(), id, manager.DestroyOptions{})
+		}},
+	} {
+		t.Run(tc.point, func(t *testing.T) {
+			e := newEnv(t, nil)
+			e.tenant("acme", unlimited())
+			id := "6f1b2c3d-0000-4000-8000-00000000a001"
+			if tc.point == manager.CrashDestroyCI {
+				if _, err := e.m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", GPU: h100MIG, UUID: id}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			paused, resume := make(chan struct{}), make(chan struct{})
+			e.crash = func(p string) {
+				if p == tc.point {
+					close(paused)
+					<-resume
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- tc.op(e, id) }()
+			<-paused
+			rep, err := e.m.Reconcile(context.Background())
+			close(resume)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Finished)+len(rep.Undone)+len(rep.Recreated)+len(rep.Lost) != 0 {
+				t.Fatalf("reconcile touched the operation in flight: %+v", rep)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("operation after a concurrent reconcile: %v", err)
+			}
+			e.crash = nil
+			got, err := e.m.Instance(id)
+			switch tc.point {
+			case manager.CrashCreateGI:
+				if err != nil || got.State != store.StateReady {
+					t.Fatalf("created instance: %+v, %v", got, err)
+				}
+			default:
+				if !errors.Is(err, manager.ErrNotFound) {
+					t.Fatalf("destroyed instance: %+v, %v", got, err)
+				}
+			}
+			if rep, err := e.m.Reconcile(context.Background()); err != nil || len(rep.Finished)+len(rep.Undone)+len(rep.Recreated)+len(rep.Foreign) != 0 {
+				t.Fatalf("reconcile afterwards: %+v, %v", rep, err)
+			}
+		})
+	}
+}

@@ -63,7 +63,12 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		return rep, classify(err, "read intents")
 	}
 	for _, it := range intents {
-		if err := m.resolveIntent(ctx, it, &rep); err != nil {
+		if !m.live.claim(it.ID, it.Instance) {
+			continue // its operation is still running
+		}
+		err := m.resolveLeftover(ctx, it, &rep)
+		m.live.done(it.ID)
+		if err != nil {
 			m.log.Error("reconcile intent", "intent", it.ID, "op", it.Op, "instance", it.Instance, "err", err)
 			if ctx.Err() != nil {
 				return rep, ctx.Err()
@@ -77,6 +82,9 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		return rep, classify(err, "read instances")
 	}
 	for i := range recs {
+		if m.live.busy(recs[i].UUID) {
+			continue // an operation in flight owns it
+		}
 		if err := m.restore(ctx, &recs[i], &rep); err != nil && ctx.Err() != nil {
 			return rep, ctx.Err()
 		}
@@ -162,6 +170,19 @@ func complete(r *store.Instance, gi, ci, vg bool) bool {
 		return vg
 	}
 	return true
+}
+
+// resolveLeftover resolves a claimed intent if it is still on disk: one
+// that is gone was completed by its operation after Intents was read.
+func (m *Manager) resolveLeftover(ctx context.Context, it store.Intent, rep *ReconcileReport) error {
+	err := m.db.View(func(tx *store.Tx) error { _, err := tx.Intent(it.ID); return err })
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return m.resolveIntent(ctx, it, rep)
 }
 
 func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *ReconcileReport) error {
@@ -522,6 +543,9 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 		return err
 	})
 	for _, a := range atts {
+		if m.live.busy(a.Instance) {
+			continue // an attach or detach in flight settles it
+		}
 		r := recs[a.Instance]
 		h, err := m.hostdevOf(r, false)
 		if err != nil {
