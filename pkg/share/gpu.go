@@ -58,6 +58,9 @@ type gpuPoller struct {
 	windows   int
 	utilSince uint64
 	active    int
+	// instances is how many instances the GPU held at the last window.
+	instances int
+	polls     int
 	migMem    map[int][2]uint64
 
 	inst map[string]*instAcc
@@ -65,6 +68,10 @@ type gpuPoller struct {
 	errs       uint64
 	lastErrLog time.Time
 }
+
+// idlePollEvery: an idle GPU is polled every this many polls (once a
+// second at the default 200 ms poll).
+const idlePollEvery = 5
 
 type runAcc struct {
 	run, sat time.Duration
@@ -139,6 +146,14 @@ func (p *gpuPoller) readScheduler(ctx context.Context, now time.Time) {
 
 // poll is one poll: clocks, the scheduler log, a pending switch.
 func (p *gpuPoller) poll(ctx context.Context, now time.Time) {
+	// A GPU that runs nothing (no active vGPU, no MIG instance) has no log
+	// to read and no share to attribute clocks to: it is read once a second,
+	// at the window, instead of at every poll.
+	p.polls++
+	idle := p.windows > 0 && p.active == 0 && !(p.info.MIG && p.instances > 0) && p.pending == nil
+	if idle && p.polls%idlePollEvery != 0 {
+		return
+	}
 	dt := 0.0
 	if !p.lastPoll.IsZero() {
 		dt = now.Sub(p.lastPoll).Seconds()
@@ -278,6 +293,7 @@ func matchVGPUs(insts []Instance, active []VGPU) map[string]VGPU {
 func (p *gpuPoller) closeWindow(ctx context.Context, now time.Time, window time.Duration, insts []Instance) []InstanceShare {
 	secs := window.Seconds()
 	p.windows++
+	p.instances = len(insts)
 	slow := p.windows == 1 || p.windows%p.l.cfg.SlowEvery == 0
 	if p.windows == 1 || p.windows%p.l.cfg.TelemetryEvery == 0 {
 		if t, err := p.drv.Telemetry(ctx, slow); err != nil {
