@@ -414,7 +414,11 @@ func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string, 
 	cerr := classify(err, "create %s on GPU %s", rec.Profile, rec.GPUPCI)
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 	defer cancel()
-	if uerr := m.release(uctx, &rec, func(s string) bool { return steps[s] }, false); uerr != nil {
+	parts, uerr := m.carvedParts(uctx, &rec, steps)
+	if uerr == nil {
+		uerr = m.release(uctx, &rec, func(s string) bool { return parts[s] }, false)
+	}
+	if uerr != nil {
 		// Leave the intent: reconcile finishes the undo.
 		rec.State, rec.Reason = store.StateFailed, fmt.Sprintf("create failed (%v) and undo failed (%v)", err, uerr)
 		_ = m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&rec) })
@@ -433,6 +437,19 @@ func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string, 
 	m.log.Warn("create failed", "instance", rec.UUID, "profile", rec.Profile, "gpu", rec.GPUPCI, "err", err)
 	m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "create", Detail: Message(cerr), Took: m.now().Sub(started)})
 	return store.Instance{}, cerr
+}
+
+// carvedParts says which parts of a failed carve the host holds: the steps
+// recorded as done, and whatever the host shows once the calls that outran
+// their deadline have returned (a step whose call timed out, or whose save
+// failed, may have happened all the same).
+func (m *Manager) carvedParts(ctx context.Context, rec *store.Instance, steps map[string]bool) (map[string]bool, error) {
+	if err := m.settle(ctx); err != nil {
+		return nil, err
+	}
+	m.refreshGPU(ctx, rec.GPUUUID)
+	gi, ci, vg := m.present(rec)
+	return map[string]bool{"gi": steps["gi"] || gi, "ci": steps["ci"] || ci, "vgpu": steps["vgpu"] || vg}, nil
 }
 
 // carveSteps runs the host steps of a record, saving after each.
@@ -477,11 +494,12 @@ func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func
 }
 
 func (m *Manager) createVGPU(ctx context.Context, rec *store.Instance) error {
+	vf, typeID, parent, mdev := rec.VF, rec.TypeID, rec.MdevParent, rec.MdevUUID
 	switch rec.Flow {
 	case store.FlowVFIO:
-		return sysfsCall(ctx, func() error { return m.vgpu.SetVFType(rec.VF, rec.TypeID) })
+		return m.sysfsCall(ctx, func() error { return m.vgpu.SetVFType(vf, typeID) })
 	case store.FlowMdev:
-		return sysfsCall(ctx, func() error { return m.vgpu.CreateMdev(rec.MdevParent, rec.TypeID, rec.MdevUUID) })
+		return m.sysfsCall(ctx, func() error { return m.vgpu.CreateMdev(parent, typeID, mdev) })
 	}
 	return fail(ErrBackendFailure, nil, "instance %s has no VF or mdev parent", rec.UUID)
 }
@@ -489,18 +507,18 @@ func (m *Manager) createVGPU(ctx context.Context, rec *store.Instance) error {
 // checkGI verifies the driver put a MIG-backed vGPU on the GPU instance
 // vgpud chose (the driver picks the GI itself, reference 2.7).
 func (m *Manager) checkGI(ctx context.Context, rec *store.Instance) error {
-	got := -1
-	var err error
-	switch rec.Flow {
-	case store.FlowVFIO:
-		var vf gpu.VF
-		err = sysfsCall(ctx, func() error { vf, err = m.vgpu.VF(rec.VF); return err })
-		got = vf.GPUInstance
-	case store.FlowMdev:
-		var md gpu.Mdev
-		err = sysfsCall(ctx, func() error { md, err = m.vgpu.Mdev(rec.MdevUUID); return err })
-		got = md.GPUInstance
-	}
+	flow, vfAddr, mdev := rec.Flow, rec.VF, rec.MdevUUID
+	got, err := sysfsRead(ctx, m, func() (int, error) {
+		switch flow {
+		case store.FlowVFIO:
+			vf, err := m.vgpu.VF(vfAddr)
+			return vf.GPUInstance, err
+		case store.FlowMdev:
+			md, err := m.vgpu.Mdev(mdev)
+			return md.GPUInstance, err
+		}
+		return -1, nil
+	})
 	if err != nil {
 		return err
 	}

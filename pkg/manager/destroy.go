@@ -82,6 +82,18 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 func (m *Manager) undoDestroy(ctx context.Context, rec store.Instance, intent string) {
 	ctx, cancel := context.WithTimeout(ctx, undoTimeout)
 	defer cancel()
+	if err := m.settle(ctx); err != nil {
+		// A release call that outran its deadline may still land: what the
+		// host holds is unknown, so the destroy is left to reconcile, which
+		// finishes it (its intent stays).
+		rec.State, rec.Reason, rec.Updated = store.StateFailed, "destroy did not finish (the driver did not answer); reconcile finishes it", m.now()
+		if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&rec) }); err != nil {
+			m.log.Error("record the unfinished destroy", "instance", rec.UUID, "err", err)
+		}
+		m.log.Warn("destroy failed and the host has not settled; reconcile finishes it", "instance", rec.UUID, "err", err)
+		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
+		return
+	}
 	m.refreshGPU(ctx, rec.GPUUUID)
 	rec.State, rec.Reason = store.StateReady, ""
 	var rep ReconcileReport

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/hostcall"
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/placement"
 	"github.com/vgpud/vgpud/pkg/profile"
@@ -33,6 +34,8 @@ type MIGBackend interface {
 	CreateComputeInstance(ctx context.Context, gpuUUID string, giID, ciProfile int) (gpu.ComputeInstance, error)
 	DestroyComputeInstance(ctx context.Context, gpuUUID string, giID, ciID int) error
 	SetHeterogeneous(ctx context.Context, gpuUUID string, on bool) error
+	// Settle waits until calls that outran their deadline have returned.
+	Settle(ctx context.Context) error
 }
 
 // VGPUBackend is what the manager needs from the sysfs backend. Its calls
@@ -100,6 +103,8 @@ type Manager struct {
 	dirty map[string]bool
 	// live: intents of operations in flight, which reconcile leaves alone.
 	live liveSet
+	// calls counts sysfs calls that outran their deadline (see settle).
+	calls hostcall.Tracker
 
 	events *broadcaster
 
@@ -264,13 +269,39 @@ func (m *Manager) gpuByAnyID(id string) (gpu.GPU, error) {
 
 // sysfsCall bounds a sysfs call with the context: a write into sysfs can
 // block (mdev remove waits for the device to be released on new kernels).
-func sysfsCall(ctx context.Context, fn func() error) error {
-	done := make(chan error, 1)
-	go func() { done <- fn() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("sysfs call: %w: %w", gpu.ErrTimeout, ctx.Err())
+func (m *Manager) sysfsCall(ctx context.Context, fn func() error) error {
+	_, err := sysfsRead(ctx, m, func() (struct{}, error) { return struct{}{}, fn() })
+	return err
+}
+
+// sysfsRead is sysfsCall for a call with a result. The result travels with
+// the error, so a call abandoned at the deadline writes nothing the caller
+// reads; settle waits for such calls.
+func sysfsRead[T any](ctx context.Context, m *Manager, fn func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
 	}
+	r, err := hostcall.Go(ctx, &m.calls, func() result {
+		v, err := fn()
+		return result{v, err}
+	})
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("sysfs call: %w: %w", gpu.ErrTimeout, err)
+	}
+	return r.v, r.err
+}
+
+// settle waits until every host call that outran its deadline (sysfs here,
+// NVML in the backend) has returned: an undo that read the host before a
+// late call landed would leave that call's device behind.
+func (m *Manager) settle(ctx context.Context) error {
+	if err := m.calls.Settle(ctx); err != nil {
+		return fmt.Errorf("wait for sysfs calls that timed out: %w", err)
+	}
+	if err := m.mig.Settle(ctx); err != nil {
+		return fmt.Errorf("wait for NVML calls that timed out: %w", err)
+	}
+	return nil
 }

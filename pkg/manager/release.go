@@ -56,8 +56,8 @@ func (m *Manager) release(ctx context.Context, r *store.Instance, done func(stri
 func (m *Manager) releaseVGPU(ctx context.Context, r *store.Instance) error {
 	switch r.Flow {
 	case store.FlowVFIO:
-		var vf gpu.VF
-		err := sysfsCall(ctx, func() (err error) { vf, err = m.vgpu.VF(r.VF); return err })
+		addr := r.VF
+		vf, err := sysfsRead(ctx, m, func() (gpu.VF, error) { return m.vgpu.VF(addr) })
 		if err != nil {
 			return classify(err, "read VF %s", r.VF)
 		}
@@ -65,9 +65,10 @@ func (m *Manager) releaseVGPU(ctx context.Context, r *store.Instance) error {
 			m.log.Warn("VF holds another vGPU type; leaving it alone", "vf", r.VF, "type", vf.Type, "instance", r.UUID)
 			return nil
 		}
-		return m.retryBusy(ctx, func() error { return m.vgpu.ClearVF(r.VF) }, "clear VF "+r.VF)
+		return m.retryBusy(ctx, func() error { return m.vgpu.ClearVF(addr) }, "clear VF "+addr)
 	case store.FlowMdev:
-		return m.retryBusy(ctx, func() error { return m.vgpu.RemoveMdev(r.MdevUUID) }, "remove mdev "+r.MdevUUID)
+		mdev := r.MdevUUID
+		return m.retryBusy(ctx, func() error { return m.vgpu.RemoveMdev(mdev) }, "remove mdev "+mdev)
 	}
 	return nil
 }
@@ -78,7 +79,7 @@ func (m *Manager) retryBusy(ctx context.Context, fn func() error, what string) e
 	deadline := m.now().Add(m.retry)
 	delay := 100 * time.Millisecond
 	for {
-		err := sysfsCall(ctx, fn)
+		err := m.sysfsCall(ctx, fn)
 		if err == nil {
 			return nil
 		}

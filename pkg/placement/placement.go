@@ -268,14 +268,14 @@ func eligible(fleet []GPU, r *Request) ([]view, []int, error) {
 		pis = append(pis, pi)
 	}
 	if !known {
-		where := "no GPU model in the fleet"
+		where := "no GPU model in the fleet offers it"
 		switch {
 		case r.GPU != "":
-			where = fmt.Sprintf("GPU %s", r.GPU)
+			where = fmt.Sprintf("GPU %s does not offer it", r.GPU)
 		case len(r.Models) > 0:
-			where = fmt.Sprintf("no model of %s in the fleet", strings.Join(r.Models, ", "))
+			where = fmt.Sprintf("no GPU of model %s is on this host", strings.Join(r.Models, ", "))
 		}
-		return nil, nil, fmt.Errorf("profile %q: %s has it: %w", r.Profile, where, ErrUnknownProfile)
+		return nil, nil, fmt.Errorf("profile %q: %s: %w", r.Profile, where, ErrUnknownProfile)
 	}
 	return views, pis, nil
 }

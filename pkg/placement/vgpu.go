@@ -236,13 +236,13 @@ func PlaceVGPU(hosts []VGPUHost, r VGPURequest) (VGPUDecision, error) {
 		cands = append(cands, c)
 	}
 	if !known {
-		where := "no GPU in the fleet"
+		where := "no GPU in the fleet offers it"
 		if r.GPU != "" {
-			where = "GPU " + r.GPU
+			where = "GPU " + r.GPU + " does not offer it"
 		} else if len(r.Models) > 0 {
-			where = "no model of " + strings.Join(r.Models, ", ")
+			where = "no GPU of model " + strings.Join(r.Models, ", ") + " takes time-sliced vGPUs"
 		}
-		return VGPUDecision{}, fmt.Errorf("vGPU type %q: %s offers it: %w", r.Type, where, ErrUnknownProfile)
+		return VGPUDecision{}, fmt.Errorf("vGPU type %q: %s: %w", r.Type, where, ErrUnknownProfile)
 	}
 	if len(cands) == 0 {
 		return VGPUDecision{}, vgpuRefusal(hosts, &r)

@@ -6,8 +6,8 @@
 // simulator's.
 //
 // Every call runs with a deadline: a driver call that does not return in
-// time is reported as gpu.ErrTimeout, and its effect is unknown until the
-// next discovery. Errors wrap a pkg/gpu sentinel and the nvml.Return.
+// time is reported as gpu.ErrTimeout, and its effect is unknown until it
+// returns (Settle waits for that). Errors wrap a pkg/gpu sentinel and the nvml.Return.
 //
 // It imports pkg/gpu and pkg/profile.
 package nvml
@@ -22,6 +22,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/vgpud/vgpud/internal/hostcall"
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/profile"
 )
@@ -47,6 +48,9 @@ type Backend struct {
 	// that fell off the bus (every query GPU_IS_LOST) is still reported by
 	// its UUID and PCI address. The index only bridges one driver session.
 	known map[int]gpu.GPU
+
+	// calls counts driver calls that outran their deadline.
+	calls hostcall.Tracker
 }
 
 // Options configure a Backend.
@@ -110,7 +114,7 @@ func wrap(ret gonvml.Return) error {
 
 // do runs fn with the context's deadline (DefaultCallTimeout when it has
 // none). fn keeps running after a timeout, as a driver call cannot be
-// interrupted; its result is then dropped.
+// interrupted; its result is then dropped, and Settle waits for it.
 func (b *Backend) do(ctx context.Context, op string, fn func() gonvml.Return) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -120,22 +124,25 @@ func (b *Backend) do(ctx context.Context, op string, fn func() gonvml.Return) er
 		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
 		defer cancel()
 	}
-	done := make(chan gonvml.Return, 1)
 	start := time.Now()
-	go func() { done <- fn() }()
-	select {
-	case ret := <-done:
-		if b.observe != nil {
-			b.observe(op, time.Since(start), ret)
-		}
-		return wrap(ret)
-	case <-ctx.Done():
+	ret, err := hostcall.Go(ctx, &b.calls, fn)
+	if err != nil {
 		if b.observe != nil {
 			b.observe(op, time.Since(start), gonvml.ERROR_TIMEOUT)
 		}
 		b.log.Warn("NVML call did not return in time; its effect is unknown", "op", op, "after", time.Since(start))
-		return fmt.Errorf("NVML %s: %w: %w", op, gpu.ErrTimeout, ctx.Err())
+		return fmt.Errorf("NVML %s: %w: %w", op, gpu.ErrTimeout, err)
 	}
+	if b.observe != nil {
+		b.observe(op, time.Since(start), ret)
+	}
+	return wrap(ret)
+}
+
+// Settle waits until every driver call that outran its deadline has
+// returned, so that what the host shows next includes its effect.
+func (b *Backend) Settle(ctx context.Context) error {
+	return b.calls.Settle(ctx)
 }
 
 // Init loads NVML. Without the driver it returns gpu.ErrDriverNotLoaded.
