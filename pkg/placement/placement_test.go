@@ -240,7 +240,7 @@ func TestPlaceErrors(t *testing.T) {
 		contains string
 	}{
 		{"unknown profile", full, Request{Profile: "5g.50gb"}, []error{ErrUnknownProfile}, []error{ErrNoCapacity}, "no GPU model in the fleet offers it"},
-		{"profile of another model", full, Request{Profile: "3g.40gb", Models: []string{"A30"}}, []error{ErrUnknownProfile}, nil, "no model of A30"},
+		{"profile of another model", full, Request{Profile: "3g.40gb", Models: []string{"A30"}}, []error{ErrUnknownProfile}, nil, "no GPU of model A30 is on this host"},
 		{"no such GPU", full, Request{Profile: "1g.10gb", GPU: "GPU-9"}, []error{ErrNoSuchGPU}, nil, "GPU-9"},
 		{"full", full, Request{Profile: "1g.10gb"}, []error{ErrNoCapacity}, []error{ErrFragmented}, "creatable now: nothing"},
 		{"fragmented", fragmented, Request{Profile: "3g.40gb"}, []error{ErrFragmented, ErrNoCapacity}, nil, "6 slices free"},

@@ -240,7 +240,7 @@ func PlaceVGPU(hosts []VGPUHost, r VGPURequest) (VGPUDecision, error) {
 		if r.GPU != "" {
 			where = "GPU " + r.GPU + " does not offer it"
 		} else if len(r.Models) > 0 {
-			where = "no GPU of model " + strings.Join(r.Models, ", ") + " takes time-sliced vGPUs"
+			where = "no GPU of model " + strings.Join(r.Models, ", ") + " on this host offers it"
 		}
 		return VGPUDecision{}, fmt.Errorf("vGPU type %q: %s: %w", r.Type, where, ErrUnknownProfile)
 	}

@@ -167,7 +167,7 @@ func TestPlaceVGPUErrors(t *testing.T) {
 		{"unknown type", full, VGPURequest{Type: "L4-24Q"}, ErrUnknownProfile, "L4-24Q"},
 		{"no such GPU", full, VGPURequest{Type: "H100XM-20C", GPU: "Z"}, ErrNoSuchGPU, "Z"},
 		{"no room", full, VGPURequest{Type: "H100XM-20C"}, ErrNoCapacity, "creatable now: nothing"},
-		{"type filtered out by model", full, VGPURequest{Type: "H100XM-20C", Models: []string{"L4"}}, ErrUnknownProfile, "no model of L4"},
+		{"type filtered out by model", full, VGPURequest{Type: "H100XM-20C", Models: []string{"L4"}}, ErrUnknownProfile, "no GPU of model L4 on this host offers it"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := PlaceVGPU(tc.hosts, tc.req)
