@@ -50,6 +50,7 @@ const faultOpTimeout = 45 * time.Second
 // faultManager is what the fault watcher needs from the manager.
 type faultManager interface {
 	MarkGPUFailed(uuid, why string)
+	FailedGPUs() map[string]manager.GPUFault
 	Reconcile(ctx context.Context) (manager.ReconcileReport, error)
 	Refresh(ctx context.Context) error
 	Publish(e manager.Event)
@@ -296,6 +297,13 @@ func (w *faultWatch) work(ctx context.Context, indexed chan<- struct{}) {
 	// Work in flight is finished, not cut short, when the daemon stops.
 	opCtx := context.WithoutCancel(ctx)
 	w.reindex()
+	// A GPU failed before vgpud (re)started stays failed until it recovers
+	// (a reset) or an operator clears it: follow it like one failed now.
+	for uuid, f := range w.mgr.FailedGPUs() {
+		if w.failed[uuid] == nil {
+			w.failed[uuid] = &failure{why: f.Why, since: time.Now(), lost: f.Lost}
+		}
+	}
 	// A GPU start-up reconcile found lost (it fell off the bus while vgpud
 	// was down) is followed like one that is lost now.
 	w.noticeLost(true)
@@ -609,7 +617,7 @@ func (w *faultWatch) fail(g gpu.GPU, why string, lost bool) {
 	}
 	f.lost = f.lost || lost
 	f.reset = false
-	if f.why == why {
+	if _, marked := w.mgr.FailedGPUs()[g.UUID]; f.why == why && marked {
 		return
 	}
 	f.why = why
@@ -630,6 +638,12 @@ func (w *faultWatch) fail(g gpu.GPU, why string, lost bool) {
 
 // probe re-reads each failed GPU and returns those that are back.
 func (w *faultWatch) probe(ctx context.Context) {
+	marked := w.mgr.FailedGPUs()
+	for u, f := range w.failed {
+		if _, ok := marked[u]; !ok && !f.lost {
+			delete(w.failed, u) // an operator cleared it (ClearGPU)
+		}
+	}
 	if len(w.failed) == 0 && w.unnamedLost == 0 {
 		return
 	}

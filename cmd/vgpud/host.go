@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -78,6 +79,20 @@ func openHost(cfg *Config, log *slog.Logger, observe nvmlbackend.Observer) (*hos
 	h.nvml = nvmlbackend.New(lib, cat, nvmlbackend.Options{Logger: log.With("component", "nvml"), Observer: observe})
 	h.sysfs = sysfs.New(fsys)
 	return h, nil
+}
+
+// bootID names the host's current boot: a GPU failed in an earlier boot
+// was reset by the reboot. "" when it cannot be read.
+func (h *host) bootID() string {
+	if h.sim != nil {
+		id, _ := h.sim.BootID()
+		return id
+	}
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func (h *host) Close() {

@@ -93,7 +93,7 @@ func (d *daemon) start(ctx context.Context) error {
 	}
 	disc := discover.Host{NVML: h.nvml, Sysfs: h.sysfs}
 	d.mgr = manager.New(h.cat, db, h.nvml, h.sysfs, disc, mv, manager.Options{
-		Logger: log.With("component", "manager"), Crash: crash, Degraded: degraded,
+		Logger: log.With("component", "manager"), Crash: crash, Degraded: degraded, BootID: h.bootID,
 	})
 	if degraded == "" {
 		d.notify.Status("reconciling")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -135,13 +136,53 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	defer m.live.add(intent, rec.UUID)()
 	started := m.now()
 	payload, _ := json.Marshal(attachPayload{Domain: dom.Name, Display: opts.Display})
+	var prior *store.Attachment
 	if err := m.db.Update(func(tx *store.Tx) error {
+		// Checked again with the intent written in one transaction: a
+		// destroy or another attach that came in meanwhile is refused.
+		r, err := tx.Instance(rec.UUID)
+		if err != nil {
+			return fail(ErrNotFound, err, "instance %s was destroyed meanwhile", rec.UUID)
+		}
+		if r.State != store.StateReady {
+			return fail(ErrBusy, nil, "instance %s is %s; only a ready instance can be attached", r.UUID, r.State)
+		}
+		if a, err := tx.Attachment(r.UUID); err == nil {
+			prior = &a
+			return nil
+		}
+		if err := busy(tx, r.UUID); err != nil {
+			return err
+		}
 		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpAttach, Instance: rec.UUID, Payload: payload, Started: m.now()})
 	}); err != nil {
 		return store.Attachment{}, classify(err, "attach %s", rec.UUID)
 	}
+	if prior != nil {
+		if prior.DomainUUID == dom.UUID {
+			return *prior, nil
+		}
+		return store.Attachment{}, fail(ErrConflict, nil, "instance %s was attached to VM %s meanwhile; detach it first", rec.UUID, prior.Domain)
+	}
 	m.crash(CrashAttachIntent)
 	live, err := m.lv().Attach(ctx, dom.Name, h, rec.UUID)
+	if err != nil && !refused(err) {
+		// The outcome is unknown (a timeout, a cancel, a broken connection):
+		// ask libvirt what it holds now and record that.
+		a, held, serr := m.settleUnknown(ctx, rec, attachPayload{Domain: dom.Name, Display: opts.Display}, intent, true)
+		if serr == nil && held {
+			m.log.Info("attached (settled after an unclear answer)", "instance", rec.UUID, "vm", dom.Name, "err", err)
+			m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
+			m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "attach", Took: m.now().Sub(started)})
+			return a, nil
+		}
+		cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, dom.Name)
+		if serr != nil {
+			cerr = fail(ErrBackendFailure, err, "attach %s to VM %s: libvirt gave no clear answer and could not be asked again; vgpud settles it when libvirtd answers", rec.UUID, dom.Name)
+		}
+		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "attach", Detail: Message(cerr), Took: m.now().Sub(started)})
+		return store.Attachment{}, cerr
+	}
 	if err != nil {
 		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
 		cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, dom.Name)
@@ -191,6 +232,13 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	started := m.now()
 	payload, _ := json.Marshal(attachPayload{Domain: att.Domain})
 	if err := m.db.Update(func(tx *store.Tx) error {
+		a, err := tx.Attachment(rec.UUID)
+		if err != nil || a.Domain != att.Domain {
+			return fail(ErrConflict, err, "the attachment of instance %s changed meanwhile; look again (`vgpuctl show %s`)", rec.UUID, rec.UUID)
+		}
+		if err := busy(tx, rec.UUID); err != nil {
+			return err
+		}
 		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpDetach, Instance: rec.UUID, Payload: payload, Started: m.now()})
 	}); err != nil {
 		return classify(err, "detach %s", rec.UUID)
@@ -199,6 +247,20 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	err = m.lv().Detach(ctx, att.Domain, h, rec.UUID)
 	if errors.Is(err, virt.ErrDomainNotFound) {
 		err = nil // the VM is gone: nothing holds the device
+	}
+	if err != nil && !refused(err) {
+		// The outcome is unknown: finish the detach with a fresh deadline.
+		if _, _, serr := m.settleUnknown(ctx, rec, attachPayload{Domain: att.Domain}, intent, false); serr == nil {
+			err = nil
+		} else {
+			cerr := fail(ErrBackendFailure, err, "detach %s from VM %s: libvirt gave no clear answer and could not be asked again; vgpud finishes the detach when libvirtd answers", rec.UUID, att.Domain)
+			m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "detach", Detail: Message(cerr), Took: m.now().Sub(started)})
+			return cerr
+		}
+		m.log.Info("detached (settled after an unclear answer)", "instance", rec.UUID, "vm", att.Domain)
+		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
+		m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "detach", Took: m.now().Sub(started)})
+		return nil
 	}
 	if err != nil {
 		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
@@ -221,27 +283,134 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	return nil
 }
 
+// refused reports whether libvirt refused a change outright, leaving the
+// domain as it was; any other error (a timeout, a cancel, a broken
+// connection) leaves the outcome unknown.
+func refused(err error) bool {
+	for _, e := range []error{virt.ErrInvalidHostdev, virt.ErrDomainNotFound, virt.ErrOtherHost, virt.ErrNotPersistent,
+		virt.ErrAttachedElsewhere, virt.ErrNeedsGraphics, virt.ErrLiveAttach, virt.ErrLiveDetach} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// settleTimeout bounds the look at libvirt after an unclear answer.
+const settleTimeout = 30 * time.Second
+
+// settleUnknown settles an attach or detach whose libvirt call gave no
+// clear answer, with its own deadline: libvirt is asked what it holds and
+// the record follows (settleAttach), and the intent is dropped. held says
+// whether the device ended attached, with the attachment then recorded.
+// When libvirt cannot be asked, the intent stays for reconcile.
+func (m *Manager) settleUnknown(ctx context.Context, rec store.Instance, p attachPayload, intent string, attach bool) (store.Attachment, bool, error) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if s, ok := m.lv().(interface{ Settle(context.Context) error }); ok {
+		if err := s.Settle(sctx); err != nil {
+			return store.Attachment{}, false, err
+		}
+	}
+	if err := m.settleAttach(sctx, rec, p, attach); err != nil {
+		m.log.Warn("settle after an unclear libvirt answer; reconcile retries", "instance", rec.UUID, "vm", p.Domain, "err", err)
+		return store.Attachment{}, false, err
+	}
+	var a store.Attachment
+	held := false
+	err := m.db.Update(func(tx *store.Tx) error {
+		if x, err := tx.Attachment(rec.UUID); err == nil {
+			a, held = x, true
+		}
+		return tx.DeleteIntent(intent)
+	})
+	return a, held, err
+}
+
+// busy refuses a second operation on an instance while another one's
+// intent is in the store: attach, detach, destroy and move of one
+// instance never interleave.
+func busy(tx *store.Tx, instance string) error {
+	its, err := tx.Intents()
+	if err != nil {
+		return err
+	}
+	for _, it := range its {
+		if it.Instance == instance && it.Op != store.OpCreateAttach {
+			return fail(ErrBusy, nil, "instance %s has a %s in flight; retry when it is done", instance, it.Op)
+		}
+	}
+	return nil
+}
+
 // CreateAndAttach creates an instance and attaches it; if the attach fails
-// the instance is destroyed again and the VM is left as it was.
+// the instance is destroyed again and the VM is left as it was. A crash
+// half-way is undone by reconcile the same way (an OpCreateAttach intent
+// spans both). A retry with the UUID of an instance that already exists
+// attaches it and never destroys it: that instance is not this call's.
 func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain string, opts AttachOptions) (store.Instance, store.Attachment, error) {
+	done, err := m.begin()
+	if err != nil {
+		return store.Instance{}, store.Attachment{}, err
+	}
+	defer done()
 	if m.lv() == nil {
 		return store.Instance{}, store.Attachment{}, fail(ErrBackendFailure, nil, "libvirt is not configured for this daemon")
 	}
 	if _, err := m.lv().Domain(ctx, domain); err != nil {
 		return store.Instance{}, store.Attachment{}, classifyVirt(err, "attach a new %s to VM %s", req.Profile, domain)
 	}
+	opts.Tenant = ""
+	if req.UUID == "" {
+		req.UUID = uuid.NewString()
+	} else {
+		u, err := uuid.Parse(req.UUID)
+		if err != nil {
+			return store.Instance{}, store.Attachment{}, fail(ErrInvalidArgument, err, "instance UUID %q is not a UUID", req.UUID)
+		}
+		req.UUID = u.String()
+		if _, err := m.Instance(req.UUID); err == nil {
+			rec, err := m.Create(ctx, req) // checks tenant and profile match
+			if err != nil {
+				return store.Instance{}, store.Attachment{}, err
+			}
+			a, err := m.Attach(ctx, rec.UUID, domain, opts)
+			if err != nil {
+				return store.Instance{}, store.Attachment{}, err
+			}
+			return rec, a, nil
+		}
+	}
+	span := uuid.NewString()
+	defer m.live.add(span, req.UUID)()
+	payload, _ := json.Marshal(attachPayload{Domain: domain, Display: opts.Display})
+	if err := m.db.Update(func(tx *store.Tx) error {
+		return tx.PutIntent(store.Intent{ID: span, Op: store.OpCreateAttach, Instance: req.UUID, Payload: payload, Started: m.now()})
+	}); err != nil {
+		return store.Instance{}, store.Attachment{}, classify(err, "create and attach %s", req.UUID)
+	}
+	dropSpan := func() {
+		if err := m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(span) }); err != nil {
+			m.log.Error("drop create-and-attach intent", "instance", req.UUID, "err", err)
+		}
+	}
 	rec, err := m.Create(ctx, req)
 	if err != nil {
+		dropSpan()
 		return store.Instance{}, store.Attachment{}, err
 	}
-	opts.Tenant = ""
+	m.crash(CrashCreateAttach)
 	a, err := m.Attach(ctx, rec.UUID, domain, opts)
 	if err != nil {
 		if derr := m.Destroy(context.WithoutCancel(ctx), rec.UUID, DestroyOptions{}); derr != nil {
-			m.log.Error("undo create after failed attach", "instance", rec.UUID, "err", derr)
+			// The intent stays: reconcile destroys the instance later.
+			m.log.Error("undo create after failed attach; reconcile retries", "instance", rec.UUID, "err", derr)
+			return store.Instance{}, store.Attachment{}, err
 		}
+		dropSpan()
 		return store.Instance{}, store.Attachment{}, err
 	}
+	dropSpan()
 	return rec, a, nil
 }
 
@@ -253,16 +422,49 @@ func (m *Manager) WatchVirt(ctx context.Context, policy string) {
 	if m.lv() == nil {
 		return
 	}
+	m.confMu.Lock()
+	m.undefinePolicy = policy
+	m.confMu.Unlock()
 	for ev := range m.lv().Events(ctx) {
 		m.emit(Event{Kind: EventVM, ID: ev.UUID, Op: ev.Kind.String(), Detail: ev.Domain})
 		switch ev.Kind {
 		case virt.Undefined:
 			m.domainUndefined(ctx, ev, policy)
+		case virt.Stopped:
+			m.domainStopped(ev)
 		case virt.Started, virt.Reconnected:
 			if _, err := m.Reconcile(ctx); err != nil {
 				m.log.Warn("reconcile after VM event", "event", ev.Kind, "vm", ev.Domain, "err", err)
 			}
 		}
+	}
+}
+
+// domainStopped marks a stopped VM's attachments not live: its instances
+// may move again (defragment).
+func (m *Manager) domainStopped(ev virt.Event) {
+	var changed []string
+	err := m.db.Update(func(tx *store.Tx) error {
+		all, err := tx.Attachments()
+		if err != nil {
+			return err
+		}
+		for _, a := range all {
+			if a.Live && (a.DomainUUID == ev.UUID || (ev.UUID == "" && strings.EqualFold(a.Domain, ev.Domain))) {
+				a.Live = false
+				if err := tx.PutAttachment(a); err != nil {
+					return err
+				}
+				changed = append(changed, a.Instance)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		m.log.Warn("record that a VM stopped", "vm", ev.Domain, "err", err)
+	}
+	for _, id := range changed {
+		m.emit(Event{Kind: EventInstanceChanged, ID: id})
 	}
 }
 

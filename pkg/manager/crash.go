@@ -26,6 +26,9 @@ const (
 	CrashAttachDone   = "attach.before-commit"
 	CrashDetachIntent = "detach.after-intent"
 	CrashDetachDone   = "detach.before-commit"
+	CrashCreateAttach = "create-attach.after-create"
+	CrashMoveRelease  = "move.after-release"
+	CrashMoveCarve    = "move.after-carve"
 	CrashReconcile    = "reconcile.after-step"
 )
 
@@ -33,7 +36,8 @@ const (
 var CrashPoints = []string{
 	CrashCreateIntent, CrashCreateGI, CrashCreateCI, CrashCreateVGPU, CrashCreateCommit,
 	CrashDestroyStart, CrashDestroyVGPU, CrashDestroyCI, CrashDestroyGI,
-	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashReconcile,
+	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashCreateAttach,
+	CrashMoveRelease, CrashMoveCarve, CrashReconcile,
 }
 
 // CrashAt returns a crash hook that kills the process with SIGKILL (no

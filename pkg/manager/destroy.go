@@ -53,6 +53,9 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 		if _, err := tx.Attachment(r.UUID); err == nil {
 			return fail(ErrBusy, nil, "instance %s was attached meanwhile; detach it first", r.UUID)
 		}
+		if err := busy(tx, r.UUID); err != nil {
+			return err
+		}
 		r.State, r.Updated = store.StateDestroying, m.now()
 		if err := tx.PutInstance(&r); err != nil {
 			return err
@@ -76,27 +79,34 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 }
 
 // undoDestroy brings an instance whose destroy failed half-way back to
-// ready: the parts the release removed are carved again, as reconcile
-// does after a reboot. If that fails too the record is failed, with the
-// reason, and reconcile keeps trying.
+// ready (putBack).
 func (m *Manager) undoDestroy(ctx context.Context, rec store.Instance, intent string) {
+	m.putBack(ctx, rec, intent, "destroy")
+}
+
+// putBack brings an instance back to ready after an operation (what) failed
+// half-way: once the host has settled, the parts the operation removed are
+// carved again, as reconcile does after a reboot, and the operation's
+// intent is dropped. If that fails too the record is failed, with the
+// reason, and reconcile keeps trying. When the host does not settle (a
+// driver call hangs) the intent stays for reconcile.
+func (m *Manager) putBack(ctx context.Context, rec store.Instance, intent, what string) {
 	ctx, cancel := context.WithTimeout(ctx, undoTimeout)
 	defer cancel()
 	if err := m.settle(ctx); err != nil {
-		// A release call that outran its deadline may still land: what the
-		// host holds is unknown, so the destroy is left to reconcile, which
-		// finishes it (its intent stays).
-		rec.State, rec.Reason, rec.Updated = store.StateFailed, "destroy did not finish (the driver did not answer); reconcile finishes it", m.now()
+		// A call that outran its deadline may still land: what the host
+		// holds is unknown, so the operation is left to reconcile (its
+		// intent stays).
+		rec.State, rec.Reason, rec.Updated = store.StateFailed, what+" did not finish (the driver did not answer); reconcile settles it", m.now()
 		if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&rec) }); err != nil {
-			m.log.Error("record the unfinished destroy", "instance", rec.UUID, "err", err)
+			m.log.Error("record the unfinished "+what, "instance", rec.UUID, "err", err)
 		}
-		m.log.Warn("destroy failed and the host has not settled; reconcile finishes it", "instance", rec.UUID, "err", err)
+		m.log.Warn(what+" failed and the host has not settled; reconcile settles it", "instance", rec.UUID, "err", err)
 		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 		return
 	}
 	m.refreshGPU(ctx, rec.GPUUUID)
 	rec.State, rec.Reason = store.StateReady, ""
-	var rep ReconcileReport
 	l := m.gpuLock(rec.GPUUUID)
 	restored := func() error {
 		g := m.hostGPU(rec.GPUUUID)
@@ -112,8 +122,7 @@ func (m *Manager) undoDestroy(ctx context.Context, rec store.Instance, intent st
 		return m.recreate(ctx, &rec, g, gi, ci)
 	}()
 	if restored != nil {
-		rec.State, rec.Reason = store.StateFailed, "destroy failed and the instance could not be restored: "+Message(restored)
-		rep.Failed = append(rep.Failed, rec.UUID)
+		rec.State, rec.Reason = store.StateFailed, what+" failed and the instance could not be restored: "+Message(restored)
 	}
 	rec.Updated = m.now()
 	if err := m.db.Update(func(tx *store.Tx) error {
@@ -122,10 +131,10 @@ func (m *Manager) undoDestroy(ctx context.Context, rec store.Instance, intent st
 		}
 		return tx.DeleteIntent(intent)
 	}); err != nil {
-		m.log.Error("record the undone destroy", "instance", rec.UUID, "err", err)
+		m.log.Error("record the undone "+what, "instance", rec.UUID, "err", err)
 	}
 	m.refreshGPU(ctx, rec.GPUUUID)
-	m.log.Warn("destroy failed; instance kept", "instance", rec.UUID, "state", rec.State, "reason", rec.Reason)
+	m.log.Warn(what+" failed; instance kept", "instance", rec.UUID, "state", rec.State, "reason", rec.Reason)
 	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"time"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -138,19 +139,128 @@ func (m *Manager) SetHeterogeneous(ctx context.Context, id string, on bool) erro
 	return nil
 }
 
-// MarkGPUFailed refuses new carving on a GPU (an XID, a fault); ""
-// clears it. Its instances are reported with the GPU's state.
+// MarkGPUFailed refuses new carving on a GPU (an XID, a fault) and fails
+// its instances at the next reconcile; "" clears it. The mark is kept in
+// the store: a restart of vgpud does not put a GPU that took a critical
+// XID back into service, only its recovery (a reset) or an operator does
+// (ClearGPU).
 func (m *Manager) MarkGPUFailed(uuid, why string) {
+	pci, lost := "", false
+	if g := m.hostGPU(uuid); g != nil {
+		pci, lost = g.PCI, g.Lost
+	}
+	boot := m.bootID()
+	changed := false
+	err := m.db.Update(func(tx *store.Tx) error {
+		st, err := tx.GPU(uuid)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		if st.Failed == why {
+			return nil
+		}
+		changed = true
+		st.UUID, st.Failed = uuid, why
+		if pci != "" {
+			st.PCI = pci
+		}
+		st.FailedSince, st.FailedBoot, st.Lost = time.Time{}, "", false
+		if why != "" {
+			st.FailedSince, st.FailedBoot, st.Lost = m.now(), boot, lost
+		}
+		return tx.PutGPU(st)
+	})
+	if err != nil {
+		// The mark must hold even when it cannot be recorded: carving there
+		// is refused in this run regardless.
+		m.log.Error("record GPU failure", "gpu", uuid, "why", why, "err", err)
+	}
 	m.invMu.Lock()
+	if m.failedGPUs[uuid].Why != why {
+		changed = true
+	}
 	if why == "" {
 		delete(m.failedGPUs, uuid)
 	} else {
-		m.failedGPUs[uuid] = why
+		m.failedGPUs[uuid] = GPUFault{Why: why, Lost: lost || m.failedGPUs[uuid].Lost}
 	}
 	m.invMu.Unlock()
+	if !changed {
+		return
+	}
 	kind := EventGPUChanged
 	if why != "" {
 		kind = EventGPULost
 	}
 	m.emit(Event{Kind: kind, ID: uuid, Detail: why})
+}
+
+// ClearGPU returns a failed GPU to service on an operator's word (after
+// checking or resetting it) and reconciles, which brings its instances
+// back. ErrNotFound for an unknown GPU; a GPU that is not failed is left
+// as it is.
+func (m *Manager) ClearGPU(ctx context.Context, id string) (ReconcileReport, error) {
+	g, err := m.gpuByAnyID(id)
+	if err != nil {
+		return ReconcileReport{}, err
+	}
+	if g.Lost {
+		return ReconcileReport{}, fail(ErrGPULost, nil, "GPU %s is lost (it does not answer); it returns to service by itself when it is back", g.PCI)
+	}
+	m.MarkGPUFailed(g.UUID, "")
+	m.log.Info("GPU cleared by an operator", "gpu", g.PCI, "uuid", g.UUID)
+	return m.Reconcile(ctx)
+}
+
+// GPUFault is why a GPU is out of service.
+type GPUFault struct {
+	Why string
+	// Lost: it fell off the bus; it is back when it answers again. Others
+	// (an XID on a GPU that answers) are back after a reset.
+	Lost bool
+}
+
+// FailedGPUs returns the GPUs marked failed, by UUID.
+func (m *Manager) FailedGPUs() map[string]GPUFault {
+	m.invMu.RLock()
+	defer m.invMu.RUnlock()
+	out := make(map[string]GPUFault, len(m.failedGPUs))
+	for k, v := range m.failedGPUs {
+		out[k] = v
+	}
+	return out
+}
+
+// bootID is the host's boot ID, "" when unknown.
+func (m *Manager) bootID() string {
+	if m.boot == nil {
+		return ""
+	}
+	return m.boot()
+}
+
+// loadGPUState reads the GPU state the store keeps into the manager (at
+// the start of a reconcile, so a restart picks up failed GPUs). A GPU that
+// failed in an earlier boot of the host was reset by the reboot: it is
+// back in service.
+func (m *Manager) loadGPUState() error {
+	var sts []store.GPU
+	if err := m.db.View(func(tx *store.Tx) (err error) { sts, err = tx.GPUs(); return err }); err != nil {
+		return classify(err, "read GPU state")
+	}
+	boot := m.bootID()
+	for _, st := range sts {
+		if st.Failed == "" {
+			continue
+		}
+		if boot != "" && st.FailedBoot != "" && st.FailedBoot != boot {
+			m.log.Info("GPU failed before the host rebooted; the reboot reset it: back in service", "gpu", st.PCI, "uuid", st.UUID, "was", st.Failed)
+			m.MarkGPUFailed(st.UUID, "")
+			continue
+		}
+		m.invMu.Lock()
+		m.failedGPUs[st.UUID] = GPUFault{Why: st.Failed, Lost: st.Lost}
+		m.invMu.Unlock()
+	}
+	return nil
 }

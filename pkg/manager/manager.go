@@ -16,6 +16,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"time"
 
@@ -68,6 +69,10 @@ type Options struct {
 	BusyRetry time.Duration
 	// Degraded, when set, says why carving is refused (the driver never came).
 	Degraded string
+	// BootID names the host's current boot (/proc/sys/kernel/random/boot_id);
+	// a GPU failed in an earlier boot was reset by the reboot. nil: unknown,
+	// failed GPUs stay failed until cleared.
+	BootID func() string
 }
 
 // Manager runs the operations.
@@ -87,17 +92,27 @@ type Manager struct {
 	gpuMu    sync.Mutex
 	gpuLocks map[string]*sync.Mutex
 
-	invMu    sync.RWMutex
-	inv      gpu.Inventory
+	invMu sync.RWMutex
+	inv   gpu.Inventory
+	// reads numbers host reads; readOf is the number of the read each
+	// cached GPU came from (see readTicket).
+	reads    uint64
+	readOf   map[string]uint64
 	degraded string
-	// failedGPUs are GPUs an XID or loss marked failed; carving there is refused.
-	failedGPUs map[string]string
+	// failedGPUs are GPUs an XID or loss marked failed; carving there is
+	// refused. The store keeps them across restarts (loadGPUState).
+	failedGPUs map[string]GPUFault
+	boot       func() string
 
 	// confMu guards what SetCatalog and SetVirt replace while the daemon runs.
 	confMu sync.RWMutex
 	cat    *profile.Catalog
 	grids  map[string]*placement.Grid
 	virt   Virt
+	// undefinePolicy is what WatchVirt was told to do with the instances of
+	// an undefined VM ("release" or "keep"); reconcile applies it to VMs
+	// undefined while nobody watched. "" (no watcher): keep.
+	undefinePolicy string
 	// dirty are GPUs a reconcile pass changed and re-reads at its end
 	// (guarded by admit).
 	dirty map[string]bool
@@ -120,7 +135,7 @@ func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, dis
 		log: opts.Logger, db: db, mig: mig, vgpu: vg, disc: disc, virt: virt,
 		now: opts.Now, crash: opts.Crash, retry: opts.BusyRetry, degraded: opts.Degraded,
 		gpuLocks:   map[string]*sync.Mutex{},
-		failedGPUs: map[string]string{}, events: newBroadcaster(), dirty: map[string]bool{},
+		failedGPUs: map[string]GPUFault{}, boot: opts.BootID, events: newBroadcaster(), dirty: map[string]bool{}, readOf: map[string]uint64{},
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
@@ -213,20 +228,53 @@ func (m *Manager) Inventory() gpu.Inventory {
 	return m.inv
 }
 
-// Refresh re-discovers the whole host.
+// Refresh re-discovers the whole host. A GPU that changed is announced
+// (EventGPUChanged), so caches of the inventory follow.
 func (m *Manager) Refresh(ctx context.Context) error {
+	t := m.readTicket()
 	inv, err := m.disc.Inventory(ctx)
 	if err != nil {
 		return classify(err, "discover the host")
 	}
+	var changed []string
 	m.invMu.Lock()
+	prev := map[string]*gpu.GPU{}
+	for i := range m.inv.GPUs {
+		prev[m.inv.GPUs[i].UUID] = &m.inv.GPUs[i]
+	}
+	for i, g := range inv.GPUs {
+		p := prev[g.UUID]
+		if m.readOf[g.UUID] > t && p != nil {
+			// A read that began after this one stored the GPU: it is newer.
+			inv.GPUs[i] = *p
+			continue
+		}
+		m.readOf[g.UUID] = t
+		if p == nil || !reflect.DeepEqual(*p, g) {
+			changed = append(changed, g.UUID)
+		}
+	}
 	m.inv = inv
 	m.invMu.Unlock()
+	for _, id := range changed {
+		m.emit(Event{Kind: EventGPUChanged, ID: id})
+	}
 	return nil
+}
+
+// readTicket numbers a host read. Of two reads of one GPU, the one that
+// began later is kept: it saw every change finished before it began, and
+// every change is followed by a read of its GPU that begins after it.
+func (m *Manager) readTicket() uint64 {
+	m.invMu.Lock()
+	defer m.invMu.Unlock()
+	m.reads++
+	return m.reads
 }
 
 // refreshGPU re-reads one GPU into the cached inventory.
 func (m *Manager) refreshGPU(ctx context.Context, uuid string) {
+	t := m.readTicket()
 	g, err := m.disc.GPU(ctx, uuid)
 	if err != nil {
 		m.log.Warn("re-read GPU", "gpu", uuid, "err", err)
@@ -234,6 +282,10 @@ func (m *Manager) refreshGPU(ctx context.Context, uuid string) {
 	}
 	m.invMu.Lock()
 	defer m.invMu.Unlock()
+	if m.readOf[uuid] > t {
+		return // a later read already stored it
+	}
+	m.readOf[uuid] = t
 	// Copy on write: Inventory hands out the slice to readers.
 	gpus := make([]gpu.GPU, 0, len(m.inv.GPUs)+1)
 	found := false

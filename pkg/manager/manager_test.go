@@ -74,6 +74,7 @@ func (e *env) start() manager.ReconcileReport {
 	e.m = manager.New(e.cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, nil, manager.Options{
 		Crash:     func(p string) { e.crashAt(p) },
 		BusyRetry: 1,
+		BootID:    func() string { id, _ := e.sim.BootID(); return id },
 	})
 	rep, err := e.m.Reconcile(context.Background())
 	if err != nil {
@@ -568,12 +569,33 @@ func TestFailedGPUFailsItsInstancesUntilCleared(t *testing.T) {
 	if _, err := e.create("acme", "L4-4Q", l4); !errors.Is(err, manager.ErrNoCapacity) {
 		t.Fatalf("carving on a failed GPU: %v", err)
 	}
-	e.m.MarkGPUFailed(r.GPUUUID, "")
-	if _, err := e.m.Reconcile(context.Background()); err != nil {
+	// A restart of vgpud does not return the GPU to service.
+	e.restart()
+	if got, _ := e.m.Instance(r.UUID); got.State != store.StateFailed {
+		t.Fatalf("after a restart: %s %q", got.State, got.Reason)
+	}
+	if _, err := e.create("acme", "L4-4Q", l4); !errors.Is(err, manager.ErrNoCapacity) {
+		t.Fatalf("carving on a failed GPU after a restart: %v", err)
+	}
+	// An operator does.
+	if _, err := e.m.ClearGPU(context.Background(), l4); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := e.m.Instance(r.UUID); got.State != store.StateReady {
 		t.Fatalf("after the GPU is cleared: %s %q", got.State, got.Reason)
+	}
+	// So does a host reboot (it resets the GPU): the instance is re-created.
+	e.m.MarkGPUFailed(r.GPUUUID, "XID 48 (double-bit ECC)")
+	if err := e.sim.Reboot(); err != nil {
+		t.Fatal(err)
+	}
+	rep := e.restart()
+	got, _ = e.m.Instance(r.UUID)
+	if got.State != store.StateReady || len(rep.Recreated) != 1 || len(e.m.FailedGPUs()) != 0 {
+		t.Fatalf("after a reboot: %s %q, report %+v, failed %v", got.State, got.Reason, rep, e.m.FailedGPUs())
+	}
+	if _, err := e.m.ClearGPU(context.Background(), "0000:ff:00.0"); !errors.Is(err, manager.ErrNotFound) {
+		t.Fatalf("clear an unknown GPU: %v", err)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/placement"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -29,6 +31,9 @@ type ReconcileReport struct {
 	Foreign []Foreign `json:"foreign,omitempty"`
 	// Attachments lists attachment records fixed to match libvirt.
 	Attachments []string `json:"attachments,omitempty"`
+	// Pending are intents left for a later pass (libvirt not connected, a
+	// host call failing), each with why.
+	Pending []string `json:"pending,omitempty"`
 }
 
 // Foreign is one device on the host that no record explains.
@@ -43,8 +48,9 @@ type Foreign struct {
 // every intent a crash left, re-creates instances a reboot lost (at their
 // recorded placement when it is free), marks instances whose GPU is gone
 // lost, reports devices vgpud did not create, and checks attachments
-// against libvirt. It holds the admission lock: no request is admitted
-// while it runs.
+// against libvirt. The host pass holds the admission lock (no request is
+// admitted meanwhile); the libvirt pass runs after it, with its own
+// deadline, so a slow libvirtd does not hold up carving.
 func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	done, err := m.begin()
 	if err != nil {
@@ -52,9 +58,32 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	defer done()
 	start := time.Now()
+	rep, err := m.reconcileHost(ctx)
+	if err != nil {
+		return rep, err
+	}
+	if v := m.lv(); v != nil && virtReady(v) {
+		actx, cancel := context.WithTimeout(ctx, attachmentPassTimeout)
+		m.reconcileAttachments(actx, &rep)
+		cancel()
+	}
+	rep.Duration = time.Since(start)
+	m.log.Info("reconciled", "took", rep.Duration, "finished", len(rep.Finished), "undone", len(rep.Undone),
+		"recreated", len(rep.Recreated), "lost", len(rep.Lost), "failed", len(rep.Failed), "foreign", len(rep.Foreign),
+		"pending", len(rep.Pending))
+	return rep, nil
+}
+
+// attachmentPassTimeout bounds reconcile's look at libvirt.
+const attachmentPassTimeout = time.Minute
+
+func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	m.admit.Lock()
 	defer m.admit.Unlock()
 	var rep ReconcileReport
+	if err := m.loadGPUState(); err != nil {
+		return rep, err
+	}
 	if err := m.Refresh(ctx); err != nil {
 		return rep, err
 	}
@@ -62,6 +91,10 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err := m.db.View(func(tx *store.Tx) (err error) { intents, err = tx.Intents(); return err }); err != nil {
 		return rep, classify(err, "read intents")
 	}
+	// A create-and-attach is settled once its create and attach are.
+	sort.SliceStable(intents, func(i, j int) bool {
+		return intents[i].Op != store.OpCreateAttach && intents[j].Op == store.OpCreateAttach
+	})
 	for _, it := range intents {
 		if !m.live.claim(it.ID, it.Instance) {
 			continue // its operation is still running
@@ -69,7 +102,8 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		err := m.resolveLeftover(ctx, it, &rep)
 		m.live.done(it.ID)
 		if err != nil {
-			m.log.Error("reconcile intent", "intent", it.ID, "op", it.Op, "instance", it.Instance, "err", err)
+			m.log.Warn("reconcile intent left for a later pass", "intent", it.ID, "op", it.Op, "instance", it.Instance, "err", err)
+			rep.Pending = append(rep.Pending, fmt.Sprintf("%s of %s: %s", it.Op, it.Instance, Message(err)))
 			if ctx.Err() != nil {
 				return rep, ctx.Err()
 			}
@@ -93,13 +127,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		m.refreshGPU(ctx, uuid)
 		delete(m.dirty, uuid)
 	}
-	if v := m.lv(); v != nil && virtReady(v) {
-		m.reconcileAttachments(ctx, &rep)
-	}
 	rep.Foreign = m.foreign()
-	rep.Duration = time.Since(start)
-	m.log.Info("reconciled", "took", rep.Duration, "finished", len(rep.Finished), "undone", len(rep.Undone),
-		"recreated", len(rep.Recreated), "lost", len(rep.Lost), "failed", len(rep.Failed), "foreign", len(rep.Foreign))
 	return rep, nil
 }
 
@@ -242,7 +270,8 @@ func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *Recon
 		var p attachPayload
 		_ = json.Unmarshal(it.Payload, &p)
 		if v := m.lv(); v != nil && !virtReady(v) {
-			return nil // settled once libvirt is connected (it reconciles again)
+			// Settled once libvirt is connected (it reconciles again).
+			return fail(ErrBusy, nil, "libvirt is not connected yet")
 		}
 		if !missing && m.lv() != nil && p.Domain != "" {
 			if err := m.settleAttach(ctx, rec, p, it.Op == store.OpAttach); err != nil {
@@ -254,10 +283,112 @@ func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *Recon
 		}
 		rep.Finished = append(rep.Finished, it.Instance)
 		return nil
+	case store.OpMove:
+		if missing {
+			return dropIntent()
+		}
+		if err := m.clearOtherPlacement(ctx, rec, it.Payload); err != nil {
+			return err
+		}
+		if err := dropIntent(); err != nil {
+			return err
+		}
+		// restore (later in this pass) carves whatever the record's own
+		// placement lacks.
+		rep.Finished = append(rep.Finished, rec.UUID)
+		return nil
+	case store.OpCreateAttach:
+		return m.resolveCreateAttach(ctx, it, rec, missing, rep)
 	}
-	// A move releases the old placement before the record names the new
-	// one, so restore re-creates whichever placement the record holds.
 	return dropIntent()
+}
+
+// clearOtherPlacement settles a move a crash interrupted: the record names
+// the placement it holds (old or new), and whatever the host shows at the
+// other one, unless another record explains it, is taken away.
+func (m *Manager) clearOtherPlacement(ctx context.Context, rec store.Instance, payload []byte) error {
+	var p movePayload
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return fmt.Errorf("move plan of %s: %w", rec.UUID, err)
+	}
+	other := rec
+	if rec.GPUUUID == p.ToGPU && rec.GIStart == p.ToStart {
+		other.GPUUUID, other.GPUPCI, other.GIStart, other.VF = p.FromGPU, p.FromPCI, p.FromStart, p.FromVF
+	} else {
+		other.GPUUUID, other.GPUPCI, other.GIStart, other.VF = p.ToGPU, p.ToPCI, p.ToStart, p.ToVF
+	}
+	other.GIID, other.CIID = -1, -1
+	g := m.hostGPU(other.GPUUUID)
+	if g == nil || g.Lost {
+		return nil // nothing to take away there
+	}
+	gi, ci, vg := m.present(&other)
+	var s *snapshot
+	if err := m.db.View(func(tx *store.Tx) (err error) { s, err = m.snapshot(tx); return err }); err != nil {
+		return err
+	}
+	for _, r := range s.giRecords(other.GPUUUID, other.GIStart, other.GIProfileID) {
+		if r.UUID != rec.UUID {
+			gi, ci = false, false // another record's GPU instance
+		}
+	}
+	for _, r := range s.byGPU[other.GPUUUID] {
+		if other.VF != "" && r.VF == other.VF {
+			vg = false // the record's own VF, or another record's
+		}
+	}
+	if other.Flow == store.FlowMdev {
+		vg = false // an mdev keeps its UUID: it is the record's own
+	}
+	if !gi && !ci && !vg {
+		return nil
+	}
+	l := m.gpuLock(other.GPUUUID)
+	l.Lock()
+	defer l.Unlock()
+	parts := map[string]bool{"gi": gi, "ci": ci, "vgpu": vg}
+	m.dirty[other.GPUUUID] = true
+	return m.release(ctx, &other, func(s string) bool { return parts[s] }, false)
+}
+
+// resolveCreateAttach settles a create-and-attach a crash interrupted (its
+// create and attach intents, resolved first, settled each half): an
+// instance it made that is not attached is destroyed, as the call would
+// have done.
+func (m *Manager) resolveCreateAttach(ctx context.Context, it store.Intent, rec store.Instance, missing bool, rep *ReconcileReport) error {
+	dropIntent := func() error { return m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(it.ID) }) }
+	if missing {
+		return dropIntent()
+	}
+	attached := false
+	var destroy string
+	err := m.db.Update(func(tx *store.Tx) error {
+		if _, err := tx.Attachment(rec.UUID); err == nil {
+			attached = true
+			return tx.DeleteIntent(it.ID)
+		}
+		r, err := tx.Instance(rec.UUID)
+		if err != nil {
+			return err
+		}
+		r.State, r.Updated = store.StateDestroying, m.now()
+		if err := tx.PutInstance(&r); err != nil {
+			return err
+		}
+		destroy = uuid.NewString()
+		if err := tx.PutIntent(store.Intent{ID: destroy, Op: store.OpDestroy, Instance: r.UUID, Started: m.now()}); err != nil {
+			return err
+		}
+		return tx.DeleteIntent(it.ID)
+	})
+	if err != nil || attached {
+		return err
+	}
+	if err := m.finishDestroy(ctx, rec, destroy, it.Started); err != nil {
+		return err
+	}
+	rep.Undone = append(rep.Undone, rec.UUID)
+	return nil
 }
 
 // settleAttach finishes an attach (record what libvirt holds) or a detach
@@ -321,7 +452,7 @@ func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *Reconcile
 		return nil
 	}
 	m.invMu.RLock()
-	why := m.failedGPUs[r.GPUUUID]
+	why := m.failedGPUs[r.GPUUUID].Why
 	m.invMu.RUnlock()
 	if why != "" {
 		// A critical XID on a GPU that still answers: its instances are
@@ -526,7 +657,9 @@ func (m *Manager) pickDevice(r *store.Instance, g *gpu.GPU) error {
 }
 
 // reconcileAttachments drops attachment records of VMs that are gone or no
-// longer hold the device, and re-points VMs whose device moved.
+// longer hold the device (a VM undefined while vgpud did not watch gets the
+// undefine policy), re-points VMs whose device moved, and keeps each
+// record's live flag true to the VM.
 func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport) {
 	var atts []store.Attachment
 	var recs map[string]store.Instance
@@ -542,9 +675,31 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 		}
 		return err
 	})
+	m.confMu.RLock()
+	policy := m.undefinePolicy
+	m.confMu.RUnlock()
+	var release []string
+	// forget drops an attachment unless an operation took the instance
+	// meanwhile (it settles the record itself).
+	forget := func(a store.Attachment, why string) bool {
+		if m.live.busy(a.Instance) {
+			return false
+		}
+		if err := m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) }); err != nil {
+			m.log.Warn("forget attachment", "instance", a.Instance, "vm", a.Domain, "err", err)
+			return false
+		}
+		rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: %s", a.Instance, why))
+		m.emit(Event{Kind: EventInstanceChanged, ID: a.Instance})
+		return true
+	}
 	for _, a := range atts {
 		if m.live.busy(a.Instance) {
 			continue // an attach or detach in flight settles it
+		}
+		if ctx.Err() != nil {
+			rep.Pending = append(rep.Pending, "attachments: libvirt pass ran out of time")
+			break
 		}
 		r := recs[a.Instance]
 		h, err := m.hostdevOf(r, false)
@@ -553,24 +708,28 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 		}
 		held, err := m.lv().Attached(ctx, a.Domain)
 		if errors.Is(err, virt.ErrDomainNotFound) {
-			_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) })
-			rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s is gone", a.Instance, a.Domain))
+			if forget(a, fmt.Sprintf("VM %s is gone", a.Domain)) && policy == "release" {
+				release = append(release, a.Instance)
+			}
 			continue
 		}
 		if err != nil {
 			m.log.Warn("read VM devices", "vm", a.Domain, "err", err)
 			continue
 		}
-		found, stale := false, []virt.Hostdev{}
+		found, live, stale := false, false, []virt.Hostdev{}
 		for _, x := range held {
 			switch {
 			case x.Config && sameDevice(x.Hostdev, h):
-				found = true
+				found, live = true, x.Live
 			case x.Instance == a.Instance && x.Config:
 				stale = append(stale, x.Hostdev)
 			}
 		}
 		if found {
+			if live != a.Live {
+				m.setLive(a, live)
+			}
 			continue
 		}
 		if len(stale) > 0 {
@@ -585,9 +744,33 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 			rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s re-pointed", a.Instance, a.Domain))
 			continue
 		}
-		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) })
-		rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s no longer holds it", a.Instance, a.Domain))
+		forget(a, fmt.Sprintf("VM %s no longer holds it", a.Domain))
 	}
+	for _, id := range release {
+		if err := m.Destroy(ctx, id, DestroyOptions{}); err != nil && !errors.Is(err, ErrNotFound) {
+			m.log.Warn("release instance of a VM undefined while vgpud did not watch", "instance", id, "err", err)
+			rep.Pending = append(rep.Pending, fmt.Sprintf("release %s: %s", id, Message(err)))
+			continue
+		}
+		m.log.Info("released instance of a VM undefined while vgpud did not watch", "instance", id)
+	}
+}
+
+// setLive records whether an attachment is live in its running VM.
+func (m *Manager) setLive(a store.Attachment, live bool) {
+	err := m.db.Update(func(tx *store.Tx) error {
+		cur, err := tx.Attachment(a.Instance)
+		if err != nil || cur.Domain != a.Domain {
+			return err
+		}
+		cur.Live = live
+		return tx.PutAttachment(cur)
+	})
+	if err != nil {
+		m.log.Warn("record live state of attachment", "instance", a.Instance, "vm", a.Domain, "err", err)
+		return
+	}
+	m.emit(Event{Kind: EventInstanceChanged, ID: a.Instance})
 }
 
 // foreign lists devices no record explains.

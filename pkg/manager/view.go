@@ -41,7 +41,7 @@ func (m *Manager) snapshot(tx *store.Tx) (*snapshot, error) {
 	m.invMu.RLock()
 	s.failed = map[string]string{}
 	for k, v := range m.failedGPUs {
-		s.failed[k] = v
+		s.failed[k] = v.Why
 	}
 	m.invMu.RUnlock()
 	return s, nil

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -76,7 +77,14 @@ func rawUpdate(t *testing.T, path string, fn func(*bbolt.Tx) error) {
 // pages, and returns its bytes.
 func populated(t *testing.T, path string, instances int) []byte {
 	t.Helper()
-	db, err := Open(path, Options{})
+	return populatedAt(t, path, instances, nil)
+}
+
+// populatedAt is populated with a schema (nil: production; &schema{}: a
+// schema 1 file, as vgpud releases with schema 1 wrote).
+func populatedAt(t *testing.T, path string, instances int, sch *schema) []byte {
+	t.Helper()
+	db, err := Open(path, Options{schema: sch})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,8 +418,8 @@ func TestOpenInitialisesBlankFile(t *testing.T) {
 			}
 			mustView(t, db, func(tx *Tx) error { _, err := tx.Instances(); return err })
 			db.Close()
-			if got := rawSchema(t, path); got != "1" {
-				t.Errorf("meta/schema = %q, want \"1\"", got)
+			if got, want := rawSchema(t, path), strconv.Itoa(SchemaVersion); got != want {
+				t.Errorf("meta/schema = %q, want %q", got, want)
 			}
 		})
 	}
@@ -443,7 +451,7 @@ func testSchema(runs *[]string, fail bool) *schema {
 
 func TestMigration(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
-	db, err := Open(path, Options{})
+	db, err := Open(path, Options{schema: &schema{}}) // a schema 1 file
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,13 +530,13 @@ func TestMigration(t *testing.T) {
 		t.Errorf("second Open ran migrations %v", runs)
 	}
 	if _, err := Open(path, Options{}); !errors.Is(err, ErrNewerSchema) {
-		t.Errorf("Open with schema 1 = %v, want ErrNewerSchema", err)
+		t.Errorf("Open with this build's schema = %v, want ErrNewerSchema", err)
 	}
 }
 
 func TestMigrationFailureRollsBack(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
-	populated(t, path, 5)
+	populatedAt(t, path, 5, &schema{})
 	before := readFile(t, path)
 
 	var runs []string
@@ -548,11 +556,56 @@ func TestMigrationFailureRollsBack(t *testing.T) {
 	if got, want := dump(t, backupPath(path, 1)), dump(t, path); !maps.Equal(got, want) {
 		t.Errorf("backup holds %v, want the file's content before migrating, %v", got, want)
 	}
-	db, err := Open(path, Options{})
+	db, err := Open(path, Options{schema: &schema{}})
 	if err != nil {
 		t.Fatalf("Open at schema 1 after the failed migration: %v", err)
 	}
 	db.Close()
+}
+
+// A schema 1 file (vgpud's first release) is migrated to this build's
+// schema: its records kept, the GPU state bucket added, a backup beside it.
+func TestProductionMigrationFromSchema1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	populatedAt(t, path, 3, &schema{})
+	v1 := dump(t, path)
+	db, err := Open(path, Options{})
+	if err != nil {
+		t.Fatalf("Open a schema 1 file: %v", err)
+	}
+	mustView(t, db, func(tx *Tx) error {
+		ins, err := tx.Instances()
+		if err == nil && len(ins) != 3 {
+			t.Errorf("%d instances after migrating, want 3", len(ins))
+		}
+		return err
+	})
+	on := true
+	mustUpdate(t, db, func(tx *Tx) error {
+		return tx.PutGPU(GPU{UUID: "GPU-1", Failed: "XID 79", Heterogeneous: &on})
+	})
+	mustView(t, db, func(tx *Tx) error {
+		g, err := tx.GPU("GPU-1")
+		if err == nil && (g.Failed != "XID 79" || g.Heterogeneous == nil || !*g.Heterogeneous || g.Updated.IsZero()) {
+			t.Errorf("GPU state read back as %+v", g)
+		}
+		return err
+	})
+	// A state with nothing in it is not kept.
+	mustUpdate(t, db, func(tx *Tx) error { return tx.PutGPU(GPU{UUID: "GPU-1"}) })
+	mustView(t, db, func(tx *Tx) error {
+		if _, err := tx.GPU("GPU-1"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("empty GPU state kept: %v", err)
+		}
+		return nil
+	})
+	db.Close()
+	if got, want := rawSchema(t, path), strconv.Itoa(SchemaVersion); got != want {
+		t.Errorf("meta/schema = %q, want %q", got, want)
+	}
+	if got := dump(t, backupPath(path, 1)); !maps.Equal(got, v1) {
+		t.Errorf("backup holds %v, want the schema 1 content %v", got, v1)
+	}
 }
 
 func TestNewFileRunsEveryMigration(t *testing.T) {

@@ -93,6 +93,32 @@ type Attachment struct {
 	Created    time.Time `json:"created"`
 }
 
+// GPU is the state of one GPU that must outlive the daemon and that the
+// host does not keep for it: a fault that took it out of service (an XID
+// stays a fact after a restart, until an operator clears it), and the vGPU
+// mode the operator chose (the driver forgets heterogeneous mode at a
+// reboot).
+type GPU struct {
+	UUID string `json:"uuid"`
+	PCI  string `json:"pci,omitempty"`
+	// Failed says why carving on the GPU is refused and its instances are
+	// failed; "" when it is in service.
+	Failed      string    `json:"failed,omitempty"`
+	FailedSince time.Time `json:"failedSince,omitempty"`
+	// FailedBoot is the host's boot ID when it failed: a reboot resets the
+	// GPU, which returns it to service.
+	FailedBoot string `json:"failedBoot,omitempty"`
+	// Lost: it had fallen off the bus; it is back when it answers again.
+	Lost bool `json:"lost,omitempty"`
+	// Heterogeneous is the operator's choice of mixed-size time-sliced
+	// vGPUs; nil when never set (the driver's default stays).
+	Heterogeneous *bool     `json:"heterogeneous,omitempty"`
+	Updated       time.Time `json:"updated"`
+}
+
+// Zero reports whether the record holds nothing worth keeping.
+func (g *GPU) Zero() bool { return g.Failed == "" && g.Heterogeneous == nil }
+
 // Op is the operation an intent records.
 type Op string
 
@@ -103,6 +129,9 @@ const (
 	OpDetach    Op = "detach"
 	OpMove      Op = "move"
 	OpReconcile Op = "reconcile"
+	// OpCreateAttach spans a create and the attach that follows it: left
+	// behind by a crash, the instance it made is destroyed unless attached.
+	OpCreateAttach Op = "create-attach"
 )
 
 // Intent is one in-flight operation: what it is, its plan and the steps it
@@ -159,7 +188,7 @@ func (it *Intent) validate() error {
 		return fmt.Errorf("%w: intent without an ID", ErrInvalid)
 	}
 	switch it.Op {
-	case OpCreate, OpDestroy, OpAttach, OpDetach, OpMove, OpReconcile:
+	case OpCreate, OpDestroy, OpAttach, OpDetach, OpMove, OpReconcile, OpCreateAttach:
 	default:
 		return fmt.Errorf("%w: intent %s: op %q: want create, destroy, attach, detach, move or reconcile", ErrInvalid, it.ID, it.Op)
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // SchemaVersion is the schema version this build writes.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // Bucket names. Keys: tenants by name, instances by UUID, attachments by
 // instance UUID, intents by ID; byTenant holds tenant+"\x00"+instance UUID
@@ -27,14 +27,21 @@ const (
 	bucketByTenant    = "instances-by-tenant"
 	bucketAttachments = "attachments"
 	bucketIntents     = "intents"
+	// bucketGPUs (schema 2) holds GPU state by GPU UUID.
+	bucketGPUs = "gpus"
 
 	keySchema = "schema"
 )
 
-// recordBuckets are the buckets the record code reads and writes; every
-// schema version must have them.
-func recordBuckets() []string {
+// v1Buckets are the record buckets of schema 1.
+func v1Buckets() []string {
 	return []string{bucketTenants, bucketInstances, bucketByTenant, bucketAttachments, bucketIntents}
+}
+
+// recordBuckets are the buckets the record code reads and writes; the
+// current schema must have them.
+func recordBuckets() []string {
+	return append(v1Buckets(), bucketGPUs)
 }
 
 // checkLimit bounds the files tx.Check walks at Open. A state database is
@@ -51,6 +58,16 @@ type migration func(tx *bbolt.Tx) error
 // schema is the list of migrations; migrations[i] takes version i+1 to i+2.
 type schema struct {
 	migrations []migration
+	// buckets are the record buckets the schema's last version has; nil:
+	// schema 1's.
+	buckets []string
+}
+
+func (s schema) recordBuckets() []string {
+	if s.buckets == nil {
+		return v1Buckets()
+	}
+	return s.buckets
 }
 
 func (s schema) current() int { return 1 + len(s.migrations) }
@@ -58,12 +75,18 @@ func (s schema) current() int { return 1 + len(s.migrations) }
 // productionSchema is the schema this build ships. Append a migration
 // (and bump SchemaVersion) to change the layout; never edit a released one.
 func productionSchema() schema {
-	return schema{}
+	return schema{migrations: []migration{addGPUs}, buckets: recordBuckets()}
+}
+
+// addGPUs (schema 1 to 2) adds the GPU state bucket.
+func addGPUs(tx *bbolt.Tx) error {
+	_, err := tx.CreateBucket([]byte(bucketGPUs))
+	return err
 }
 
 // createV1 lays out a new database at version 1.
 func createV1(tx *bbolt.Tx) error {
-	for _, name := range append([]string{bucketMeta}, recordBuckets()...) {
+	for _, name := range append([]string{bucketMeta}, v1Buckets()...) {
 		if _, err := tx.CreateBucketIfNotExists([]byte(name)); err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)
 		}
@@ -268,7 +291,7 @@ func (db *DB) prepare(found int, sch schema, log *slog.Logger) error {
 	}
 
 	return db.bolt.View(func(tx *bbolt.Tx) error {
-		for _, name := range recordBuckets() {
+		for _, name := range sch.recordBuckets() {
 			if tx.Bucket([]byte(name)) == nil {
 				return fmt.Errorf("%s: %w: schema %d lacks bucket %q", db.path, ErrSchema, want, name)
 			}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -83,8 +84,8 @@ func TestOpenCreates(t *testing.T) {
 	if perm := fi.Mode().Perm(); perm != 0o600 {
 		t.Errorf("mode %v, want 0600", perm)
 	}
-	if got := rawSchema(t, path); got != "1" {
-		t.Errorf("meta/schema = %q, want \"1\"", got)
+	if got, want := rawSchema(t, path), strconv.Itoa(SchemaVersion); got != want {
+		t.Errorf("meta/schema = %q, want %q", got, want)
 	}
 	db, err = Open(path, Options{})
 	if err != nil {

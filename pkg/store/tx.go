@@ -181,6 +181,30 @@ func (t *Tx) DeleteAttachment(instance string) error {
 	return t.delete(bucketAttachments, "attachment", instance)
 }
 
+// GPU returns the stored state of the GPU with UUID uuid.
+func (t *Tx) GPU(uuid string) (GPU, error) {
+	var rec GPU
+	return rec, t.get(bucketGPUs, "gpu", uuid, &rec)
+}
+
+// GPUs returns every stored GPU state, sorted by UUID.
+func (t *Tx) GPUs() ([]GPU, error) {
+	return list[GPU](t, bucketGPUs, "gpu")
+}
+
+// PutGPU stores a GPU's state, stamping Updated; a state that holds
+// nothing (Zero) deletes the record.
+func (t *Tx) PutGPU(g GPU) error {
+	if g.UUID == "" {
+		return fmt.Errorf("%w: GPU state without a UUID", ErrInvalid)
+	}
+	if g.Zero() {
+		return t.delete(bucketGPUs, "gpu", g.UUID)
+	}
+	g.Updated = t.now()
+	return t.put(bucketGPUs, "gpu", g.UUID, &g)
+}
+
 // Intent returns the intent with ID id.
 func (t *Tx) Intent(id string) (Intent, error) {
 	var rec Intent
