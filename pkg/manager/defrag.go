@@ -260,5 +260,6 @@ func (m *Manager) unmove(ctx context.Context, att *store.Attachment, old, next s
 	}
 	back := old
 	back.GIID, back.CIID = -1, -1
+	back.Generation = next.Generation // the record holds next now
 	m.putBack(uctx, back, intent, "move")
 }

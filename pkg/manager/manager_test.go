@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/pkg/discover"
 	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
@@ -75,6 +77,7 @@ func (e *env) start() manager.ReconcileReport {
 		Crash:     func(p string) { e.crashAt(p) },
 		BusyRetry: 1,
 		BootID:    func() string { id, _ := e.sim.BootID(); return id },
+		Logger:    testenv.Logger(e.t),
 	})
 	rep, err := e.m.Reconcile(context.Background())
 	if err != nil {
@@ -728,6 +731,117 @@ func TestTimedOutStepIsUndone(t *testing.T) {
 			if len(insts) != 0 || len(intents) != 0 {
 				t.Fatalf("left behind: records %+v, intents %+v", insts, intents)
 			}
+		})
+	}
+}
+
+// fragmented fills the MIG H100 with 1g instances and frees the slots at
+// 1 and 2, so that a 2g request needs a move.
+func fragmented(t *testing.T, e *env) manager.CreateRequest {
+	t.Helper()
+	var ones []store.Instance
+	for i := 0; i < 7; i++ {
+		ones = append(ones, e.mustCreate("acme", "1g.10gb", h100MIG))
+	}
+	for _, r := range ones {
+		if r.GIStart == 1 || r.GIStart == 2 {
+			if err := e.m.Destroy(context.Background(), r.UUID, manager.DestroyOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return manager.CreateRequest{Tenant: "acme", Profile: "2g.20gb", GPU: h100MIG}
+}
+
+func placements(t *testing.T, e *env) string {
+	t.Helper()
+	insts, err := e.m.Instances("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, in := range insts {
+		out = append(out, fmt.Sprintf("%s %s:%d %s", in.UUID, in.GPUPCI, in.GIStart, in.State))
+	}
+	return strings.Join(out, "\n")
+}
+
+// A move that fails at any step is undone: the instance is carved again
+// where it was, the new placement holds nothing, no intent is left.
+func TestFailedMoveIsUndone(t *testing.T) {
+	cases := []struct {
+		name  string
+		fault sim.Fault
+	}{
+		{"release fails", sim.Fault{Op: "GpuInstanceDestroy", Return: 999, Count: 1}},
+		{"GPU instance at the new place fails", sim.Fault{Op: "CreateGpuInstanceWithPlacement", Return: 999, Count: 1}},
+		{"compute instance at the new place fails", sim.Fault{Op: "CreateComputeInstance", Return: 999, Count: 1}},
+		{"GPU instance at the new place outruns the deadline", sim.Fault{Op: "CreateGpuInstanceWithPlacement", Delay: "400ms", Count: 1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			e.tenant("acme", unlimited())
+			req := fragmented(t, e)
+			host, recs := e.discovered(), placements(t, e)
+			if err := e.sim.AddFault(c.fault); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if c.fault.Delay != "" {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+				defer cancel()
+			}
+			res, err := e.m.Defragment(ctx, req, true)
+			if err == nil {
+				t.Fatal("defragment succeeded through a fault")
+			}
+			t.Logf("defragment: %+v: %v", res, err)
+			if got := placements(t, e); got != recs {
+				t.Fatalf("records after a failed move:\n%s\nwere\n%s", got, recs)
+			}
+			if got := e.discovered(); got != host {
+				t.Fatalf("host after a failed move:\n%s\nwas\n%s", got, host)
+			}
+			assertConsistent(t, e)
+			if _, err := e.m.Defragment(context.Background(), req, true); err != nil {
+				t.Fatalf("defragment once the fault is gone: %v", err)
+			}
+			e.mustCreate("acme", "2g.20gb", h100MIG)
+		})
+	}
+}
+
+// A crash half-way through a move is settled by the next start: every
+// instance is on the host once, nothing is left at the other placement.
+func TestCrashedMoveIsSettled(t *testing.T) {
+	for _, p := range []string{manager.CrashMoveRelease, manager.CrashMoveCarve} {
+		t.Run(p, func(t *testing.T) {
+			e := newEnv(t, nil)
+			e.tenant("acme", unlimited())
+			req := fragmented(t, e)
+			n := len(strings.Split(placements(t, e), "\n"))
+			e.crash = func(at string) {
+				if at == p {
+					runtime.Goexit()
+				}
+			}
+			done := make(chan struct{})
+			go func() { defer close(done); _, _ = e.m.Defragment(context.Background(), req, true) }()
+			<-done
+			rep := e.restart()
+			if len(rep.Finished) != 1 {
+				t.Fatalf("start-up reconcile did not settle the move: %+v", rep)
+			}
+			if got := len(strings.Split(placements(t, e), "\n")); got != n {
+				t.Fatalf("%d instances after the crash, want %d", got, n)
+			}
+			assertConsistent(t, e)
+			if _, err := e.m.Defragment(context.Background(), req, true); err != nil {
+				t.Fatalf("defragment after the crash: %v", err)
+			}
+			e.mustCreate("acme", "2g.20gb", h100MIG)
 		})
 	}
 }
