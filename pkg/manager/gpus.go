@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"time"
 
@@ -121,12 +122,24 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 }
 
 // SetHeterogeneous switches a GPU's time-sliced vGPUs between one type and
-// mixed sizes; refused while vGPUs exist on it.
+// mixed sizes; the driver refuses it while vGPUs exist on the GPU (Busy).
+// The choice is kept in the store and applied again after a host reboot,
+// which resets the mode, before reconcile re-creates the GPU's vGPUs.
 func (m *Manager) SetHeterogeneous(ctx context.Context, id string, on bool) error {
+	done, err := m.begin()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if why := m.Degraded(); why != "" {
+		return fail(ErrBusy, nil, "carving is disabled: %s", why)
+	}
 	g, err := m.gpuByAnyID(id)
 	if err != nil {
 		return err
 	}
+	m.admit.Lock()
+	defer m.admit.Unlock()
 	l := m.gpuLock(g.UUID)
 	l.Lock()
 	err = m.mig.SetHeterogeneous(ctx, g.UUID, on)
@@ -135,8 +148,71 @@ func (m *Manager) SetHeterogeneous(ctx context.Context, id string, on bool) erro
 	if err != nil {
 		return classify(err, "set heterogeneous vGPU mode on GPU %s", g.PCI)
 	}
+	if err := m.db.Update(func(tx *store.Tx) error {
+		st, err := tx.GPU(g.UUID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		st.UUID, st.PCI, st.Heterogeneous = g.UUID, g.PCI, &on
+		return tx.PutGPU(st)
+	}); err != nil {
+		return classify(err, "record the vGPU mode of GPU %s", g.PCI)
+	}
+	m.log.Info("vGPU mode set", "gpu", g.PCI, "heterogeneous", on)
 	m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
 	return nil
+}
+
+// applyVGPUModes sets the vGPU mode the operator chose again on GPUs that
+// lost it (a host reboot resets it), while they hold no vGPU. Called by
+// reconcile under the admission lock, before instances are re-created.
+func (m *Manager) applyVGPUModes(ctx context.Context, rep *ReconcileReport) error {
+	var sts []store.GPU
+	if err := m.db.View(func(tx *store.Tx) (err error) { sts, err = tx.GPUs(); return err }); err != nil {
+		return classify(err, "read GPU state")
+	}
+	for _, st := range sts {
+		g := m.hostGPU(st.UUID)
+		if st.Heterogeneous == nil || g == nil || g.Lost || g.VGPU.Heterogeneous == *st.Heterogeneous {
+			continue
+		}
+		if hostHoldsVGPUs(g) {
+			rep.Pending = append(rep.Pending, fmt.Sprintf("GPU %s: vGPU mode %s wanted, but vGPUs exist on it", g.PCI, modeName(*st.Heterogeneous)))
+			continue
+		}
+		l := m.gpuLock(g.UUID)
+		l.Lock()
+		err := m.mig.SetHeterogeneous(ctx, g.UUID, *st.Heterogeneous)
+		l.Unlock()
+		if err != nil {
+			m.log.Warn("apply the chosen vGPU mode again", "gpu", g.PCI, "heterogeneous", *st.Heterogeneous, "err", err)
+			rep.Pending = append(rep.Pending, fmt.Sprintf("GPU %s: vGPU mode %s: %s", g.PCI, modeName(*st.Heterogeneous), Message(classify(err, "set"))))
+			continue
+		}
+		m.refreshGPU(ctx, g.UUID)
+		m.log.Info("vGPU mode applied again (the host had reset it)", "gpu", g.PCI, "heterogeneous", *st.Heterogeneous)
+	}
+	return nil
+}
+
+func modeName(heterogeneous bool) string {
+	if heterogeneous {
+		return "heterogeneous"
+	}
+	return "homogeneous"
+}
+
+// hostHoldsVGPUs: the GPU shows a vGPU (a VF with a type, an mdev).
+func hostHoldsVGPUs(g *gpu.GPU) bool {
+	if len(g.VGPU.Mdevs) > 0 {
+		return true
+	}
+	for _, vf := range g.VGPU.VFs {
+		if vf.Type != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // MarkGPUFailed refuses new carving on a GPU (an XID, a fault) and fails

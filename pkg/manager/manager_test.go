@@ -209,6 +209,7 @@ func TestRefusalsChangeNothing(t *testing.T) {
 	e.tenant("small", tenant.Quota{VRAMBytes: 20 << 30, ComputeMilli: tenant.Unlimited, MaxInstances: 2})
 	e.tenant("acme", unlimited())
 	e.mustCreate("acme", "7g.80gb", h100MIG)
+	e.mustCreate("acme", "A10-24GB/passthrough", a10)
 	if err := e.sim.LoseGPU(l4); err != nil {
 		t.Fatal(err)
 	}
@@ -226,11 +227,13 @@ func TestRefusalsChangeNothing(t *testing.T) {
 		{"unknown tenant", "nobody", "1g.10gb", "", manager.ErrNotFound, "tenant define"},
 		{"bad tenant name", "Bad_Name", "1g.10gb", "", manager.ErrInvalidArgument, ""},
 		{"over VRAM quota", "small", "H100XM-40C", "", manager.ErrQuotaExceeded, "VRAM quota"},
-		{"no capacity", "acme", "3g.40gb", "", manager.ErrNoCapacity, ""},
+		{"no capacity", "acme", "3g.40gb", "", manager.ErrNoCapacity, "creatable now"},
 		{"MIG profile on a GPU with MIG off", "acme", "3g.40gb", h100TS, manager.ErrInvalidArgument, "MIG mode is off"},
 		{"lost GPU", "acme", "L4-4Q", l4, manager.ErrGPULost, "lost"},
 		{"no such GPU", "acme", "L4-4Q", "0000:ff:00.0", manager.ErrNotFound, "no GPU"},
-		{"type of another model on a pinned GPU", "acme", "L4-4Q", a10, manager.ErrInvalidArgument, ""},
+		{"GPU index out of range", "acme", "L4-4Q", "9", manager.ErrNotFound, "vgpuctl gpus"},
+		{"type of another model on a pinned GPU", "acme", "L4-4Q", h100TS, manager.ErrInvalidArgument, "does not offer it"},
+		{"GPU passed through", "acme", "A10-4Q", a10, manager.ErrNoCapacity, "passed through"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -241,14 +244,15 @@ func TestRefusalsChangeNothing(t *testing.T) {
 			if !strings.Contains(manager.Message(err), c.msg) {
 				t.Fatalf("message %q lacks %q", manager.Message(err), c.msg)
 			}
+			t.Logf("%s: %s", c.name, manager.Message(err))
 			if got := e.summary(); got != before {
 				t.Fatalf("host changed:\n%s\nwas\n%s", got, before)
 			}
 		})
 	}
 	insts, _ := e.m.Instances("")
-	if len(insts) != 1 {
-		t.Fatalf("%d records, want 1", len(insts))
+	if len(insts) != 2 {
+		t.Fatalf("%d records, want 2", len(insts))
 	}
 }
 
@@ -306,30 +310,24 @@ func TestIdempotentCreateByUUID(t *testing.T) {
 	}
 }
 
-// 64 clients race for the last capacity and the last quota: exactly the
-// admissible number succeed.
-func TestConcurrentAdmission(t *testing.T) {
-	e := newEnv(t, nil)
-	// L4-24Q: one per L4. L4-4Q: 6 per L4 (homogeneous).
-	e.tenant("quota", tenant.Quota{VRAMBytes: tenant.Unlimited, ComputeMilli: tenant.Unlimited, MaxInstances: 5})
-	e.tenant("cap", unlimited())
+// race runs n concurrent creates and counts the outcomes.
+func race(t *testing.T, e *env, n int, tn, profile string) (ok, quota, capacity int) {
+	t.Helper()
 	var wg sync.WaitGroup
-	results := make(chan error, 64)
-	for i := 0; i < 64; i++ {
+	start := make(chan struct{})
+	results := make(chan error, n)
+	for i := 0; i < n; i++ {
 		wg.Add(1)
-		go func(i int) {
+		go func() {
 			defer wg.Done()
-			tn := "quota"
-			if i%2 == 1 {
-				tn = "cap"
-			}
-			_, err := e.create(tn, "L4-4Q", "")
+			<-start
+			_, err := e.create(tn, profile, "")
 			results <- err
-		}(i)
+		}()
 	}
+	close(start)
 	wg.Wait()
 	close(results)
-	ok, quota, capacity, other := 0, 0, 0, 0
 	for err := range results {
 		switch {
 		case err == nil:
@@ -339,21 +337,38 @@ func TestConcurrentAdmission(t *testing.T) {
 		case errors.Is(err, manager.ErrNoCapacity):
 			capacity++
 		default:
-			other++
 			t.Errorf("unexpected: %v", err)
 		}
 	}
+	return ok, quota, capacity
+}
+
+// 64 clients race for the last quota, then 64 for the last capacity:
+// exactly the admissible number succeed, every other one is refused with
+// the named reason, and the host holds exactly what the records say.
+func TestConcurrentAdmission(t *testing.T) {
+	e := newEnv(t, nil)
+	// Quota: five instances, on a host with room for many more.
+	e.tenant("quota", tenant.Quota{VRAMBytes: tenant.Unlimited, ComputeMilli: tenant.Unlimited, MaxInstances: 5})
+	if ok, quota, capacity := race(t, e, 64, "quota", "1g.10gb"); ok != 5 || quota != 59 || capacity != 0 {
+		t.Fatalf("quota race: ok %d (want 5), quota exceeded %d (want 59), no capacity %d (want 0)", ok, quota, capacity)
+	}
+	// Capacity: L4-4Q fits six times on the one L4 (homogeneous), for a
+	// tenant with no limit.
+	e.tenant("cap", unlimited())
 	m, _ := e.cat.Model("L4-24GB")
 	q4, _ := m.VGPUTypeByName("L4-4Q")
-	if ok != q4.MaxInstances || other != 0 {
-		t.Fatalf("ok %d (want %d), quota %d, capacity %d, other %d", ok, q4.MaxInstances, quota, capacity, other)
+	if ok, quota, capacity := race(t, e, 64, "cap", "L4-4Q"); ok != q4.MaxInstances || capacity != 64-q4.MaxInstances || quota != 0 {
+		t.Fatalf("capacity race: ok %d (want %d), no capacity %d (want %d), quota exceeded %d", ok, q4.MaxInstances, capacity, 64-q4.MaxInstances, quota)
 	}
 	views, _ := e.m.Tenants()
 	for _, v := range views {
-		if v.Name == "quota" && v.Usage.Instances > 5 {
-			t.Fatalf("quota tenant holds %d > 5", v.Usage.Instances)
+		want := map[string]uint64{"quota": 5, "cap": uint64(q4.MaxInstances)}[v.Name]
+		if v.Usage.Instances != want {
+			t.Fatalf("tenant %s holds %d instances, want %d", v.Name, v.Usage.Instances, want)
 		}
 	}
+	assertConsistent(t, e)
 }
 
 func TestRebootRecreatesSamePlacement(t *testing.T) {
@@ -844,4 +859,66 @@ func TestCrashedMoveIsSettled(t *testing.T) {
 			e.mustCreate("acme", "2g.20gb", h100MIG)
 		})
 	}
+}
+
+// Operations on GPU modes: MIG mode on and off (with the driver's pending
+// change), and the heterogeneous vGPU mode, which vgpud keeps and applies
+// again after a host reboot resets it.
+func TestGPUModes(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	ctx := context.Background()
+	// MIG off on the time-sliced H100 and on again: refused while an
+	// instance lives there, done otherwise.
+	r := e.mustCreate("acme", "H100XM-20C", h100TS)
+	if err := e.m.SetMIGMode(ctx, h100TS, true); !errors.Is(err, manager.ErrBusy) {
+		t.Fatalf("MIG on under an instance: %v, want ErrBusy", err)
+	}
+	if err := e.m.Destroy(ctx, r.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := e.m.SetMIGMode(ctx, h100TS, true)
+	g, _ := e.m.GPU(h100TS)
+	switch {
+	case err == nil:
+		if !g.MIG.Enabled {
+			t.Fatalf("MIG on succeeded, GPU shows %+v", g.MIG)
+		}
+	case errors.Is(err, manager.ErrBusy) && strings.Contains(manager.Message(err), "reset"):
+		if !g.MIG.Pending || g.MIG.Enabled {
+			t.Fatalf("MIG change pending, GPU shows %+v", g.MIG)
+		}
+	default:
+		t.Fatalf("MIG on: %v", err)
+	}
+	if err := e.m.SetMIGMode(ctx, l4, true); !errors.Is(err, manager.ErrInvalidArgument) {
+		t.Fatalf("MIG on an L4: %v, want ErrInvalidArgument", err)
+	}
+
+	// Heterogeneous mode on the L4: mixed sizes then fit; a reboot resets
+	// the mode and vgpud sets it again before re-creating them.
+	if err := e.m.SetHeterogeneous(ctx, l4, true); err != nil {
+		t.Fatal(err)
+	}
+	a := e.mustCreate("acme", "L4-4Q", l4)
+	b := e.mustCreate("acme", "L4-8Q", l4)
+	if err := e.m.SetHeterogeneous(ctx, l4, false); !errors.Is(err, manager.ErrBusy) {
+		t.Fatalf("mode change under vGPUs: %v, want ErrBusy", err)
+	}
+	if err := e.sim.Reboot(); err != nil {
+		t.Fatal(err)
+	}
+	rep := e.restart()
+	if len(rep.Recreated) != 2 || len(rep.Failed) != 0 {
+		t.Fatalf("after a reboot: %+v", rep)
+	}
+	for _, id := range []string{a.UUID, b.UUID} {
+		if got, _ := e.m.Instance(id); got.State != store.StateReady {
+			t.Fatalf("instance %s after a reboot: %s %q", id, got.State, got.Reason)
+		}
+	}
+	if g, _ := e.m.GPU(l4); !g.VGPU.Heterogeneous {
+		t.Fatal("heterogeneous mode not applied again after the reboot")
+	}
+	assertConsistent(t, e)
 }
