@@ -887,7 +887,7 @@ func (df *differ) check(final map[string]tenant.Tenant, destroyed map[string]boo
 		case errors.Is(err, tenant.ErrQuotaExceeded):
 			return df.fail(manager.ErrQuotaExceeded, c.Source, err, "creating %s on %s for tenant %s goes over its quota", c.Profile, c.GPU, c.Tenant)
 		case errors.Is(err, tenant.ErrNotAllowed):
-			return df.fail(manager.ErrAccessDenied, c.Source, err, "tenant %s may not use %s on %s", c.Tenant, c.Profile, c.GPU)
+			return df.fail(manager.ErrInvalidArgument, c.Source, err, "tenant %s may not use %s on %s", c.Tenant, c.Profile, c.GPU)
 		case err != nil:
 			return df.fail(manager.ErrInvalidArgument, c.Source, err, "tenant %s", c.Tenant)
 		}

@@ -192,7 +192,7 @@ func TestDiffRefusals(t *testing.T) {
 		{"quota counts what the tenant keeps elsewhere", h + "tenants: [{name: acme, vram: 25GiB}]\nlayout: [{gpu: '0', instances: [{profile: 1g.10gb, tenant: acme}]}]", nil,
 			manager.ErrQuotaExceeded, "layout[0]", "used 20GiB"},
 		{"model not allowed", h + "tenants: [{name: l4only, allowedModels: [L4-24GB]}]\nlayout: [{gpu: '0', instances: [{profile: 1g.10gb, tenant: l4only}]}]", nil,
-			manager.ErrAccessDenied, "layout[0]", "may not use 1g.10gb"},
+			manager.ErrInvalidArgument, "layout[0]", "may not use 1g.10gb"},
 		{"prune leaves instances", h + "prune: true\ntenants: [{name: idle}]", nil, manager.ErrBusy, "prune", "tenant acme is not in the file, but owns instances"},
 		{"pruned tenant asked for", h + "prune: true\ntenants: [{name: acme}]\nlayout: [{gpu: '0', instances: [{profile: 1g.10gb, tenant: idle}]}]", nil,
 			manager.ErrNotFound, "layout[0]", "tenant idle is pruned"},

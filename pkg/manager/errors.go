@@ -125,10 +125,14 @@ func classify(err error, format string, args ...any) error {
 		return fail(ErrNotFound, err, "%s", msg)
 	case errors.Is(err, store.ErrConflict):
 		return fail(ErrConflict, err, "%s: the record changed meanwhile; retry", msg)
+	case errors.Is(err, store.ErrInUse):
+		return fail(ErrBusy, err, "%s: it is still in use (an instance was added meanwhile); retry", msg)
 	case errors.Is(err, tenant.ErrQuotaExceeded):
 		return failShown(ErrQuotaExceeded, err, msg)
 	case errors.Is(err, tenant.ErrNotAllowed):
-		return failShown(ErrAccessDenied, err, msg)
+		// The tenant's allow-list refuses the profile: a request the tenant
+		// may not make, not a caller without rights (AccessDenied).
+		return failShown(ErrInvalidArgument, err, msg)
 	case errors.Is(err, tenant.ErrInvalidName), errors.Is(err, tenant.ErrInvalidQuantity), errors.Is(err, tenant.ErrInvalidTenant):
 		return failShown(ErrInvalidArgument, err, msg)
 	case errors.Is(err, placement.ErrUnknownProfile):

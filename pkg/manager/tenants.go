@@ -109,30 +109,48 @@ func (m *Manager) SetQuota(ctx context.Context, name string, q tenant.Quota) (st
 
 // UndefineTenant removes a tenant. One that still owns instances is
 // refused (ErrBusy) unless force, which destroys (and detaches) its
-// instances first.
+// instances first. The removal is decided under the admission lock, so no
+// instance is admitted for the tenant in between; a forced undefine that
+// races with new creates destroys those too, a few times, then gives up
+// with ErrBusy.
 func (m *Manager) UndefineTenant(ctx context.Context, name string, force bool) error {
-	insts, err := m.Instances(name)
+	done, err := m.begin()
 	if err != nil {
 		return err
 	}
-	if len(insts) > 0 && !force {
-		return fail(ErrBusy, nil, "tenant %s owns %d instances; destroy them first or undefine with --force", name, len(insts))
-	}
-	for _, in := range insts {
-		if err := m.Destroy(ctx, in.UUID, DestroyOptions{Detach: true}); err != nil && !errors.Is(err, ErrNotFound) {
+	defer done()
+	destroyed := 0
+	for attempt := 0; ; attempt++ {
+		insts, err := m.Instances(name)
+		if err != nil {
 			return err
 		}
-	}
-	err = m.db.Update(func(tx *store.Tx) error {
-		if _, err := tx.Tenant(name); err != nil {
-			return err
+		if len(insts) > 0 && !force {
+			return fail(ErrBusy, nil, "tenant %s owns %d instances; destroy them first or undefine with --force", name, len(insts))
 		}
-		return tx.DeleteTenant(name)
-	})
-	if err != nil {
-		return classify(err, "undefine tenant %s", name)
+		for _, in := range insts {
+			if err := m.Destroy(ctx, in.UUID, DestroyOptions{Detach: true}); err != nil && !errors.Is(err, ErrNotFound) {
+				return err
+			}
+			destroyed++
+		}
+		m.admit.Lock()
+		err = m.db.Update(func(tx *store.Tx) error {
+			if _, err := tx.Tenant(name); err != nil {
+				return err
+			}
+			return tx.DeleteTenant(name)
+		})
+		m.admit.Unlock()
+		if errors.Is(err, store.ErrInUse) && force && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return classify(err, "undefine tenant %s", name)
+		}
+		break
 	}
-	m.log.Info("tenant undefined", "tenant", name, "destroyed", len(insts))
+	m.log.Info("tenant undefined", "tenant", name, "destroyed", destroyed)
 	m.emit(Event{Kind: EventTenantRemoved, ID: name})
 	return nil
 }
