@@ -39,7 +39,7 @@ func Execute(ctx context.Context, m Manager, cs ChangeSet) (Result, error) {
 	for i, c := range changes {
 		err := ctx.Err()
 		if err == nil {
-			c, err = step(ctx, m, c)
+			c, err = step(ctx, m, c, wanted(changes[i+1:]))
 		}
 		if err != nil {
 			res.Failed = &changes[i]
@@ -53,8 +53,23 @@ func Execute(ctx context.Context, m Manager, cs ChangeSet) (Result, error) {
 	return res, nil
 }
 
-// step performs one change.
-func step(ctx context.Context, m Manager, c Change) (Change, error) {
+// wanted counts the creates still to come by profile name: placement keeps
+// room for them when it picks a GPU for a time-sliced vGPU.
+func wanted(rest []Change) map[string]int {
+	var w map[string]int
+	for _, c := range rest {
+		if c.Op == OpCreate {
+			if w == nil {
+				w = map[string]int{}
+			}
+			w[c.Profile]++
+		}
+	}
+	return w
+}
+
+// step performs one change; wanted are the creates after it.
+func step(ctx context.Context, m Manager, c Change, wanted map[string]int) (Change, error) {
 	switch c.Op {
 	case OpDestroy:
 		err := m.Destroy(ctx, c.Instance, manager.DestroyOptions{})
@@ -87,7 +102,7 @@ func step(ctx context.Context, m Manager, c Change) (Change, error) {
 			// One model: the name cannot resolve to another model's profile.
 			profile = c.Model + "/" + c.Profile
 		}
-		rec, err := m.Create(ctx, manager.CreateRequest{Tenant: c.Tenant, Profile: profile, GPU: gpuID(c)})
+		rec, err := m.Create(ctx, manager.CreateRequest{Tenant: c.Tenant, Profile: profile, GPU: gpuID(c), Wanted: wanted})
 		if err == nil {
 			c.Instance = rec.UUID
 		}

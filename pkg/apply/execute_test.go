@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
 )
 
@@ -297,5 +299,53 @@ func TestExecuteEdgeCases(t *testing.T) {
 	}
 	if got := e.layout(); len(got) != 0 {
 		t.Fatalf("layout %v", got)
+	}
+}
+
+// wantedRecorder is the manager, with each create's demand hints kept.
+type wantedRecorder struct {
+	*manager.Manager
+	got []map[string]int
+}
+
+func (w *wantedRecorder) Create(ctx context.Context, req manager.CreateRequest) (store.Instance, error) {
+	w.got = append(w.got, req.Wanted)
+	return w.Manager.Create(ctx, req)
+}
+
+// Each create tells placement which creates are still to come, so a
+// time-sliced vGPU does not lock a GPU that a later create needs.
+func TestExecutePassesDemandToPlacement(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cs, err := apply.Diff(ctx, e.m, mustParse(t, "vgpud.yaml", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &wantedRecorder{Manager: e.m}
+	res, err := apply.Execute(ctx, rec, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var creates []apply.Change
+	for _, c := range res.Done {
+		if c.Op == apply.OpCreate {
+			creates = append(creates, c)
+		}
+	}
+	if len(creates) < 2 || len(rec.got) != len(creates) {
+		t.Fatalf("%d creates done, %d recorded", len(creates), len(rec.got))
+	}
+	for i, got := range rec.got {
+		want := map[string]int{}
+		for _, c := range creates[i+1:] {
+			want[c.Profile]++
+		}
+		if len(want) == 0 {
+			want = nil
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("create %d (%s): wanted %v, want %v", i, creates[i].Profile, got, want)
+		}
 	}
 }

@@ -26,6 +26,11 @@ type CreateRequest struct {
 	// GPU optionally pins the GPU (UUID, PCI address or index).
 	GPU      string
 	Affinity placement.Affinity
+	// Wanted are demand hints for time-sliced vGPUs: how many more of each
+	// type (by name) the caller will ask for after this request. An empty
+	// GPU is then chosen so that they stay creatable (a homogeneous GPU
+	// locks to its first type). Declarative apply sets it.
+	Wanted map[string]int
 }
 
 // decision is where an admitted request goes.
@@ -342,7 +347,7 @@ func (m *Manager) decideVGPU(s *snapshot, models map[string]offer, names []strin
 			hosts[i].Unavailable = true
 		}
 	}
-	dec, err := placement.PlaceVGPU(hosts, placement.VGPURequest{Type: any.typ.Name, GPU: pin, Models: names, Tenant: req.Tenant, Affinity: req.Affinity})
+	dec, err := placement.PlaceVGPU(hosts, placement.VGPURequest{Type: any.typ.Name, GPU: pin, Models: names, Tenant: req.Tenant, Affinity: req.Affinity, Wanted: req.Wanted})
 	if err != nil {
 		return decision{}, classify(err, "place %s", req.Profile)
 	}
