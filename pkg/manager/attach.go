@@ -31,6 +31,9 @@ type AttachOptions struct {
 	// Display turns on the display of a display-capable (Q-series) mdev vGPU;
 	// the domain needs a graphics device.
 	Display bool
+	// RamFB adds a boot framebuffer to the display (the console shows the
+	// guest before its vGPU driver loads); it implies Display.
+	RamFB bool
 }
 
 func classifyVirt(err error, format string, args ...any) error {
@@ -58,7 +61,7 @@ func classifyVirt(err error, format string, args ...any) error {
 }
 
 // hostdevOf is the libvirt device an instance is attached as.
-func (m *Manager) hostdevOf(r store.Instance, display bool) (virt.Hostdev, error) {
+func (m *Manager) hostdevOf(r store.Instance, display, ramfb bool) (virt.Hostdev, error) {
 	switch {
 	case r.Kind == store.KindPassthrough:
 		return virt.Hostdev{Kind: virt.Passthrough, PCI: r.GPUPCI}, nil
@@ -74,7 +77,7 @@ func (m *Manager) hostdevOf(r store.Instance, display bool) (virt.Hostdev, error
 			if !ok || t.Series == profile.SeriesC {
 				return h, fail(ErrInvalidArgument, nil, "vGPU type %s has no display (C-series); attach without --display", r.TypeName)
 			}
-			h.Display = true
+			h.Display, h.RamFB = true, ramfb
 		}
 		return h, nil
 	}
@@ -87,12 +90,19 @@ func (m *Manager) Hostdev(id string) (virt.Hostdev, error) {
 	if err != nil {
 		return virt.Hostdev{}, err
 	}
-	return m.hostdevOf(rec, false)
+	return m.hostdevOf(rec, false, false)
 }
 
 type attachPayload struct {
 	Domain  string `json:"domain"`
 	Display bool   `json:"display,omitempty"`
+	RamFB   bool   `json:"ramfb,omitempty"`
+}
+
+// newAttachPayload records an attach's domain and display options (RamFB
+// implies Display).
+func newAttachPayload(domain string, opts AttachOptions) attachPayload {
+	return attachPayload{Domain: domain, Display: opts.Display || opts.RamFB, RamFB: opts.RamFB}
 }
 
 // Attach makes an instance a hostdev of a VM: in its persistent config,
@@ -128,14 +138,15 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 		}
 		return store.Attachment{}, fail(ErrConflict, nil, "instance %s is attached to VM %s; detach it first", rec.UUID, att.Domain)
 	}
-	h, err := m.hostdevOf(rec, opts.Display)
+	p := newAttachPayload(dom.Name, opts)
+	h, err := m.hostdevOf(rec, p.Display, p.RamFB)
 	if err != nil {
 		return store.Attachment{}, err
 	}
 	intent := uuid.NewString()
 	defer m.live.add(intent, rec.UUID)()
 	started := m.now()
-	payload, _ := json.Marshal(attachPayload{Domain: dom.Name, Display: opts.Display})
+	payload, _ := json.Marshal(p)
 	var prior *store.Attachment
 	if err := m.db.Update(func(tx *store.Tx) error {
 		// Checked again with the intent written in one transaction: a
@@ -169,7 +180,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	if err != nil && !refused(err) {
 		// The outcome is unknown (a timeout, a cancel, a broken connection):
 		// ask libvirt what it holds now and record that.
-		a, held, serr := m.settleUnknown(ctx, rec, attachPayload{Domain: dom.Name, Display: opts.Display}, intent, true)
+		a, held, serr := m.settleUnknown(ctx, rec, p, intent, true)
 		if serr == nil && held {
 			m.log.Info("attached (settled after an unclear answer)", "instance", rec.UUID, "vm", dom.Name, "err", err)
 			m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
@@ -223,7 +234,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if att == nil {
 		return fail(ErrNotFound, nil, "instance %s is not attached to a VM", rec.UUID)
 	}
-	h, err := m.hostdevOf(rec, false)
+	h, err := m.hostdevOf(rec, false, false)
 	if err != nil {
 		return err
 	}
@@ -383,7 +394,7 @@ func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain
 	}
 	span := uuid.NewString()
 	defer m.live.add(span, req.UUID)()
-	payload, _ := json.Marshal(attachPayload{Domain: domain, Display: opts.Display})
+	payload, _ := json.Marshal(newAttachPayload(domain, opts))
 	if err := m.db.Update(func(tx *store.Tx) error {
 		return tx.PutIntent(store.Intent{ID: span, Op: store.OpCreateAttach, Instance: req.UUID, Payload: payload, Started: m.now()})
 	}); err != nil {

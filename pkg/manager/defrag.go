@@ -211,11 +211,11 @@ func (m *Manager) repoint(ctx context.Context, att *store.Attachment, old, next 
 	if att == nil || m.lv() == nil {
 		return nil
 	}
-	oldH, err := m.hostdevOf(old, false)
+	oldH, err := m.hostdevOf(old, false, false)
 	if err != nil {
 		return err
 	}
-	newH, err := m.hostdevOf(next, false)
+	newH, err := m.hostdevOf(next, false, false)
 	if err != nil || sameDevice(oldH, newH) {
 		return err
 	}
@@ -249,8 +249,8 @@ func (m *Manager) unmove(ctx context.Context, att *store.Attachment, old, next s
 		return
 	}
 	if att != nil && m.lv() != nil {
-		oldH, _ := m.hostdevOf(old, false)
-		newH, _ := m.hostdevOf(next, false)
+		oldH, _ := m.hostdevOf(old, false, false)
+		newH, _ := m.hostdevOf(next, false, false)
 		if !sameDevice(oldH, newH) {
 			_ = m.lv().Detach(uctx, att.Domain, newH, next.UUID)
 			if _, err := m.lv().Attach(uctx, att.Domain, oldH, old.UUID); err != nil && !errors.Is(err, virt.ErrDomainNotFound) {

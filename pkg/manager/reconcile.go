@@ -397,7 +397,7 @@ func (m *Manager) resolveCreateAttach(ctx context.Context, it store.Intent, rec 
 // settleAttach finishes an attach (record what libvirt holds) or a detach
 // (remove it from libvirt and the record) that a crash interrupted.
 func (m *Manager) settleAttach(ctx context.Context, rec store.Instance, p attachPayload, attach bool) error {
-	h, err := m.hostdevOf(rec, p.Display)
+	h, err := m.hostdevOf(rec, p.Display, p.RamFB)
 	if err != nil {
 		return err
 	}
@@ -705,7 +705,7 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 			break
 		}
 		r := recs[a.Instance]
-		h, err := m.hostdevOf(r, false)
+		h, err := m.hostdevOf(r, false, false)
 		if err != nil {
 			continue
 		}
