@@ -150,10 +150,17 @@ func tailText(s string, n int) string {
 // sim runs `vgpud sim ...` on the daemon's simulated host.
 func (d *busDaemon) sim(t testing.TB, args ...string) {
 	t.Helper()
+	d.simOut(t, args...)
+}
+
+// simOut is sim, returning what it printed.
+func (d *busDaemon) simOut(t testing.TB, args ...string) string {
+	t.Helper()
 	out, err := exec.Command(vgpudBin, append([]string{"sim", "--sim", "--state-dir", d.stateDir}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("vgpud sim %v: %v\n%s", args, err, out)
 	}
+	return string(out)
 }
 
 type ctlResult struct {
@@ -438,27 +445,57 @@ func TestDBusSecondDaemonRefused(t *testing.T) {
 }
 
 func TestDBusCallerTimeoutCancelsAndUndoes(t *testing.T) {
-	bus := testbus.Start(t)
-	d := startBusDaemon(t, bus, busDaemonOpts{})
-	d.ctl(t, "tenant", "define", "acme", "--vram", "unlimited", "--compute", "unlimited").must(t, "tenant define")
-	d.sim(t, "fault", "--op", "CreateGpuInstanceWithPlacement", "--delay", "8s", "--return", "2", "--count", "1")
-	sigs := subscribeSignals(t, bus)
-	start := time.Now()
-	r := d.ctl(t, "--timeout", "1s", "create", "1g.10gb", "--tenant", "acme", "--gpu", pciH100MIG)
-	if r.code != 11 || !strings.Contains(r.err, "Timeout") {
-		t.Fatalf("create under --timeout 1s: exit %d, %s", r.code, r.err)
+	for _, tc := range []struct {
+		name  string
+		fault []string
+	}{
+		// The driver call fails late: nothing to take away.
+		{"call fails late", []string{"--return", "2"}},
+		// The driver call succeeds after the caller gave up: the GPU
+		// instance it makes must not be left behind.
+		{"call lands late", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bus := testbus.Start(t)
+			d := startBusDaemon(t, bus, busDaemonOpts{})
+			d.ctl(t, "tenant", "define", "acme", "--vram", "unlimited", "--compute", "unlimited").must(t, "tenant define")
+			d.sim(t, append([]string{"fault", "--op", "CreateGpuInstanceWithPlacement", "--delay", "4s", "--count", "1"}, tc.fault...)...)
+			sigs := subscribeSignals(t, bus)
+			start := time.Now()
+			r := d.ctl(t, "--timeout", "1s", "create", "1g.10gb", "--tenant", "acme", "--gpu", pciH100MIG)
+			if r.code != 11 || !strings.Contains(r.err, "Timeout") {
+				t.Fatalf("create under --timeout 1s: exit %d, %s", r.code, r.err)
+			}
+			sigs.wait(t, "OperationFailed for the timed-out create", func(s *dbus.Signal) bool {
+				return s.Name == dbusapi.ManagerInterface+".OperationFailed" && len(s.Body) == 3 && s.Body[0] == "create"
+			})
+			if took := time.Since(start); took > 3*time.Second {
+				t.Fatalf("the daemon answered after %v; the caller allowed 1s", took)
+			}
+			// The record stays until the driver answers and the undo is done.
+			waitNoInstances(t, d, 30*time.Second)
+			if out := d.simOut(t, "summary"); strings.Contains(out, "gi") {
+				t.Fatalf("a GPU instance is left on the host after the undo:\n%s", out)
+			}
+		})
 	}
-	sigs.wait(t, "OperationFailed for the timed-out create", func(s *dbus.Signal) bool {
-		return s.Name == dbusapi.ManagerInterface+".OperationFailed" && len(s.Body) == 3 && s.Body[0] == "create"
-	})
-	if took := time.Since(start); took > 6*time.Second {
-		t.Fatalf("the daemon gave up after %v; the caller allowed 1s", took)
-	}
-	list := jsonOut[struct {
-		Items []dbusapi.Instance `json:"items"`
-	}](t, d.ctl(t, "list", "-o", "json").must(t, "list"))
-	if len(list.Items) != 0 {
-		t.Fatalf("instances left after a cancelled create: %+v", list.Items)
+}
+
+// waitNoInstances waits until vgpuctl list is empty.
+func waitNoInstances(t *testing.T, d *busDaemon, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		l := jsonOut[struct {
+			Items []dbusapi.Instance `json:"items"`
+		}](t, d.ctl(t, "list", "-o", "json").must(t, "list"))
+		if len(l.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("instances left after a cancelled create: %+v", l.Items)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -787,7 +824,7 @@ func TestDBusInterruptedClientCancels(t *testing.T) {
 	bus := testbus.Start(t)
 	d := startBusDaemon(t, bus, busDaemonOpts{})
 	d.ctl(t, "tenant", "define", "acme", "--vram", "unlimited", "--compute", "unlimited").must(t, "tenant define")
-	d.sim(t, "fault", "--op", "CreateGpuInstanceWithPlacement", "--delay", "20s", "--return", "2", "--count", "1")
+	d.sim(t, "fault", "--op", "CreateGpuInstanceWithPlacement", "--delay", "6s", "--return", "2", "--count", "1")
 	sigs := subscribeSignals(t, bus)
 	cmd := exec.Command(vgpuctlBin, "--connect", bus.Address(), "create", "1g.10gb", "--tenant", "acme", "--gpu", pciH100MIG)
 	var errb bytes.Buffer
@@ -822,10 +859,6 @@ func TestDBusInterruptedClientCancels(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("vgpud cancelled %v after the interrupt", took)
 	}
-	l := jsonOut[struct {
-		Items []dbusapi.Instance `json:"items"`
-	}](t, d.ctl(t, "list", "-o", "json").must(t, "list"))
-	if len(l.Items) != 0 {
-		t.Fatalf("instances left after an interrupted create: %+v", l.Items)
-	}
+	// The undo finishes once the driver call (6 s) returns.
+	waitNoInstances(t, d, 40*time.Second)
 }

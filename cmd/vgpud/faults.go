@@ -50,6 +50,7 @@ const faultOpTimeout = 45 * time.Second
 // faultManager is what the fault watcher needs from the manager.
 type faultManager interface {
 	MarkGPUFailed(uuid, why string)
+	MarkGPULost(uuid, why string)
 	FailedGPUs() map[string]manager.GPUFault
 	Reconcile(ctx context.Context) (manager.ReconcileReport, error)
 	Refresh(ctx context.Context) error
@@ -624,7 +625,11 @@ func (w *faultWatch) fail(g gpu.GPU, why string, lost bool) {
 	if !lost {
 		why += "; reset the GPU (stop its VMs, then nvidia-smi -r) to return it to service"
 	}
-	w.mgr.MarkGPUFailed(g.UUID, why)
+	if f.lost {
+		w.mgr.MarkGPULost(g.UUID, why)
+	} else {
+		w.mgr.MarkGPUFailed(g.UUID, why)
+	}
 	var insts []string
 	if views, err := w.mgr.GPUs(); err == nil {
 		for _, v := range views {

@@ -417,31 +417,62 @@ func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string, 
 		return rec, nil
 	}
 	cerr := classify(err, "create %s on GPU %s", rec.Profile, rec.GPUPCI)
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-	defer cancel()
-	parts, uerr := m.carvedParts(uctx, &rec, steps)
-	if uerr == nil {
-		uerr = m.release(uctx, &rec, func(s string) bool { return parts[s] }, false)
-	}
-	if uerr != nil {
-		// Leave the intent: reconcile finishes the undo.
-		rec.State, rec.Reason = store.StateFailed, fmt.Sprintf("create failed (%v) and undo failed (%v)", err, uerr)
-		_ = m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&rec) })
-		m.log.Error("undo after failed create", "instance", rec.UUID, "err", uerr)
-	} else {
-		derr := m.db.Update(func(tx *store.Tx) error {
-			if err := tx.DeleteInstance(rec.UUID); err != nil {
-				return err
-			}
-			return tx.DeleteIntent(intent)
-		})
-		if derr != nil {
-			m.log.Error("drop record after undo", "instance", rec.UUID, "err", derr)
-		}
-	}
 	m.log.Warn("create failed", "instance", rec.UUID, "profile", rec.Profile, "gpu", rec.GPUPCI, "err", err)
 	m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "create", Detail: Message(cerr), Took: m.now().Sub(started)})
+	if !timedOut(ctx, err) {
+		m.undoCarve(rec, intent, steps, err)
+		return store.Instance{}, cerr
+	}
+	// A driver or sysfs call outran the deadline and may still land: the
+	// caller is answered now, and the undo waits for the host in the
+	// background (the record, its quota and its slot stay until then).
+	rec.Reason, rec.Updated = "create did not finish in time; vgpud takes it away once the driver answers", m.now()
+	if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&rec) }); err != nil {
+		m.log.Error("record the pending undo", "instance", rec.UUID, "err", err)
+	}
+	letGo := m.live.add(intent, rec.UUID)
+	m.background(func() {
+		defer letGo()
+		l := m.gpuLock(rec.GPUUUID)
+		l.Lock()
+		m.undoCarve(rec, intent, steps, err)
+		l.Unlock()
+		m.refreshGPU(context.Background(), rec.GPUUUID)
+		m.emit(Event{Kind: EventInstanceRemoved, ID: rec.UUID})
+	})
 	return store.Instance{}, cerr
+}
+
+// timedOut: an operation failed because a host call outran its deadline
+// or the caller gave up, so a call may still be running.
+func timedOut(ctx context.Context, err error) bool {
+	return errors.Is(err, gpu.ErrTimeout) || ctx.Err() != nil
+}
+
+// undoCarve takes away what a failed carve left on the host and drops its
+// record and intent. If that fails the record is failed and the intent
+// stays: reconcile finishes the undo. The caller holds the GPU's lock.
+func (m *Manager) undoCarve(rec store.Instance, intent string, steps map[string]bool, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+	defer cancel()
+	parts, uerr := m.carvedParts(ctx, &rec, steps)
+	if uerr == nil {
+		uerr = m.release(ctx, &rec, func(s string) bool { return parts[s] }, false)
+	}
+	if uerr != nil {
+		rec.State, rec.Reason = store.StateFailed, fmt.Sprintf("create failed (%v) and undo failed (%v)", cause, uerr)
+		_ = m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&rec) })
+		m.log.Error("undo after failed create; reconcile finishes it", "instance", rec.UUID, "err", uerr)
+		return
+	}
+	if err := m.db.Update(func(tx *store.Tx) error {
+		if err := tx.DeleteInstance(rec.UUID); err != nil {
+			return err
+		}
+		return tx.DeleteIntent(intent)
+	}); err != nil {
+		m.log.Error("drop record after undo", "instance", rec.UUID, "err", err)
+	}
 }
 
 // carvedParts says which parts of a failed carve the host holds: the steps

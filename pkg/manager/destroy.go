@@ -69,7 +69,17 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 	}
 	m.crash(CrashDestroyStart)
 	err = m.finishDestroy(ctx, rec, intent, started)
-	if err != nil {
+	switch {
+	case err == nil:
+	case timedOut(ctx, err):
+		// A release call may still land: answer now, put the instance back
+		// once the host has settled (the intent stays held until then).
+		letGo := m.live.add(intent, rec.UUID)
+		m.background(func() {
+			defer letGo()
+			m.undoDestroy(context.Background(), rec, intent)
+		})
+	default:
 		// The caller is told the destroy failed, so the instance must stay:
 		// put back what the release took and drop the intent (a crash in
 		// between is rolled forward by reconcile instead).

@@ -17,6 +17,18 @@ func (m *Manager) begin() (done func(), err error) {
 	return m.ops.Done, nil
 }
 
+// background runs fn (an undo that waits for the host) as an operation
+// Shutdown waits for; the caller already holds one, so it cannot be late.
+func (m *Manager) background(fn func()) {
+	m.opsMu.Lock()
+	m.ops.Add(1)
+	m.opsMu.Unlock()
+	go func() {
+		defer m.ops.Done()
+		fn()
+	}()
+}
+
 // Shutdown refuses new operations and waits for those in flight, up to ctx.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.opsMu.Lock()

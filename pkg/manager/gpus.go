@@ -221,9 +221,19 @@ func hostHoldsVGPUs(g *gpu.GPU) bool {
 // XID back into service, only its recovery (a reset) or an operator does
 // (ClearGPU).
 func (m *Manager) MarkGPUFailed(uuid, why string) {
-	pci, lost := "", false
+	m.markFailed(uuid, why, false)
+}
+
+// MarkGPULost is MarkGPUFailed for a GPU that fell off the bus: it is back
+// in service when it answers again, across a restart of vgpud too.
+func (m *Manager) MarkGPULost(uuid, why string) {
+	m.markFailed(uuid, why, true)
+}
+
+func (m *Manager) markFailed(uuid, why string, lost bool) {
+	pci := ""
 	if g := m.hostGPU(uuid); g != nil {
-		pci, lost = g.PCI, g.Lost
+		pci, lost = g.PCI, lost || g.Lost
 	}
 	boot := m.bootID()
 	changed := false

@@ -2,53 +2,76 @@ package manager
 
 import "sync"
 
-// liveSet names the intents that an operation of this process is working
-// on. Reconcile runs while other operations are in flight (on demand, or
-// when libvirtd comes back or a VM starts); an intent in the set belongs to
-// its operation, and reconcile must not finish or undo it underneath. At
-// start-up the set is empty, so every intent on disk is a crash's leftover.
+// liveSet names the intents that this process is working on. Reconcile
+// runs while other operations are in flight (on demand, or when libvirtd
+// comes back or a VM starts); an intent in the set belongs to its
+// operation (or to the undo that finishes it in the background), and
+// reconcile must not finish or undo it underneath. At start-up the set is
+// empty, so every intent on disk is a crash's leftover.
 //
 // An operation adds its intent before writing it and removes it after
 // deleting it, so an intent on disk that is absent from the set is either
 // a leftover or already deleted; reconcile claims it and reads it again
-// to tell the two apart.
+// to tell the two apart. Holders are counted: an operation that hands its
+// intent to a background undo adds it again before it lets go.
 type liveSet struct {
 	mu  sync.Mutex
-	ids map[string]string // intent → instance
+	ids map[string]*liveEntry
 }
 
-// add marks an intent as owned; the returned func ends the ownership.
+type liveEntry struct {
+	instance string
+	holders  int
+}
+
+// add holds an intent; the returned func lets go of it.
 func (l *liveSet) add(intent, instance string) func() {
-	l.claim(intent, instance)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.hold(intent, instance)
 	return func() { l.done(intent) }
 }
 
-// claim marks an intent as owned unless another owner holds it.
+func (l *liveSet) hold(intent, instance string) {
+	if l.ids == nil {
+		l.ids = map[string]*liveEntry{}
+	}
+	e := l.ids[intent]
+	if e == nil {
+		e = &liveEntry{instance: instance}
+		l.ids[intent] = e
+	}
+	e.holders++
+}
+
+// claim holds an intent unless someone holds it already.
 func (l *liveSet) claim(intent, instance string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.ids[intent]; ok {
 		return false
 	}
-	if l.ids == nil {
-		l.ids = map[string]string{}
-	}
-	l.ids[intent] = instance
+	l.hold(intent, instance)
 	return true
 }
 
+// done lets go of an intent once.
 func (l *liveSet) done(intent string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.ids, intent)
+	if e := l.ids[intent]; e != nil {
+		if e.holders--; e.holders <= 0 {
+			delete(l.ids, intent)
+		}
+	}
 }
 
 // busy reports whether an operation is working on an instance.
 func (l *liveSet) busy(instance string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, inst := range l.ids {
-		if inst == instance {
+	for _, e := range l.ids {
+		if e.instance == instance {
 			return true
 		}
 	}

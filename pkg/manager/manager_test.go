@@ -137,6 +137,26 @@ func (e *env) discovered() string {
 	return string(b)
 }
 
+// waitIntents waits until n intents are left (background undos finish
+// once the host answers).
+func (e *env) waitIntents(n int) {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var its []store.Intent
+		if err := e.db.View(func(tx *store.Tx) (err error) { its, err = tx.Intents(); return err }); err != nil {
+			e.t.Fatal(err)
+		}
+		if len(its) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d intents left, want %d: %+v", len(its), n, its)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func (e *env) summary() string {
 	e.t.Helper()
 	s, err := e.sim.Summary()
@@ -734,9 +754,15 @@ func TestTimedOutStepIsUndone(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			defer cancel()
-			if _, err := e.m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: c.profile}); !errors.Is(err, manager.ErrBackendFailure) {
+			r, err := e.m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: c.profile})
+			if !errors.Is(err, manager.ErrBackendFailure) {
 				t.Fatalf("create past its deadline: %v, want ErrBackendFailure", err)
 			}
+			// The caller is answered at once; the undo waits for the driver.
+			if insts, _ := e.m.Instances(""); len(insts) != 1 || insts[0].State != store.StateCreating {
+				t.Fatalf("records right after the timeout: %+v (%+v), want the one being undone", insts, r)
+			}
+			e.waitIntents(0)
 			if got := e.discovered(); got != before {
 				t.Fatalf("host not restored (as discovery sees it):\n%s\nwas\n%s", got, before)
 			}
