@@ -2,32 +2,48 @@ package e2e
 
 import (
 	"context"
+	"encoding/xml"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
+	"github.com/vgpud/vgpud/pkg/discover"
+	"github.com/vgpud/vgpud/pkg/gpu"
+	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/virt"
+	"github.com/vgpud/vgpud/profiles"
 )
 
 // crashRun is one vgpud process of the crash test.
 type crashRun struct {
-	cmd  *exec.Cmd
-	done chan error
-	log  *os.File
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the process has exited
+	log     *os.File
+	logFrom int64 // where this process's part of the log starts
 }
 
 func startCrashDaemon(t *testing.T, state, bus, lvSocket, crashAt string) *crashRun {
@@ -37,6 +53,10 @@ func startCrashDaemon(t *testing.T, state, bus, lvSocket, crashAt string) *crash
 		t.Fatal(err)
 	}
 	fmt.Fprintf(logf, "\n=== start (crash at %q)\n", crashAt)
+	fi, err := logf.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(vgpudBin, "--sim", "--state-dir", state, "--bus-address", bus, "--metrics-listen", "",
 		"--libvirt-socket", lvSocket, "--log-level", "warn", "--config", "/dev/null")
 	cmd.Env = append(os.Environ(), "VGPUD_CRASH_AT="+crashAt)
@@ -44,13 +64,18 @@ func startCrashDaemon(t *testing.T, state, bus, lvSocket, crashAt string) *crash
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &crashRun{cmd: cmd, done: make(chan error, 1), log: logf}
-	go func() { r.done <- cmd.Wait() }()
+	r := &crashRun{cmd: cmd, done: make(chan struct{}), log: logf, logFrom: fi.Size()}
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(r.done)
+	}()
 	return r
 }
 
-// ready waits until the daemon answers on the bus.
-func (r *crashRun) ready(t *testing.T, c *dbusapi.Client) {
+// ready waits until the daemon answers on the bus (it serves the bus only
+// after its start-up reconcile); false when it exited first.
+func (r *crashRun) ready(t *testing.T, c *dbusapi.Client) bool {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -58,11 +83,11 @@ func (r *crashRun) ready(t *testing.T, c *dbusapi.Client) {
 		_, err := c.Status(ctx)
 		cancel()
 		if err == nil {
-			return
+			return true
 		}
 		select {
-		case err := <-r.done:
-			t.Fatalf("vgpud exited before it was ready: %v (log in %s)", err, r.log.Name())
+		case <-r.done:
+			return false
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -72,10 +97,23 @@ func (r *crashRun) ready(t *testing.T, c *dbusapi.Client) {
 	}
 }
 
+// deferredSince reports whether the daemon logged, after offset from of the
+// log, that a reconcile left intents for a later pass (at warn level), and
+// where the log ends now. The start-up reconcile leaves intents that need
+// libvirt when libvirt did not answer at once; the pass that runs once it
+// is connected, after READY, settles them.
+func (r *crashRun) deferredSince(t *testing.T, from int64) (bool, int64) {
+	t.Helper()
+	b, err := os.ReadFile(r.log.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Contains(string(b[min(from, int64(len(b))):]), "left for a later pass"), int64(len(b))
+}
+
 func (r *crashRun) kill() {
 	_ = r.cmd.Process.Signal(syscall.SIGKILL)
 	<-r.done
-	r.log.Close()
 }
 
 // stop ends the daemon cleanly (SIGTERM) and waits.
@@ -88,18 +126,49 @@ func (r *crashRun) stop(t *testing.T) {
 		r.kill()
 		t.Fatal("vgpud did not stop on SIGTERM within 60s")
 	}
-	r.log.Close()
 }
 
-var crashProfiles = []string{"1g.10gb", "2g.20gb", "3g.40gb", "H100XM-1-10C", "H100XM-10C", "L4-2Q", "A10-2Q"}
+var (
+	crashProfiles = []string{"1g.10gb", "2g.20gb", "3g.40gb", "H100XM-1-10C", "H100XM-10C", "L4-2Q", "A10-2Q"}
+	// attachProfiles are the profiles create-and-attach uses: vGPUs (a bare
+	// MIG instance is no hostdev).
+	attachProfiles = []string{"H100XM-1-10C", "H100XM-10C", "L4-2Q", "A10-2Q"}
+	// opPrefixes are the operations crashOp runs, by crash point prefix;
+	// the test arms only crash points these reach.
+	opPrefixes = []string{"create.", "destroy.", "attach.", "detach.", "create-attach."}
+)
+
+// crashWorld is what the test holds across daemon runs: what the daemon
+// acknowledged, and the test's own views of the host, libvirt and the
+// catalog.
+type crashWorld struct {
+	state string
+	vms   []string
+	cat   *profile.Catalog
+	host  discover.Host
+	lv    *golibvirt.Libvirt
+	// acked: instances the daemon acknowledged (created and not destroyed).
+	acked map[string]bool
+	// attached: the VM of each instance whose attach the daemon acknowledged.
+	attached map[string]string
+	// uncertain: instances whose operation a crash cut off; after the
+	// restart, what the store holds is the truth for them.
+	uncertain map[string]bool
+	journal   []string
+}
 
 // TestCrashRecovery runs vgpud on a simulated host whose state persists on
-// disk, drives a random mix of create, destroy, attach and detach, kills
-// the daemon with SIGKILL at a named crash point or at a random moment,
-// restarts it and checks: every record is on the host and every device has
-// a record (a second reconcile finds nothing to do), no acknowledged
-// instance is lost and nothing unacknowledged appears, per-tenant usage is
-// the sum of its instances, no intent is left.
+// disk, drives a random mix of create, create-and-attach, destroy, attach
+// and detach, and kills the daemon with SIGKILL at a named crash point or at
+// a random moment (a timer, so the kill lands while an operation is in
+// flight). It restarts the daemon, sometimes first with a crash point in the
+// start-up reconcile, and after every restart checks, reading each side
+// directly: the store (read after the daemon stopped) against the simulated
+// host as discovery sees it, and its attachments against the VMs' libvirt
+// configs (hostdevs and vgpud metadata); no acknowledged instance or
+// attachment lost and nothing unacknowledged appeared; no intent left; the
+// tenants' reported usage equals what the catalog gives for their
+// instances; a second reconcile finds nothing to do.
 func TestCrashRecovery(t *testing.T) {
 	iterations := 200
 	if v := os.Getenv("VGPUD_CRASH_ITERATIONS"); v != "" {
@@ -117,11 +186,24 @@ func TestCrashRecovery(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 	bus := dbus.Start(t)
 	lv := libvirtd.Start(t)
-	vms := []string{"vgpud-crash-vm1", "vgpud-crash-vm2"}
-	for _, vm := range vms {
+	w := &crashWorld{
+		state:     t.TempDir(),
+		vms:       []string{"vgpud-crash-vm1", "vgpud-crash-vm2"},
+		lv:        lv.Client(t),
+		acked:     map[string]bool{},
+		attached:  map[string]string{},
+		uncertain: map[string]bool{},
+	}
+	for _, vm := range w.vms {
 		lv.DefineDomain(t, vm)
 	}
-	state := t.TempDir()
+	t.Cleanup(func() {
+		if t.Failed() {
+			if b, err := os.ReadFile(filepath.Join(w.state, "vgpud.log")); err == nil {
+				t.Logf("daemon log (tail):\n%s", b[max(0, len(b)-20000):])
+			}
+		}
+	})
 	ctx := context.Background()
 	c, err := dbusapi.Dial(ctx, bus.Address())
 	if err != nil {
@@ -129,10 +211,10 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	defer c.Close()
 
-	// acked: instances the daemon acknowledged (created and not destroyed).
-	acked := map[string]bool{}
-	first := startCrashDaemon(t, state, bus.Address(), lv.Socket(), "")
-	first.ready(t, c)
+	first := startCrashDaemon(t, w.state, bus.Address(), lv.Socket(), "")
+	if !first.ready(t, c) {
+		t.Fatal("vgpud exited before it was ready")
+	}
 	for _, name := range []string{"alpha", "beta"} {
 		q := dbusapi.Quota{VRAMBytes: dbusapi.Limit(300 << 30), ComputeMilli: dbusapi.Unlimited, MaxInstances: dbusapi.Limit(12)}
 		if _, err := c.DefineTenant(ctx, dbusapi.TenantSpec{Name: name, Quota: q}); err != nil {
@@ -140,90 +222,184 @@ func TestCrashRecovery(t *testing.T) {
 		}
 	}
 	first.stop(t)
+	w.openHost(t)
 
-	leaks, lost, crashes := 0, 0, 0
-	points := []string{}
+	var points []string
 	for _, p := range manager.CrashPoints {
-		if p != manager.CrashReconcile {
-			points = append(points, p)
+		for _, op := range opPrefixes {
+			if strings.HasPrefix(p, op) {
+				points = append(points, p)
+			}
 		}
 	}
+	leaks, lost, run := 0, 0, 0
+	atPoint, inFlight, idle, inReconcile := 0, 0, 0, 0
 	for it := 0; it < iterations; it++ {
+		run++
+		w.journal = w.journal[:0]
 		crashAt := ""
 		if rng.Intn(2) == 0 {
 			crashAt = fmt.Sprintf("%s:%d", points[rng.Intn(len(points))], 1+rng.Intn(2))
 		}
 		t0 := time.Now()
-		d := startCrashDaemon(t, state, bus.Address(), lv.Socket(), crashAt)
-		d.ready(t, c)
+		d := startCrashDaemon(t, w.state, bus.Address(), lv.Socket(), crashAt)
+		if !d.ready(t, c) {
+			t.Fatalf("iteration %d: vgpud exited before it was ready", it)
+		}
 		t1 := time.Now()
-		uncertain := map[string]bool{}
-		var journal []string
-		killAfter := time.Duration(20+rng.Intn(400)) * time.Millisecond
-		begin := time.Now()
-		died := false
-		for op := 0; op < 25 && !died; op++ {
-			if crashAt == "" && time.Since(begin) > killAfter {
-				break
-			}
-			died = crashOp(ctx, t, rng, c, acked, uncertain, vms, &journal)
+		// A random moment: the timer kills the daemon whatever it is doing,
+		// most likely in the middle of an operation.
+		var timer *time.Timer
+		var fired atomic.Bool
+		if crashAt == "" {
+			timer = time.AfterFunc(time.Duration(1+rng.Intn(300))*time.Millisecond, func() {
+				fired.Store(true)
+				_ = d.cmd.Process.Signal(syscall.SIGKILL)
+			})
+		}
+		cut := false
+		for op := 0; op < 25 && !cut; op++ {
+			cut = w.crashOp(ctx, rng, c)
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		switch {
+		case cut:
+			// The call was cut off: the daemon died (crash point or timer).
 			select {
 			case <-d.done:
-				died = true
-			default:
+			case <-time.After(15 * time.Second):
+				t.Errorf("iteration %d: %s failed as if vgpud had died, but it still runs", it, w.journal[len(w.journal)-1])
+				d.kill()
 			}
+			if fired.Load() {
+				inFlight++
+			} else {
+				atPoint++
+			}
+		case fired.Load():
+			<-d.done // the timer fired after the last operation returned
+			idle++
+		default:
+			d.kill() // the crash point was not reached in this run's operations
+			idle++
 		}
-		if died {
-			crashes++
-			d.log.Close()
-		} else {
-			d.kill()
-		}
-		// Restart and check.
+
+		// Restart; sometimes with a crash point in the start-up reconcile,
+		// which the daemon reaches when the crash left an intent.
 		t2 := time.Now()
-		r := startCrashDaemon(t, state, bus.Address(), lv.Socket(), "")
-		r.ready(t, c)
-		t3 := time.Now()
-		l, x := checkCrashInvariants(ctx, t, c, acked, uncertain)
-		leaks, lost = leaks+l, lost+x
-		t4 := time.Now()
-		// Every tenth checker stops cleanly and the store is read directly;
-		// the others are killed while idle, one more crash to recover from.
-		if it%10 == 9 {
-			r.stop(t)
-			if n := intentsLeft(t, state); n != 0 {
-				t.Errorf("iteration %d: %d intents left after a clean stop", it, n)
-				leaks++
+		reconcileAt := ""
+		if rng.Intn(3) == 0 {
+			reconcileAt = manager.CrashReconcile + ":1"
+		}
+		r := startCrashDaemon(t, w.state, bus.Address(), lv.Socket(), reconcileAt)
+		up := r.ready(t, c)
+		deferred, mark := r.deferredSince(t, r.logFrom)
+		if reconcileAt != "" && (!up || deferred) {
+			if up {
+				// The pass after READY could reach the crash point while
+				// the checks below talk to the daemon: start a plain one.
+				r.kill()
+			} else {
+				inReconcile++
 			}
+			r = startCrashDaemon(t, w.state, bus.Address(), lv.Socket(), "")
+			up = r.ready(t, c)
+			deferred, mark = r.deferredSince(t, r.logFrom)
+		}
+		if !up {
+			t.Fatalf("iteration %d: vgpud exited before it was ready", it)
+		}
+		t3 := time.Now()
+		// What only the running daemon can tell: whether a second reconcile
+		// finds work the start-up one missed, and its reported usage.
+		rep, err := c.Reconcile(ctx)
+		for try := 0; deferred && err == nil && try < 50; try++ {
+			// Intents left for the pass after READY: repeat until a pass
+			// neither changes anything nor leaves anything for later.
+			again, end := r.deferredSince(t, mark)
+			if !hasWork(rep) && !again {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+			mark = end
+			rep, err = c.Reconcile(ctx)
+		}
+		if err != nil {
+			t.Fatalf("iteration %d: reconcile: %v", it, err)
+		}
+		if hasWork(rep) {
+			t.Errorf("iteration %d: a second reconcile had work to do (the start-up one missed it): %+v", it, rep)
+			leaks++
+		}
+		tenants, err := c.Tenants(ctx)
+		if err != nil {
+			t.Fatalf("iteration %d: tenants: %v", it, err)
+		}
+		// Every tenth daemon stops cleanly, and so does one whose
+		// start-up reconcile left intents for the pass after READY (a clean
+		// stop waits for that pass); the others are killed while idle, one
+		// more crash to recover from. Then the store is free to read.
+		if it%10 == 9 || deferred {
+			r.stop(t)
 		} else {
 			r.kill()
 		}
+		t4 := time.Now()
+		l, x := w.check(ctx, t, it, tenants)
+		leaks, lost = leaks+l, lost+x
 		if os.Getenv("VGPUD_CRASH_TIMING") != "" {
-			t.Logf("iteration %d: start %v, ops %v, restart %v, check %v, stop %v", it, t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3), time.Since(t4))
+			t.Logf("iteration %d: start %v, ops %v, restart %v, reconcile+stop %v, check %v", it, t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3), time.Since(t4))
 		}
 		if t.Failed() {
-			t.Logf("iteration %d (crash at %q) failed; operations: %s", it, crashAt, strings.Join(journal, "; "))
-			if b, err := os.ReadFile(filepath.Join(state, "vgpud.log")); err == nil {
-				t.Logf("daemon log:\n%s", b[max(0, len(b)-20000):])
-			}
+			t.Logf("iteration %d (crash at %q, reconcile crash at %q) failed; operations: %s", it, crashAt, reconcileAt, strings.Join(w.journal, "; "))
 			break
 		}
 	}
-	t.Logf("crash iterations: %d, leaks: %d, lost: %d (%d died at a crash point, the rest were killed at a random moment)", iterations, leaks, lost, crashes)
-	fmt.Printf("crash iterations: %d, leaks: %d, lost: %d\n", iterations, leaks, lost)
+	t.Logf("crash iterations: %d, leaks: %d, lost: %d (died at a crash point: %d, killed with an operation in flight: %d, killed between operations: %d, then died in the start-up reconcile: %d)",
+		run, leaks, lost, atPoint, inFlight, idle, inReconcile)
+	fmt.Printf("crash iterations: %d, leaks: %d, lost: %d\n", run, leaks, lost)
 	if leaks != 0 || lost != 0 {
 		t.Fatalf("leaks %d, lost %d", leaks, lost)
 	}
 }
 
-// crashOp runs one random operation; it reports whether the daemon went
-// away during it. Acknowledged results update acked; an operation cut off
-// by the crash makes its instance uncertain.
-func crashOp(ctx context.Context, t *testing.T, rng *rand.Rand, c *dbusapi.Client, acked, uncertain map[string]bool, vms []string, journal *[]string) bool {
+// hasWork reports whether a reconcile changed anything.
+func hasWork(rep dbusapi.ReconcileReport) bool {
+	return len(rep.Finished)+len(rep.Undone)+len(rep.Recreated)+len(rep.Failed)+len(rep.Foreign)+len(rep.Attachments) != 0
+}
+
+// openHost opens the simulated host the daemon created, for discovery
+// through the production backends: what NVML and sysfs show, not what the
+// daemon recorded.
+func (w *crashWorld) openHost(t *testing.T) {
+	t.Helper()
+	cat, err := profile.Load(profiles.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := sim.Open(filepath.Join(w.state, "sim"), nil, cat, sim.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	b := nvmlb.New(h.NVML(), cat, nvmlb.Options{})
+	if err := b.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w.cat = cat
+	w.host = discover.Host{NVML: b, Sysfs: sysfs.New(h.FS())}
+}
+
+// crashOp runs one random operation; it reports whether the call was cut
+// off (the daemon went away during it). Acknowledged results update acked
+// and attached; a cut-off operation makes its instance uncertain.
+func (w *crashWorld) crashOp(ctx context.Context, rng *rand.Rand, c *dbusapi.Client) bool {
 	octx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	ids := make([]string, 0, len(acked))
-	for id := range acked {
+	ids := make([]string, 0, len(w.acked))
+	for id := range w.acked {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
@@ -233,36 +409,52 @@ func crashOp(ctx context.Context, t *testing.T, rng *rand.Rand, c *dbusapi.Clien
 		}
 		return ids[rng.Intn(len(ids))]
 	}
+	tenant := []string{"alpha", "beta"}[rng.Intn(2)]
+	vm := w.vms[rng.Intn(len(w.vms))]
 	var err error
 	var subject, kind string
-	switch k := rng.Intn(10); {
-	case k < 5 || len(ids) == 0:
+	switch k := rng.Intn(12); {
+	case k < 4 || len(ids) == 0:
 		subject, kind = uuid.NewString(), "create"
-		tn := []string{"alpha", "beta"}[rng.Intn(2)]
-		_, err = c.Create(octx, dbusapi.CreateRequest{Tenant: tn, Profile: crashProfiles[rng.Intn(len(crashProfiles))], UUID: subject})
+		_, err = c.Create(octx, dbusapi.CreateRequest{Tenant: tenant, Profile: crashProfiles[rng.Intn(len(crashProfiles))], UUID: subject})
 		if err == nil {
-			acked[subject] = true
+			w.acked[subject] = true
 		}
-	case k < 7:
+	case k < 6:
+		subject, kind = uuid.NewString(), "create-and-attach to "+vm
+		req := dbusapi.CreateRequest{Tenant: tenant, Profile: attachProfiles[rng.Intn(len(attachProfiles))], UUID: subject}
+		_, err = c.CreateAndAttach(octx, req, vm, dbusapi.AttachOptions{})
+		if err == nil {
+			w.acked[subject] = true
+			w.attached[subject] = vm
+		}
+	case k < 8:
 		subject, kind = pick(), "destroy"
 		err = c.Destroy(octx, subject, true)
 		if err == nil || dbusapi.ErrorName(err) == dbusapi.NameNotFound {
-			delete(acked, subject)
+			delete(w.acked, subject)
+			delete(w.attached, subject)
 			err = nil
 		}
-	case k < 9:
-		subject, kind = pick(), "attach"
-		_, err = c.Attach(octx, subject, vms[rng.Intn(len(vms))], dbusapi.AttachOptions{})
+	case k < 10:
+		subject, kind = pick(), "attach to "+vm
+		_, err = c.Attach(octx, subject, vm, dbusapi.AttachOptions{})
+		if err == nil {
+			w.attached[subject] = vm
+		}
 	default:
 		subject, kind = pick(), "detach"
 		err = c.Detach(octx, subject)
+		if err == nil {
+			delete(w.attached, subject)
+		}
 	}
-	*journal = append(*journal, fmt.Sprintf("%s %s -> %q", kind, subject, dbusapi.ErrorName(err)))
+	w.journal = append(w.journal, fmt.Sprintf("%s %s -> %q", kind, subject, dbusapi.ErrorName(err)))
 	if err == nil {
 		return false
 	}
 	if isGone(err) {
-		uncertain[subject] = true
+		w.uncertain[subject] = true
 		return true
 	}
 	// A refusal (quota, capacity, conflict, a MIG instance that cannot be
@@ -281,88 +473,425 @@ func isGone(err error) bool {
 	return true
 }
 
-func checkCrashInvariants(ctx context.Context, t *testing.T, c *dbusapi.Client, acked, uncertain map[string]bool) (leaks, lost int) {
+// crashState is the store's content, read while no daemon runs.
+type crashState struct {
+	tenants     []store.Tenant
+	instances   []store.Instance
+	attachments []store.Attachment
+	intents     []store.Intent
+}
+
+func (w *crashWorld) readStore(t *testing.T) crashState {
 	t.Helper()
-	rep, err := c.Reconcile(ctx)
+	db, err := store.Open(filepath.Join(w.state, "state.db"), store.Options{Timeout: 5 * time.Second})
 	if err != nil {
-		t.Fatalf("reconcile: %v", err)
+		t.Fatalf("open the state after the daemon stopped: %v", err)
 	}
-	if len(rep.Finished)+len(rep.Undone)+len(rep.Recreated)+len(rep.Failed)+len(rep.Foreign)+len(rep.Attachments) != 0 {
-		t.Errorf("second reconcile had work to do (the start-up one missed it): %+v", rep)
-		leaks += len(rep.Foreign) + len(rep.Recreated)
-	}
-	insts, err := c.Instances(ctx, "")
+	defer db.Close()
+	var s crashState
+	err = db.View(func(tx *store.Tx) (err error) {
+		if s.tenants, err = tx.Tenants(); err != nil {
+			return err
+		}
+		if s.instances, err = tx.Instances(); err != nil {
+			return err
+		}
+		if s.attachments, err = tx.Attachments(); err != nil {
+			return err
+		}
+		s.intents, err = tx.Intents()
+		return err
+	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("read the state: %v", err)
 	}
-	have := map[string]dbusapi.Instance{}
-	for _, in := range insts {
-		have[in.UUID] = in
-		if in.State != string(store.StateReady) {
-			t.Errorf("instance %s is %s after restart: %s", in.UUID, in.State, in.Reason)
-		}
-		if !acked[in.UUID] && !uncertain[in.UUID] {
-			t.Errorf("ghost: instance %s exists but was never acknowledged", in.UUID)
-			leaks++
-		}
+	return s
+}
+
+// check compares, with the daemon stopped, the store with the test's
+// acknowledgements, the simulated host, libvirt and the catalog; reported is
+// the tenants as the daemon reported them before it stopped. It returns
+// what is there that should not be (leaks) and what should be there but is
+// not (lost), having reported each with t.Errorf. Then, for instances whose
+// operation was cut off, the store becomes the truth for what follows.
+func (w *crashWorld) check(ctx context.Context, t *testing.T, it int, reported []dbusapi.Tenant) (leaks, lost int) {
+	t.Helper()
+	s := w.readStore(t)
+	leak := func(format string, args ...any) {
+		t.Errorf("iteration %d: leak: "+format, append([]any{it}, args...)...)
+		leaks++
 	}
-	for id := range acked {
-		if _, ok := have[id]; !ok && !uncertain[id] {
-			t.Errorf("lost: acknowledged instance %s is gone", id)
-			lost++
-		}
-	}
-	// What is there now is the truth for the next iteration.
-	for id := range uncertain {
-		if _, ok := have[id]; ok {
-			acked[id] = true
-		} else {
-			delete(acked, id)
-		}
-	}
-	tenants, err := c.Tenants(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(tenants) != 2 {
-		t.Errorf("tenants: %d, want 2", len(tenants))
+	miss := func(format string, args ...any) {
+		t.Errorf("iteration %d: lost: "+format, append([]any{it}, args...)...)
 		lost++
 	}
-	for _, tn := range tenants {
-		var vram, compute, n uint64
-		for _, in := range insts {
-			if in.Tenant == tn.Name {
-				vram, compute, n = vram+in.VRAMBytes, compute+in.ComputeMilli, n+1
+
+	for _, in := range s.intents {
+		leak("intent %s (%s %s, steps %v) left after reconcile", in.ID, in.Op, in.Instance, in.Steps)
+	}
+
+	// Records against what the daemon acknowledged.
+	recs := map[string]store.Instance{}
+	for _, in := range s.instances {
+		recs[in.UUID] = in
+		if in.State != store.StateReady {
+			t.Errorf("iteration %d: instance %s is %s after restart: %s", it, in.UUID, in.State, in.Reason)
+		}
+		if !w.acked[in.UUID] && !w.uncertain[in.UUID] {
+			leak("instance %s (%s) exists but was never acknowledged", in.UUID, in.Profile)
+		}
+	}
+	for id := range w.acked {
+		if _, ok := recs[id]; !ok && !w.uncertain[id] {
+			miss("acknowledged instance %s is gone", id)
+		}
+	}
+	atts := map[string]store.Attachment{}
+	for _, a := range s.attachments {
+		atts[a.Instance] = a
+		if _, ok := recs[a.Instance]; !ok {
+			leak("attachment of instance %s to %s has no instance record", a.Instance, a.Domain)
+		}
+		if vm, ok := w.attached[a.Instance]; (!ok || vm != a.Domain) && !w.uncertain[a.Instance] {
+			leak("instance %s is recorded as attached to %s; acknowledged: %q", a.Instance, a.Domain, vm)
+		}
+	}
+	for id, vm := range w.attached {
+		if a, ok := atts[id]; (!ok || a.Domain != vm) && !w.uncertain[id] {
+			miss("acknowledged attachment of instance %s to %s is not recorded", id, vm)
+		}
+	}
+
+	// Tenants, and their usage as the daemon reported it against what the
+	// catalog gives for the instances in the store.
+	if len(s.tenants) != 2 {
+		miss("%d tenants in the store, want 2", len(s.tenants))
+	}
+	for _, tn := range reported {
+		var want dbusapi.Usage
+		for _, in := range s.instances {
+			if in.Tenant != tn.Name {
+				continue
 			}
+			vram, compute, err := catalogCost(w.cat, in)
+			if err != nil {
+				t.Errorf("iteration %d: %v", it, err)
+			}
+			want.VRAMBytes += vram
+			want.ComputeMilli += compute
+			want.Instances++
 		}
-		if tn.Usage.VRAMBytes != vram || tn.Usage.ComputeMilli != compute || tn.Usage.Instances != n {
-			t.Errorf("tenant %s usage %+v, instances sum to %d/%d/%d", tn.Name, tn.Usage, vram, compute, n)
+		if tn.Usage != want {
+			t.Errorf("iteration %d: tenant %s reports usage %+v; its instances cost %+v by the catalog", it, tn.Name, tn.Usage, want)
 		}
+	}
+
+	// Records against the host.
+	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	inv, err := w.host.Inventory(ictx)
+	if err != nil {
+		t.Fatalf("iteration %d: discover the simulated host: %v", it, err)
+	}
+	extra, missing := hostDiff(inv, s.instances)
+	for _, d := range extra {
+		leak("%s", d)
+	}
+	for _, d := range missing {
+		miss("%s", d)
+	}
+
+	// Attachment records against the VMs' configs.
+	extra, missing = w.libvirtDiff(t, s.instances, s.attachments)
+	for _, d := range extra {
+		leak("%s", d)
+	}
+	for _, d := range missing {
+		miss("%s", d)
+	}
+
+	for id := range w.uncertain {
+		if _, ok := recs[id]; ok {
+			w.acked[id] = true
+		} else {
+			delete(w.acked, id)
+		}
+		if a, ok := atts[id]; ok {
+			w.attached[id] = a.Domain
+		} else {
+			delete(w.attached, id)
+		}
+		delete(w.uncertain, id)
 	}
 	return leaks, lost
 }
 
-func intentsLeft(t *testing.T, state string) int {
-	t.Helper()
-	db, err := store.Open(filepath.Join(state, "state.db"), store.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatalf("open state after stop: %v", err)
+// catalogCost is what an instance takes of its tenant's quota, from the
+// catalog (ARCHITECTURE.md, "Shares"), worked out here rather than taken
+// from the record.
+func catalogCost(cat *profile.Catalog, in store.Instance) (vram, compute uint64, err error) {
+	m, ok := cat.Model(in.Model)
+	if !ok {
+		return 0, 0, fmt.Errorf("instance %s: model %q not in the catalog", in.UUID, in.Model)
 	}
-	defer db.Close()
-	n := 0
-	if err := db.View(func(tx *store.Tx) error {
-		its, err := tx.Intents()
-		n = len(its)
-		if n > 0 {
-			var ops []string
-			for _, it := range its {
-				ops = append(ops, string(it.Op)+" "+it.Instance+" "+strings.Join(it.Steps, ","))
-			}
-			t.Logf("intents left: %s", strings.Join(ops, "; "))
+	gi := func(match func(p *profile.GPUInstanceProfile) bool) *profile.GPUInstanceProfile {
+		if m.MIG == nil {
+			return nil
 		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
+		for i := range m.MIG.GPUInstanceProfiles {
+			if match(&m.MIG.GPUInstanceProfiles[i]) {
+				return &m.MIG.GPUInstanceProfiles[i]
+			}
+		}
+		return nil
 	}
-	return n
+	var typ *profile.VGPUType
+	if m.VGPU != nil {
+		for i := range m.VGPU.Types {
+			if m.VGPU.Types[i].Name == in.Profile {
+				typ = &m.VGPU.Types[i]
+			}
+		}
+	}
+	switch in.Kind {
+	case store.KindMIG:
+		p := gi(func(p *profile.GPUInstanceProfile) bool { return p.Name == in.Profile })
+		if p == nil {
+			return 0, 0, fmt.Errorf("instance %s: no MIG profile %s on %s", in.UUID, in.Profile, m.Name)
+		}
+		return p.MemoryMiB << 20, uint64(p.ComputeSlices) * 1000 / uint64(m.MIG.ComputeSlices), nil
+	case store.KindMIGVGPU:
+		if typ == nil || typ.GPUInstanceProfile == nil {
+			return 0, 0, fmt.Errorf("instance %s: no MIG-backed vGPU type %s on %s", in.UUID, in.Profile, m.Name)
+		}
+		p := gi(func(p *profile.GPUInstanceProfile) bool { return p.ID == *typ.GPUInstanceProfile })
+		if p == nil {
+			return 0, 0, fmt.Errorf("instance %s: vGPU type %s names GPU-instance profile %d, not on %s", in.UUID, in.Profile, *typ.GPUInstanceProfile, m.Name)
+		}
+		return typ.FramebufferMiB << 20, uint64(p.ComputeSlices) * 1000 / uint64(m.MIG.ComputeSlices) / uint64(max(1, typ.MaxPerGPUInstance)), nil
+	case store.KindVGPU:
+		if typ == nil {
+			return 0, 0, fmt.Errorf("instance %s: no vGPU type %s on %s", in.UUID, in.Profile, m.Name)
+		}
+		return typ.FramebufferMiB << 20, 1000 / uint64(typ.MaxInstances), nil
+	}
+	return 0, 0, fmt.Errorf("instance %s: kind %s is not in the crash test's mix", in.UUID, in.Kind)
+}
+
+// hostDiff compares the instance records with the host: each record's
+// parts (GPU instance, compute instance, VF type or mdev) must be there,
+// and each device on the host must belong to a record. It returns the
+// devices no record explains and the record parts the host lacks.
+func hostDiff(inv gpu.Inventory, recs []store.Instance) (extra, missing []string) {
+	type giKey struct {
+		gpu string
+		id  int
+	}
+	ownedGI := map[giKey]*store.Instance{}
+	ownedVF := map[string]bool{}
+	ownedMdev := map[string]bool{}
+	for i := range recs {
+		r := &recs[i]
+		g, ok := inv.ByUUID(r.GPUUUID)
+		if !ok {
+			missing = append(missing, fmt.Sprintf("instance %s: its GPU %s is not on the host", r.UUID, r.GPUUUID))
+			continue
+		}
+		if r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU {
+			var gi *gpu.GPUInstance
+			for j := range g.MIG.Instances {
+				x := &g.MIG.Instances[j]
+				if x.Placement.Start == r.GIStart && x.ProfileID == r.GIProfileID {
+					gi = x
+				}
+			}
+			switch {
+			case gi == nil:
+				missing = append(missing, fmt.Sprintf("instance %s: no GPU instance of profile %d at slot %d on %s", r.UUID, r.GIProfileID, r.GIStart, g.PCI))
+			case gi.ID != r.GIID:
+				missing = append(missing, fmt.Sprintf("instance %s: the GPU instance at slot %d on %s has id %d, the record says %d", r.UUID, r.GIStart, g.PCI, gi.ID, r.GIID))
+			default:
+				ownedGI[giKey{g.UUID, gi.ID}] = r
+				if r.Kind == store.KindMIG && !slices.ContainsFunc(gi.Compute, func(ci gpu.ComputeInstance) bool { return ci.ID == r.CIID }) {
+					missing = append(missing, fmt.Sprintf("instance %s: no compute instance %d in GPU instance %d on %s", r.UUID, r.CIID, gi.ID, g.PCI))
+				}
+			}
+		}
+		if r.Kind != store.KindVGPU && r.Kind != store.KindMIGVGPU {
+			continue
+		}
+		switch r.Flow {
+		case store.FlowVFIO:
+			i := slices.IndexFunc(g.VGPU.VFs, func(vf gpu.VF) bool { return vf.PCI == r.VF })
+			if i < 0 || g.VGPU.VFs[i].Type != r.TypeID {
+				missing = append(missing, fmt.Sprintf("instance %s: VF %s on %s does not hold vGPU type %d", r.UUID, r.VF, g.PCI, r.TypeID))
+				continue
+			}
+			ownedVF[r.VF] = true
+		case store.FlowMdev:
+			i := slices.IndexFunc(g.VGPU.Mdevs, func(m gpu.Mdev) bool { return m.UUID == r.MdevUUID })
+			if i < 0 || g.VGPU.Mdevs[i].Type != r.TypeID {
+				missing = append(missing, fmt.Sprintf("instance %s: no mdev %s of type %d on %s", r.UUID, r.MdevUUID, r.TypeID, g.PCI))
+				continue
+			}
+			ownedMdev[r.MdevUUID] = true
+		}
+	}
+	for _, g := range inv.GPUs {
+		for _, gi := range g.MIG.Instances {
+			r := ownedGI[giKey{g.UUID, gi.ID}]
+			if r == nil {
+				extra = append(extra, fmt.Sprintf("GPU instance %d (profile %d, slot %d) on %s: no record", gi.ID, gi.ProfileID, gi.Placement.Start, g.PCI))
+				continue
+			}
+			for _, ci := range gi.Compute {
+				if r.Kind != store.KindMIG || ci.ID != r.CIID {
+					extra = append(extra, fmt.Sprintf("compute instance %d in GPU instance %d on %s: no record", ci.ID, gi.ID, g.PCI))
+				}
+			}
+		}
+		for _, vf := range g.VGPU.VFs {
+			if vf.Type != 0 && !ownedVF[vf.PCI] {
+				extra = append(extra, fmt.Sprintf("VF %s on %s holds vGPU type %d: no record", vf.PCI, g.PCI, vf.Type))
+			}
+		}
+		for _, m := range g.VGPU.Mdevs {
+			if !ownedMdev[m.UUID] {
+				extra = append(extra, fmt.Sprintf("mdev %s on %s: no record", m.UUID, g.PCI))
+			}
+		}
+	}
+	return extra, missing
+}
+
+// libvirtDiff compares the attachment records with each VM's persistent
+// config: its hostdevs must be the devices of the instances recorded as
+// attached to it, and vgpud's metadata element must name exactly those
+// instances. It returns what libvirt holds that no record explains and
+// what a record says that libvirt lacks.
+func (w *crashWorld) libvirtDiff(t *testing.T, recs []store.Instance, atts []store.Attachment) (extra, missing []string) {
+	t.Helper()
+	device := map[string]string{}
+	for _, r := range recs {
+		switch {
+		case r.MdevUUID != "":
+			device[r.UUID] = "mdev " + r.MdevUUID
+		case r.VF != "":
+			device[r.UUID] = "pci " + r.VF
+		}
+	}
+	for _, vm := range w.vms {
+		def := w.domainConfig(t, vm)
+		var wantDevs, wantIDs []string
+		for _, a := range atts {
+			if a.Domain != vm {
+				continue
+			}
+			wantIDs = append(wantIDs, a.Instance)
+			if d, ok := device[a.Instance]; ok {
+				wantDevs = append(wantDevs, d)
+			} else {
+				missing = append(missing, fmt.Sprintf("instance %s is recorded as attached to %s but has no device", a.Instance, vm))
+			}
+		}
+		var devs []string
+		if def.Devices != nil {
+			for _, hd := range def.Devices.Hostdevs {
+				switch {
+				case hd.SubsysMDev != nil && hd.SubsysMDev.Source != nil && hd.SubsysMDev.Source.Address != nil:
+					devs = append(devs, "mdev "+hd.SubsysMDev.Source.Address.UUID)
+				case hd.SubsysPCI != nil && hd.SubsysPCI.Source != nil && hd.SubsysPCI.Source.Address != nil:
+					a := hd.SubsysPCI.Source.Address
+					devs = append(devs, fmt.Sprintf("pci %04x:%02x:%02x.%x", *a.Domain, *a.Bus, *a.Slot, *a.Function))
+				}
+			}
+		}
+		ids, err := metadataIDs(def)
+		if err != nil {
+			t.Fatalf("%s: %v", vm, err)
+		}
+		e, m := setDiff(devs, wantDevs)
+		for _, d := range e {
+			extra = append(extra, fmt.Sprintf("%s's config holds hostdev %s: no attachment record", vm, d))
+		}
+		for _, d := range m {
+			missing = append(missing, fmt.Sprintf("%s's config lacks hostdev %s of a recorded attachment", vm, d))
+		}
+		e, m = setDiff(ids, wantIDs)
+		for _, id := range e {
+			extra = append(extra, fmt.Sprintf("%s's vgpud metadata names instance %s: no attachment record", vm, id))
+		}
+		for _, id := range m {
+			missing = append(missing, fmt.Sprintf("%s's vgpud metadata lacks instance %s, recorded as attached", vm, id))
+		}
+	}
+	return extra, missing
+}
+
+func (w *crashWorld) domainConfig(t *testing.T, name string) *libvirtxml.Domain {
+	t.Helper()
+	d, err := w.lv.DomainLookupByName(name)
+	if err != nil {
+		t.Fatalf("look up %s: %v", name, err)
+	}
+	doc, err := w.lv.DomainGetXMLDesc(d, golibvirt.DomainXMLInactive)
+	if err != nil {
+		t.Fatalf("read %s's config: %v", name, err)
+	}
+	var def libvirtxml.Domain
+	if err := def.Unmarshal(doc); err != nil {
+		t.Fatalf("parse %s's config: %v", name, err)
+	}
+	return &def
+}
+
+// metadataIDs are the instance ids in vgpud's element of a domain's
+// metadata (found by namespace; the test harness keeps its own element
+// there too).
+func metadataIDs(def *libvirtxml.Domain) ([]string, error) {
+	if def.Metadata == nil {
+		return nil, nil
+	}
+	dec := xml.NewDecoder(strings.NewReader(def.Metadata.XML))
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("domain metadata: %w", err)
+		}
+		se, ok := tok.(xml.StartElement)
+		if !ok || se.Name.Space != virt.MetadataNamespace || se.Name.Local != "instances" {
+			continue
+		}
+		var doc struct {
+			Instances []struct {
+				ID string `xml:"id,attr"`
+			} `xml:"instance"`
+		}
+		if err := dec.DecodeElement(&doc, &se); err != nil {
+			return nil, fmt.Errorf("vgpud metadata: %w", err)
+		}
+		var ids []string
+		for _, in := range doc.Instances {
+			ids = append(ids, in.ID)
+		}
+		return ids, nil
+	}
+}
+
+// setDiff returns what got holds beyond want, and what it lacks of want.
+func setDiff(got, want []string) (extra, missing []string) {
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			extra = append(extra, g)
+		}
+	}
+	for _, x := range want {
+		if !slices.Contains(got, x) {
+			missing = append(missing, x)
+		}
+	}
+	return extra, missing
 }

@@ -27,6 +27,15 @@ trap cleanup EXIT
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
+# instance PROFILE uuid|device [N]: the UUID, or the device `vgpud sim` takes
+# (VF address, mdev UUID, GPU/giN of a MIG instance), of the Nth (default
+# first; -1 the last) instance of PROFILE, from vgpuctl's JSON.
+instance() {
+  vgpuctl list -o json | jq -er --arg p "$1" --arg what "$2" --argjson n "${3:-0}" '
+    [.items[] | select(.profile == $p)][$n]
+    | if $what == "uuid" then .uuid
+      else .vgpu.vf // .vgpu.mdevUUID // "\(.gpu)/gi\(.mig.gpuInstanceID)" end'
+}
 
 # --- a private system bus with vgpud's shipped policy -----------------------
 say "private D-Bus system bus"
@@ -130,8 +139,8 @@ run vgpuctl plan 4g.40gb --tenant acme || true
 
 if [ -n "$LV_SOCKET" ]; then
   say "attaching to VMs (persistent config; live when they run)"
-  l4=$(vgpuctl list -o json | python3 -c 'import json,sys; print([i["uuid"] for i in json.load(sys.stdin)["items"] if i["profile"]=="L4-4Q"][0])')
-  a10=$(vgpuctl list -o json | python3 -c 'import json,sys; print([i["uuid"] for i in json.load(sys.stdin)["items"] if i["profile"]=="A10-4Q"][0])')
+  l4=$(instance L4-4Q uuid)
+  a10=$(instance A10-4Q uuid)
   run vgpuctl attach vgpud-demo-web "$l4"
   run vgpuctl attach vgpud-demo-ml "$a10"
   run vgpuctl attach vgpud-demo-ml --profile H100XM-20C --tenant acme
@@ -144,8 +153,27 @@ fi
 say "the host as discovery sees it (NVML + sysfs), with each MIG GPU's slot map"
 run vgpud inventory --sim --state-dir "$work/state"
 
-say "shares: entitled vs achieved compute"
-run vgpuctl top -n 1
+say "a simulated workload: VMs using their vGPUs, a MIG job, a noisy neighbour on the time-sliced H100"
+run vgpuctl create H100XM-20C --tenant acme
+steady=$(instance H100XM-20C device 0)
+noisy=$(instance H100XM-20C device -1)
+l4dev=$(instance L4-4Q device)
+a10dev=$(instance A10-4Q device)
+migdev=$(instance 3g.40gb device)
+# A vGPU's workload runs while a VM has it open; a MIG instance's runs by itself.
+n=0
+for dev in "$steady" "$noisy" "$l4dev" "$a10dev"; do
+  n=$((n + 1))
+  run vgpud sim open-device "$dev" --vm-name "guest$n" --vm-uuid "$(cat /proc/sys/kernel/random/uuid)" --state-dir "$work/state"
+done
+run vgpud sim workload "$steady" steady --demand 0.5 --state-dir "$work/state"
+run vgpud sim workload "$noisy" noisy --state-dir "$work/state"
+run vgpud sim workload "$l4dev" bursty --state-dir "$work/state"
+run vgpud sim workload "$a10dev" steady --demand 0.3 --state-dir "$work/state"
+run vgpud sim workload "$migdev" steady --demand 0.4 --state-dir "$work/state"
+
+say "shares: entitled vs achieved compute, and interference"
+run vgpuctl top -n 3 --interval 2s
 
 say "a simulated host reboot: vgpud brings every instance back"
 vgpud sim summary --state-dir "$work/state" | head -3

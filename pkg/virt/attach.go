@@ -26,6 +26,9 @@ import (
 // ErrLiveAttach (the domain runs and libvirt refused the live attach; the
 // config keeps its old content), ErrUnreachable. ErrTimeout leaves the outcome
 // unknown; repeat the call.
+//
+// Attaches and detaches through one Conn that concern the same device or the
+// same domain run one after another; others run in parallel.
 func (c *Conn) Attach(ctx context.Context, domain string, h Hostdev, instance string) (live bool, err error) {
 	h, err = h.normalize()
 	if err != nil {
@@ -42,10 +45,7 @@ func (c *Conn) Attach(ctx context.Context, domain string, h Hostdev, instance st
 	if err != nil {
 		return false, fmt.Errorf("marshal hostdev %s: %w", h, err)
 	}
-	// Two attaches of one device through this Conn must not both pass the
-	// ErrAttachedElsewhere check.
-	unlock := c.locks.lock(h.key())
-	defer unlock()
+	defer c.lockFor(h, name)()
 	err = c.do(ctx, "attach", func(r *rpc) error {
 		var err error
 		live, err = c.attach(r, name, h, doc, instance)
@@ -56,6 +56,25 @@ func (c *Conn) Attach(ctx context.Context, domain string, h Hostdev, instance st
 	}
 	c.log.Debug("attached", "domain", name, "hostdev", h.String(), "instance", instance, "live", live)
 	return live, nil
+}
+
+// lockFor serializes, within this Conn, the attaches and detaches that
+// could undo each other, and returns the unlock:
+//   - per device: two attaches of one device must not both pass the
+//     ErrAttachedElsewhere check;
+//   - per domain: each operation rewrites the domain's whole vgpud metadata
+//     element from the list it read, so two operations on one domain (of
+//     different devices) would otherwise drop each other's entry.
+//
+// The device lock is always taken first, and no one waits for a device
+// while holding a domain, so two calls never wait on each other.
+func (c *Conn) lockFor(h Hostdev, domain string) (unlock func()) {
+	unlockDev := c.locks.lock("hostdev " + h.key())
+	unlockDom := c.locks.lock("domain " + domain)
+	return func() {
+		unlockDom()
+		unlockDev()
+	}
 }
 
 func (c *Conn) attach(r *rpc, name string, h Hostdev, doc, instance string) (bool, error) {
@@ -102,54 +121,43 @@ func (c *Conn) attach(r *rpc, name string, h Hostdev, doc, instance string) (boo
 		if err := c.checkElsewhere(r, d, h, instance); err != nil {
 			return false, err
 		}
-		// One call for config and live: libvirt's QEMU driver saves the new
-		// config only after the live attach succeeded, so a refused live
-		// attach leaves the config as it was.
-		if err := r.attachDevice(d, doc, flags); err != nil {
-			if !refused(err) {
-				return false, err // broken connection or timeout: outcome unknown
-			}
-			if flags&libvirt.DomainDeviceModifyLive != 0 {
-				return false, fmt.Errorf("domain %s: %w: %w", name, ErrLiveAttach, err)
-			}
-			return false, fmt.Errorf("domain %s: attach to config: %w", name, err)
-		}
 	}
 
+	// The metadata entry first, then the device: a process killed between
+	// the two leaves an entry without a device, which a detach (what the
+	// manager's reconcile does with an unfinished attach whose device is not
+	// there) clears. The other order would leave a device in the domain that
+	// vgpud's metadata does not record.
 	cfgWant := cfgMeta.with(entry)
 	liveWant := liveMeta
 	if st.active {
 		liveWant = liveMeta.with(entry)
 	}
 	if err := r.writeMetadata(d, cfgMeta, cfgWant, liveMeta, liveWant, st); err != nil {
-		if refused(err) && flags != 0 {
-			// Keep "nothing changed" for a metadata write libvirt refused: take
-			// the device back out. A broken connection is not undone; the
-			// repeated operation finds the device and writes the metadata.
-			c.undoAttach(r, d, h, doc, flags)
-		}
 		return false, err
 	}
+	if flags == 0 {
+		return st.active, nil
+	}
+	// One call for config and live: libvirt's QEMU driver saves the new
+	// config only after the live attach succeeded, so a refused live attach
+	// leaves the config as it was.
+	if err := r.attachDevice(d, doc, flags); err != nil {
+		if !refused(err) {
+			return false, err // broken connection or timeout: outcome unknown
+		}
+		// Keep "nothing changed": put the metadata back as it was. If that
+		// fails too, the entry without a device is what a crash would have
+		// left, and a detach clears it.
+		if merr := r.writeMetadata(d, cfgWant, cfgMeta, liveWant, liveMeta, st); merr != nil {
+			c.log.Warn("undo metadata of a refused attach failed", "domain", d.Name, "hostdev", h.String(), "err", merr)
+		}
+		if flags&libvirt.DomainDeviceModifyLive != 0 {
+			return false, fmt.Errorf("domain %s: %w: %w", name, ErrLiveAttach, err)
+		}
+		return false, fmt.Errorf("domain %s: attach to config: %w", name, err)
+	}
 	return st.active, nil
-}
-
-// undoAttach removes what attach added, best effort, and logs what it could
-// not remove (reconcile finds a hostdev without metadata).
-func (c *Conn) undoAttach(r *rpc, d libvirt.Domain, h Hostdev, doc string, flags libvirt.DomainDeviceModifyFlags) {
-	if flags&libvirt.DomainDeviceModifyLive != 0 {
-		if live, err := r.def(d, false); err == nil {
-			if hd := findHostdev(live, h); hd != nil && hd.Alias != nil {
-				if err := r.detachAlias(d, hd.Alias.Name, libvirt.DomainDeviceModifyLive); err != nil {
-					c.log.Warn("undo live attach failed", "domain", d.Name, "hostdev", h.String(), "err", err)
-				}
-			}
-		}
-	}
-	if flags&libvirt.DomainDeviceModifyConfig != 0 {
-		if err := r.detachDevice(d, doc, libvirt.DomainDeviceModifyConfig); err != nil {
-			c.log.Warn("undo config attach failed", "domain", d.Name, "hostdev", h.String(), "err", err)
-		}
-	}
 }
 
 // hasGraphics reports whether the definitions that will receive the device
@@ -228,8 +236,7 @@ func (c *Conn) Detach(ctx context.Context, domain string, h Hostdev, instance st
 	if err != nil {
 		return fmt.Errorf("marshal hostdev %s: %w", h, err)
 	}
-	unlock := c.locks.lock(h.key())
-	defer unlock()
+	defer c.lockFor(h, name)()
 	err = c.doTimeout(ctx, c.cfg.CallTimeout+c.cfg.DetachTimeout, "detach", func(r *rpc) error {
 		return c.detach(r, name, h, doc, instance)
 	})

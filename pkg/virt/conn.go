@@ -360,8 +360,8 @@ func (c *Conn) doTimeout(ctx context.Context, timeout time.Duration, name string
 	}
 }
 
-// keyedMutex serializes work on one key (a hostdev) and lets other keys
-// proceed.
+// keyedMutex serializes work on one key (a hostdev, a domain) and lets
+// other keys proceed.
 type keyedMutex struct {
 	mu    sync.Mutex
 	locks map[string]*keyLock

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -559,5 +560,50 @@ func TestConcurrentAttachOneDevice(t *testing.T) {
 	}
 	if total != 1 {
 		t.Fatalf("the mdev is in %d configs, want 1", total)
+	}
+}
+
+// TestConcurrentAttachOneDomain: several devices attached to, then detached
+// from, one domain at once through one Conn. Each operation rewrites the
+// domain's vgpud metadata element from the list it read, so without
+// serialization per domain some entries would be lost (or left behind).
+func TestConcurrentAttachOneDomain(t *testing.T) {
+	env, c := setup(t)
+	ctx := ctxT(t)
+	dom := env.DefineDomain(t, "virt-race-one")
+	const n = 6
+	devs := make([]virt.Hostdev, n)
+	var want []string
+	for i := range devs {
+		devs[i] = virt.Hostdev{Kind: virt.Mdev, MdevUUID: fmt.Sprintf("4b20d080-1b54-4048-85b3-a6a62d1660%02x", i)}
+		want = append(want, fmt.Sprintf("inst-many-%d", i))
+	}
+	run := func(op func(i int) error) {
+		errs := make(chan error, n)
+		for i := range devs {
+			go func() { errs <- op(i) }()
+		}
+		for range devs {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	run(func(i int) error {
+		_, err := c.Attach(ctx, dom.Name, devs[i], want[i])
+		return err
+	})
+	if got := metadataIDs(t, env, dom.Name, false); !slices.Equal(got, want) {
+		t.Fatalf("config metadata after %d concurrent attaches: %v, want %v", n, got, want)
+	}
+	if def, doc := dumpXML(t, env, dom.Name, true); len(hostdevs(def)) != n {
+		t.Fatalf("%d hostdevs in the config, want %d:\n%s", len(hostdevs(def)), n, doc)
+	}
+	run(func(i int) error { return c.Detach(ctx, dom.Name, devs[i], want[i]) })
+	if got := metadataIDs(t, env, dom.Name, false); len(got) != 0 {
+		t.Fatalf("config metadata after %d concurrent detaches: %v, want none", n, got)
+	}
+	if def, doc := dumpXML(t, env, dom.Name, true); len(hostdevs(def)) != 0 {
+		t.Fatalf("hostdevs left in the config:\n%s", doc)
 	}
 }
