@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"github.com/vgpud/vgpud/internal/testenv"
+	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -15,41 +18,212 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"sigs.k8s.io/yaml"
+
+	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
 )
 
-// decodeSchema decodes vgpuctl's JSON into the documented schema,
-// refusing fields the schema does not have.
+// decodeSchema decodes vgpuctl's JSON into T, one of the schema types
+// below, refusing fields the schema does not have and requiring every
+// field it has without omitempty (the documentation's "always present").
 func decodeSchema[T any](t testing.TB, r ctlResult) T {
 	t.Helper()
 	var v T
 	dec := json.NewDecoder(strings.NewReader(r.out))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
-		t.Fatalf("JSON does not match the schema (%v):\n%s", err, r.out)
+		t.Fatalf("JSON does not match the schema of docs/vgpuctl.md (%v):\n%s", err, r.out)
+	}
+	var raw any
+	if err := json.Unmarshal([]byte(r.out), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if missing := requireKeys(reflect.TypeOf(v), raw, "$"); len(missing) > 0 {
+		t.Fatalf("JSON lacks fields docs/vgpuctl.md says are always present: %v\n%s", missing, r.out)
 	}
 	return v
 }
 
-type docList[T any] struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Items      []T    `json:"items"`
+// requireKeys lists the fields of the schema type t that the decoded JSON
+// v lacks: those whose tag has no omitempty. A null is present.
+func requireKeys(t reflect.Type, v any, path string) []string {
+	if t.Kind() == reflect.Pointer {
+		if v == nil {
+			return nil
+		}
+		t = t.Elem()
+	}
+	var out []string
+	switch {
+	case t == reflect.TypeOf(time.Time{}):
+	case t.Kind() == reflect.Slice:
+		items, _ := v.([]any)
+		for i, item := range items {
+			out = append(out, requireKeys(t.Elem(), item, fmt.Sprintf("%s[%d]", path, i))...)
+		}
+	case t.Kind() == reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return []string{path + " (not an object)"}
+		}
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+			val, ok := obj[name]
+			if !ok {
+				if opts != "omitempty" {
+					out = append(out, path+"."+name)
+				}
+				continue
+			}
+			out = append(out, requireKeys(f.Type, val, path+"."+name)...)
+		}
+	}
+	return out
 }
 
-type docInstance struct {
-	APIVersion string           `json:"apiVersion"`
-	Kind       string           `json:"kind"`
-	Instance   dbusapi.Instance `json:"instance"`
-}
+// The JSON schema of docs/vgpuctl.md, written out here rather than taken
+// from pkg/dbusapi's types, so that decodeSchema holds vgpuctl's output to
+// the documentation and not to the structs that produced it.
+type (
+	docList[T any] struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Items      []T    `json:"items"`
+	}
+	docInstance struct {
+		APIVersion string         `json:"apiVersion"`
+		Kind       string         `json:"kind"`
+		Instance   schemaInstance `json:"instance"`
+	}
+	docTenant struct {
+		APIVersion string       `json:"apiVersion"`
+		Kind       string       `json:"kind"`
+		Tenant     schemaTenant `json:"tenant"`
+	}
+	docDefragment struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Defragment struct {
+			Moves   []schemaMove `json:"moves"`
+			GPU     string       `json:"gpu"`
+			Start   int          `json:"start"`
+			Applied bool         `json:"applied"`
+		} `json:"defragment"`
+	}
 
-type docTenant struct {
-	APIVersion string         `json:"apiVersion"`
-	Kind       string         `json:"kind"`
-	Tenant     dbusapi.Tenant `json:"tenant"`
-}
+	schemaGPU struct {
+		PCI          string `json:"pci"`
+		UUID         string `json:"uuid"`
+		Index        int    `json:"index"`
+		Model        string `json:"model"`
+		Product      string `json:"product"`
+		MemoryBytes  uint64 `json:"memoryBytes"`
+		NUMANode     int    `json:"numaNode"`
+		KernelDriver string `json:"kernelDriver"`
+		State        string `json:"state"`
+		Reason       string `json:"reason,omitempty"`
+		MIG          struct {
+			Capable   bool `json:"capable"`
+			Enabled   bool `json:"enabled"`
+			Pending   bool `json:"pending"`
+			Instances []struct {
+				ID               int    `json:"id"`
+				ProfileID        int    `json:"profileID"`
+				Profile          string `json:"profile"`
+				Start            int    `json:"start"`
+				Size             int    `json:"size"`
+				ComputeInstances int    `json:"computeInstances"`
+			} `json:"instances"`
+		} `json:"mig"`
+		VGPU struct {
+			Flavour       string `json:"flavour"`
+			Heterogeneous bool   `json:"heterogeneous"`
+			TotalVFs      int    `json:"totalVFs"`
+			NumVFs        int    `json:"numVFs"`
+		} `json:"vgpu"`
+		Instances []string `json:"instances"`
+		Errors    []string `json:"errors,omitempty"`
+	}
+
+	schemaInstance struct {
+		UUID    string `json:"uuid"`
+		Tenant  string `json:"tenant"`
+		Kind    string `json:"kind"`
+		Profile string `json:"profile"`
+		Model   string `json:"model"`
+		GPU     string `json:"gpu"`
+		GPUUUID string `json:"gpuUUID"`
+		MIG     *struct {
+			GPUInstanceProfileID int `json:"gpuInstanceProfileID"`
+			Start                int `json:"start"`
+			Size                 int `json:"size"`
+			GPUInstanceID        int `json:"gpuInstanceID"`
+			ComputeInstanceID    int `json:"computeInstanceID"`
+		} `json:"mig,omitempty"`
+		VGPU *struct {
+			TypeID     int    `json:"typeID"`
+			Type       string `json:"type"`
+			Flow       string `json:"flow"`
+			VF         string `json:"vf,omitempty"`
+			MdevUUID   string `json:"mdevUUID,omitempty"`
+			MdevParent string `json:"mdevParent,omitempty"`
+		} `json:"vgpu,omitempty"`
+		VRAMBytes    uint64    `json:"vramBytes"`
+		ComputeMilli uint64    `json:"computeMilli"`
+		State        string    `json:"state"`
+		Reason       string    `json:"reason,omitempty"`
+		Created      time.Time `json:"created"`
+		Updated      time.Time `json:"updated"`
+		Attachment   *struct {
+			VM     string    `json:"vm"`
+			VMUUID string    `json:"vmUUID"`
+			URI    string    `json:"uri"`
+			Live   bool      `json:"live"`
+			Since  time.Time `json:"since"`
+		} `json:"attachment"`
+	}
+
+	schemaTenant struct {
+		Name  string `json:"name"`
+		Class string `json:"class"`
+		// A null quota is unlimited, as dbusapi.Limit reads it.
+		Quota struct {
+			VRAMBytes    dbusapi.Limit `json:"vramBytes"`
+			ComputeMilli dbusapi.Limit `json:"computeMilli"`
+			MaxInstances dbusapi.Limit `json:"maxInstances"`
+		} `json:"quota"`
+		Usage struct {
+			VRAMBytes    uint64 `json:"vramBytes"`
+			ComputeMilli uint64 `json:"computeMilli"`
+			Instances    uint64 `json:"instances"`
+		} `json:"usage"`
+		AllowedModels   []string  `json:"allowedModels"`
+		AllowedProfiles []string  `json:"allowedProfiles"`
+		Instances       []string  `json:"instances"`
+		Created         time.Time `json:"created"`
+	}
+
+	schemaCapacity struct {
+		Model   string `json:"model"`
+		Profile string `json:"profile"`
+		Kind    string `json:"kind"`
+		Count   int    `json:"count"`
+		GPUs    int    `json:"gpus"`
+	}
+
+	schemaMove struct {
+		Instance  string `json:"instance"`
+		Profile   string `json:"profile"`
+		FromGPU   string `json:"fromGPU"`
+		FromStart int    `json:"fromStart"`
+		ToGPU     string `json:"toGPU"`
+		ToStart   int    `json:"toStart"`
+	}
+)
 
 func fits100(t testing.TB, what, out string) {
 	t.Helper()
@@ -91,13 +265,18 @@ func TestCLIVerbs(t *testing.T) {
 	bus := testbus.Start(t)
 	d := startBusDaemon(t, bus, busDaemonOpts{})
 
-	if r := d.ctl(t, "version").must(t, "version"); !strings.Contains(r.out, "vgpuctl ") || !strings.Contains(r.out, "vgpud ") {
-		t.Fatalf("version: %q", r.out)
+	ver := d.ctl(t, "version").must(t, "version")
+	if !strings.Contains(ver.out, "vgpuctl ") || !strings.Contains(ver.out, "vgpud ") {
+		t.Fatalf("version: %q", ver.out)
+	}
+	// --version is the client's line of `version`, without asking vgpud.
+	if r := d.ctl(t, "--version").must(t, "--version"); !strings.HasPrefix(ver.out, r.out) || strings.Count(r.out, "\n") != 1 {
+		t.Fatalf("--version %q; version printed %q", r.out, ver.out)
 	}
 	// Fresh host: the JSON of gpus, profiles and capacity is deterministic.
 	gpus := d.ctl(t, "gpus", "-o", "json").must(t, "gpus")
 	goldenE2E(t, "gpus.json", gpus.out)
-	gl := decodeSchema[docList[dbusapi.GPU]](t, gpus)
+	gl := decodeSchema[docList[schemaGPU]](t, gpus)
 	if gl.Kind != "GPUList" || len(gl.Items) != 4 || gl.Items[0].PCI != pciH100MIG {
 		t.Fatalf("gpus: %+v", gl)
 	}
@@ -105,7 +284,7 @@ func TestCLIVerbs(t *testing.T) {
 	caps := d.ctl(t, "capacity", "-o", "json").must(t, "capacity")
 	goldenE2E(t, "capacity.json", caps.out)
 	free := func(model, profile string) int {
-		for _, c := range decodeSchema[docList[dbusapi.Capacity]](t, d.ctl(t, "capacity", "-o", "json").must(t, "capacity")).Items {
+		for _, c := range decodeSchema[docList[schemaCapacity]](t, d.ctl(t, "capacity", "-o", "json").must(t, "capacity")).Items {
 			if c.Model == model && c.Profile == profile {
 				return c.Count
 			}
@@ -129,7 +308,7 @@ func TestCLIVerbs(t *testing.T) {
 	if r := d.ctl(t, "tenant", "define", "acme", "--vram", "1GiB", "--compute", "1"); r.code != 8 || !strings.Contains(r.err, "Conflict") {
 		t.Fatalf("redefine with other quota: exit %d %q", r.code, r.err)
 	}
-	tl := decodeSchema[docList[dbusapi.Tenant]](t, d.ctl(t, "tenant", "list", "-o", "json").must(t, "tenant list"))
+	tl := decodeSchema[docList[schemaTenant]](t, d.ctl(t, "tenant", "list", "-o", "json").must(t, "tenant list"))
 	if len(tl.Items) != 2 || tl.Items[1].Quota.MaxInstances != dbusapi.Unlimited {
 		t.Fatalf("tenant list: %+v", tl.Items)
 	}
@@ -147,7 +326,7 @@ func TestCLIVerbs(t *testing.T) {
 	if free("H100-SXM5-80GB", "3g.40gb") != 1 {
 		t.Fatal("capacity did not drop after a create")
 	}
-	il := decodeSchema[docList[dbusapi.Instance]](t, d.ctl(t, "list", "--tenant", "acme", "-o", "json").must(t, "list"))
+	il := decodeSchema[docList[schemaInstance]](t, d.ctl(t, "list", "--tenant", "acme", "-o", "json").must(t, "list"))
 	if len(il.Items) != 2 {
 		t.Fatalf("list --tenant acme: %+v", il.Items)
 	}
@@ -163,6 +342,19 @@ func TestCLIVerbs(t *testing.T) {
 		t.Fatalf("tenant show:\n%s", r.out)
 	}
 	fits100(t, "tenant list", d.ctl(t, "tenant", "list").must(t, "tenant list").out)
+	// -o yaml is the -o json document as YAML.
+	for _, args := range [][]string{{"tenant", "show", "acme"}, {"gpus"}, {"list"}} {
+		js := d.ctl(t, append(args, "-o", "json")...).must(t, strings.Join(args, " ")+" -o json").out
+		ym := d.ctl(t, append(args, "-o", "yaml")...).must(t, strings.Join(args, " ")+" -o yaml").out
+		fromYAML, err := yaml.YAMLToJSON([]byte(ym))
+		if err != nil {
+			t.Fatalf("%v -o yaml is not YAML (%v):\n%s", args, err, ym)
+		}
+		var a, b any
+		if json.Unmarshal([]byte(js), &a) != nil || json.Unmarshal(fromYAML, &b) != nil || !reflect.DeepEqual(a, b) {
+			t.Errorf("%v: -o yaml is not the -o json document:\n--- json\n%s\n--- yaml\n%s", args, js, ym)
+		}
+	}
 
 	// dumpxml: the hostdev of a VF and of an mdev; a plain MIG instance has none.
 	if r := d.ctl(t, "dumpxml", vf.UUID).must(t, "dumpxml"); !strings.Contains(r.out, `<hostdev`) || !strings.Contains(r.out, `managed="no"`) {
@@ -206,6 +398,23 @@ func TestCLIVerbs(t *testing.T) {
 	if r := d.ctl(t, "gpu", "mig", pciH100TS, "on"); r.code != 7 || !strings.Contains(r.err, "nvidia-smi -r") {
 		t.Errorf("gpu mig on: exit %d %q", r.code, r.err)
 	}
+	// Heterogeneous vGPU mode of the time-sliced H100 (no vGPUs on it),
+	// on and off again, as gpus shows it.
+	heterogeneous := func() bool {
+		for _, g := range decodeSchema[docList[schemaGPU]](t, d.ctl(t, "gpus", "-o", "json").must(t, "gpus")).Items {
+			if g.PCI == pciH100TS {
+				return g.VGPU.Heterogeneous
+			}
+		}
+		t.Fatalf("gpus lacks %s", pciH100TS)
+		return false
+	}
+	for _, on := range []bool{true, false} {
+		r := d.ctl(t, "gpu", "heterogeneous", pciH100TS, onOffArg(on), "-o", "json").must(t, "gpu heterogeneous")
+		if !strings.Contains(r.out, `"kind": "Result"`) || heterogeneous() != on {
+			t.Fatalf("gpu heterogeneous %s: %s; gpus shows heterogeneous=%v", onOffArg(on), r.out, !on)
+		}
+	}
 
 	// top shows entitled compute; without the share engine the rest is "-".
 	r = d.ctl(t, "top", "-n", "1").must(t, "top")
@@ -234,14 +443,14 @@ func TestCLIVerbs(t *testing.T) {
 			t.Fatalf("%v:\n%s", args, r.out)
 		}
 	}
-	if l := decodeSchema[docList[dbusapi.Tenant]](t, d.ctl(t, "tenant", "list", "-o", "json")); len(l.Items) != 2 {
+	if l := decodeSchema[docList[schemaTenant]](t, d.ctl(t, "tenant", "list", "-o", "json")); len(l.Items) != 2 {
 		t.Fatal("a dry run changed the host")
 	}
 	r = d.ctl(t, "apply", "-f", layout).must(t, "apply")
 	if !strings.Contains(r.out, "changed:") {
 		t.Fatalf("apply:\n%s", r.out)
 	}
-	if g := decodeSchema[docList[dbusapi.Instance]](t, d.ctl(t, "list", "--tenant", "gamma", "-o", "json").must(t, "list gamma")); len(g.Items) != 1 || !strings.HasSuffix(g.Items[0].Profile, "A10-8Q") {
+	if g := decodeSchema[docList[schemaInstance]](t, d.ctl(t, "list", "--tenant", "gamma", "-o", "json").must(t, "list gamma")); len(g.Items) != 1 || !strings.HasSuffix(g.Items[0].Profile, "A10-8Q") {
 		t.Fatalf("after apply: %+v", g.Items)
 	}
 	if r := d.ctl(t, "apply", "-f", layout, "--dry-run").must(t, "apply again"); !strings.Contains(r.out, "no changes") {
@@ -271,8 +480,117 @@ func TestCLIVerbs(t *testing.T) {
 	// Tear down.
 	d.ctl(t, "destroy", mig.UUID, vf.UUID[:8]).must(t, "destroy")
 	d.ctl(t, "tenant", "undefine", "acme", "--force").must(t, "undefine --force")
-	if l := decodeSchema[docList[dbusapi.Instance]](t, d.ctl(t, "list", "--tenant", "beta", "-o", "json").must(t, "list")); len(l.Items) != 0 {
+	if l := decodeSchema[docList[schemaInstance]](t, d.ctl(t, "list", "--tenant", "beta", "-o", "json").must(t, "list")); len(l.Items) != 0 {
 		t.Fatalf("beta still holds %+v", l.Items)
+	}
+
+	// defrag: 1g.10gb instances left at slots 3 and 6 of the empty MIG H100
+	// keep 3g.40gb (slots 0-3 or 4-7) out though 6 slices are free;
+	// moving one of them makes room.
+	for i := 0; i < 7; i++ {
+		d.ctl(t, "create", "1g.10gb", "--tenant", "beta", "--gpu", pciH100MIG).must(t, "create 1g.10gb")
+	}
+	for _, in := range decodeSchema[docList[schemaInstance]](t, d.ctl(t, "list", "--tenant", "beta", "-o", "json").must(t, "list")).Items {
+		if in.MIG != nil && in.MIG.Start != 3 && in.MIG.Start != 6 {
+			d.ctl(t, "destroy", in.UUID).must(t, "destroy")
+		}
+	}
+	if r := d.ctl(t, "create", "3g.40gb", "--tenant", "beta", "--gpu", pciH100MIG); r.code != 5 {
+		t.Fatalf("3g.40gb on a fragmented GPU: exit %d %s; want NoCapacity", r.code, r.err)
+	}
+	df := decodeSchema[docDefragment](t, d.ctl(t, "defrag", "3g.40gb", "--tenant", "beta", "--gpu", pciH100MIG, "-o", "json").must(t, "defrag")).Defragment
+	if df.Applied || len(df.Moves) == 0 || df.GPU != pciH100MIG || df.Moves[0].FromGPU != pciH100MIG {
+		t.Fatalf("defrag: %+v", df)
+	}
+	r = d.ctl(t, "defrag", "3g.40gb", "--tenant", "beta", "--gpu", pciH100MIG, "--apply").must(t, "defrag --apply")
+	fits100(t, "defrag", r.out)
+	if !strings.Contains(r.out, "moved ") || !strings.Contains(r.out, "3g.40gb then fits on "+pciH100MIG) {
+		t.Fatalf("defrag --apply:\n%s", r.out)
+	}
+	d.ctl(t, "create", "3g.40gb", "--tenant", "beta", "--gpu", pciH100MIG).must(t, "create 3g.40gb after defrag --apply")
+}
+
+func onOffArg(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+// TestCLIApplyNVIDIAFormats applies the NVIDIA sample files through
+// vgpuctl and D-Bus: the format is found from the content, --select takes
+// NAME@TENANT and NAME (the default tenant), the host reaches the layout,
+// and applying again changes nothing.
+func TestCLIApplyNVIDIAFormats(t *testing.T) {
+	bus := testbus.Start(t)
+	d := startBusDaemon(t, bus, busDaemonOpts{})
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testdata := filepath.Join(root, "pkg", "apply", "testdata")
+	// layout is the instances as "GPU tenant profile xN", sorted; profiles
+	// without their model prefix (apply names them MODEL/PROFILE).
+	layout := func() []string {
+		count := map[string]int{}
+		for _, in := range decodeSchema[docList[schemaInstance]](t, d.ctl(t, "list", "-o", "json").must(t, "list")).Items {
+			count[in.GPU+" "+in.Tenant+" "+in.Profile[strings.LastIndex(in.Profile, "/")+1:]]++
+		}
+		var out []string
+		for k, n := range count {
+			out = append(out, fmt.Sprintf("%s x%d", k, n))
+		}
+		sort.Strings(out)
+		return out
+	}
+	// perGPU is what gpus reports: each GPU's instance count and MIG GPU
+	// instances by profile.
+	perGPU := func() map[string]string {
+		out := map[string]string{}
+		for _, g := range decodeSchema[docList[schemaGPU]](t, d.ctl(t, "gpus", "-o", "json").must(t, "gpus")).Items {
+			var gis []string
+			for _, gi := range g.MIG.Instances {
+				gis = append(gis, gi.Profile)
+			}
+			sort.Strings(gis)
+			out[g.PCI] = fmt.Sprintf("%d %v", len(g.Instances), gis)
+		}
+		return out
+	}
+	migLayout := []string{pciH100MIG + " acme 1g.10gb x2", pciH100MIG + " acme 2g.20gb x1", pciH100MIG + " acme 3g.40gb x1"}
+	steps := []struct {
+		file, sel string
+		layout    []string
+		gpus      map[string]string
+	}{
+		{"mig-parted.yaml", "gpu0-balanced@acme", migLayout,
+			map[string]string{pciH100MIG: "4 [1g.10gb 1g.10gb 2g.20gb 3g.40gb]", pciH100TS: "0 []", pciL4: "0 []", pciA10: "0 []"}},
+		// MIG instances are outside vgpu-device-manager's scope: they stay.
+		{"vgpu-device-manager.yaml", "mixed", append(slices.Clone(migLayout),
+			pciH100TS+" default H100XM-20C x4", pciL4+" default L4-4Q x2", pciA10+" default A10-8Q x3"),
+			map[string]string{pciH100MIG: "4 [1g.10gb 1g.10gb 2g.20gb 3g.40gb]", pciH100TS: "4 []", pciL4: "2 []", pciA10: "3 []"}},
+	}
+	for _, s := range steps {
+		args := []string{"apply", "-f", filepath.Join(testdata, s.file), "--select", s.sel}
+		if r := d.ctl(t, args...).must(t, "apply "+s.file); !strings.Contains(r.out, "changed:") {
+			t.Fatalf("apply %s --select %s:\n%s", s.file, s.sel, r.out)
+		}
+		if got := layout(); !slices.Equal(got, s.layout) {
+			t.Fatalf("after %s --select %s: list shows %v, want %v", s.file, s.sel, got, s.layout)
+		}
+		if got := perGPU(); !maps.Equal(got, s.gpus) {
+			t.Fatalf("after %s --select %s: gpus shows %v, want %v", s.file, s.sel, got, s.gpus)
+		}
+		// The host matches now: a dry run and a second apply change nothing.
+		if r := d.ctl(t, append(args, "--dry-run")...).must(t, "apply --dry-run again"); !strings.Contains(r.out, "no changes: the host already matches "+s.file) {
+			t.Fatalf("dry run of %s --select %s on a host that matches:\n%s", s.file, s.sel, r.out)
+		}
+		if r := d.ctl(t, args...).must(t, "apply again"); !strings.Contains(r.out, "no changes were needed") {
+			t.Fatalf("apply of %s --select %s again:\n%s", s.file, s.sel, r.out)
+		}
+		if got := layout(); !slices.Equal(got, s.layout) {
+			t.Fatalf("the second apply of %s changed the host: %v", s.file, got)
+		}
 	}
 }
 
@@ -356,7 +674,7 @@ func TestCLIConcurrentCreates(t *testing.T) {
 	if count[0] != 10 || count[6] != 54 {
 		t.Fatalf("exit codes %v, want 10 successes and 54 QuotaExceeded", count)
 	}
-	if l := decodeSchema[docList[dbusapi.Instance]](t, d.ctl(t, "list", "-o", "json").must(t, "list")); len(l.Items) != 10 {
+	if l := decodeSchema[docList[schemaInstance]](t, d.ctl(t, "list", "-o", "json").must(t, "list")); len(l.Items) != 10 {
 		t.Fatalf("%d instances, want 10", len(l.Items))
 	}
 }

@@ -427,6 +427,56 @@ func TestDBusSubscriberSeesCreate(t *testing.T) {
 	})
 }
 
+// TestDBusSignalsBeforeReply: a change's signals reach the caller's own
+// connection before the method's reply (dbus-api.md, "Changes are
+// signalled"), in the bus's delivery order.
+func TestDBusSignalsBeforeReply(t *testing.T) {
+	bus := testbus.Start(t)
+	d := startBusDaemon(t, bus, busDaemonOpts{})
+	d.ctl(t, "tenant", "define", "acme", "--vram", "unlimited", "--compute", "unlimited").must(t, "tenant define")
+	conn, err := dbus.Connect(bus.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sigs := make(chan *dbus.Signal, 256)
+	conn.Signal(sigs)
+	if err := conn.AddMatchSignal(dbus.WithMatchSender(dbusapi.BusName), dbus.WithMatchPathNamespace(dbusapi.ManagerPath)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	call := conn.Object(dbusapi.BusName, dbusapi.ManagerPath).CallWithContext(ctx, dbusapi.ManagerInterface+".CreateInstance", 0,
+		"acme", "L4-4Q", map[string]dbus.Variant{})
+	var path dbus.ObjectPath
+	var id string
+	if err := call.Store(&path, &id); err != nil {
+		t.Fatal(err)
+	}
+	// Sequence numbers count the messages as the connection read them.
+	want := map[string]bool{"InterfacesAdded " + string(path): false, "PropertiesChanged " + string(dbusapi.TenantPath("acme")): false,
+		"PropertiesChanged " + string(dbusapi.GPUPath(pciL4)): false, "PropertiesChanged " + string(dbusapi.ManagerPath): false}
+	for missing := len(want); missing > 0; {
+		select {
+		case s := <-sigs:
+			key := s.Name[strings.LastIndexByte(s.Name, '.')+1:] + " " + string(s.Path)
+			if strings.HasSuffix(s.Name, ".InterfacesAdded") && len(s.Body) > 0 {
+				p, _ := s.Body[0].(dbus.ObjectPath)
+				key = "InterfacesAdded " + string(p)
+			}
+			if seen, ok := want[key]; ok && !seen {
+				if s.Sequence >= call.ResponseSequence {
+					t.Errorf("%s arrived after the reply", key)
+				}
+				want[key] = true
+				missing--
+			}
+		case <-ctx.Done():
+			t.Fatalf("signals missing: %v", want)
+		}
+	}
+}
+
 func TestDBusSecondDaemonRefused(t *testing.T) {
 	bus := testbus.Start(t)
 	d := startBusDaemon(t, bus, busDaemonOpts{})
@@ -515,7 +565,13 @@ func TestDBusUnprivilegedCaller(t *testing.T) {
 	in := jsonOut[struct {
 		Instance dbusapi.Instance `json:"instance"`
 	}](t, d.ctl(t, "create", "L4-4Q", "--tenant", "acme", "-o", "json").must(t, "create")).Instance
-	before := d.ctl(t, "list", "-o", "json").must(t, "list").out + d.ctl(t, "tenant", "list", "-o", "json").must(t, "tenant list").out
+	// Everything a refused call could change: instances, tenants, and the
+	// GPUs' modes and MIG GPU instances.
+	state := func() string {
+		return d.ctl(t, "list", "-o", "json").must(t, "list").out + d.ctl(t, "tenant", "list", "-o", "json").must(t, "tenant list").out +
+			d.ctl(t, "gpus", "-o", "json").must(t, "gpus").out
+	}
+	before := state()
 
 	// Every method of every interface, called raw as uid 65534.
 	got := nobodyCalls(t, d, map[string]dbus.ObjectPath{
@@ -568,8 +624,7 @@ func TestDBusUnprivilegedCaller(t *testing.T) {
 		t.Errorf("busctl DestroyInstance as uid 65534: exit %d %q", r.code, r.err)
 	}
 
-	after := d.ctl(t, "list", "-o", "json").must(t, "list").out + d.ctl(t, "tenant", "list", "-o", "json").must(t, "tenant list").out
-	if before != after {
+	if after := state(); before != after {
 		t.Fatalf("state changed under refused calls:\nbefore %s\nafter  %s", before, after)
 	}
 	// The bus policy keeps vgpud's signals (tenant, instance and VM names)

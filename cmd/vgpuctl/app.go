@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vgpud/vgpud/pkg/dbusapi"
+	"github.com/vgpud/vgpud/pkg/version"
 )
 
 // api is what the commands need of vgpud; *dbusapi.Client is the real
@@ -210,6 +211,9 @@ vgpud, or the polkit action dev.vgpud1.manage.
 Exit codes: 0 ok, 1 failure, 2 usage or invalid argument, 3 access denied,
 4 not found, 5 no capacity, 6 quota exceeded, 7 busy (retry later),
 8 conflict, 9 GPU lost, 10 vgpud unreachable, 11 timeout, 130 interrupted.`,
+		// --version prints the client's part of `vgpuctl version`
+		// without asking vgpud.
+		Version:           version.Version,
 		SilenceUsage:      true,
 		SilenceErrors:     true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
@@ -221,6 +225,8 @@ Exit codes: 0 ok, 1 failure, 2 usage or invalid argument, 3 access denied,
 			return usagef("-o %q: want table, json or yaml", a.output)
 		},
 	}
+	root.SetVersionTemplate("vgpuctl {{.Version}}\n")
+	root.Flags().BoolP("version", "v", false, "print vgpuctl's version and exit (vgpuctl version asks vgpud's too)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err.Error()} })
 	pf := root.PersistentFlags()
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")

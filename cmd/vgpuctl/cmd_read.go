@@ -102,30 +102,7 @@ func (a *app) gpuCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.emit(gpuDoc{hdr("GPU"), g}, func(w io.Writer) error {
-				kv := [][2]string{
-					{"PCI", g.PCI}, {"UUID", g.UUID}, {"Index", fmt.Sprint(g.Index)}, {"Model", dash(g.Model)}, {"Product", g.Product},
-					{"Memory", bytesOf(g.MemoryBytes)}, {"NUMA node", fmt.Sprint(g.NUMANode)}, {"Driver", dash(g.KernelDriver)},
-					{"State", g.State}, {"Reason", dash(g.Reason)}, {"MIG", migCell(g)}, {"vGPU flavour", dash(g.VGPU.Flavour)},
-					{"Heterogeneous", onOff(g.VGPU.Heterogeneous)}, {"VFs", fmt.Sprintf("%d of %d", g.VGPU.NumVFs, g.VGPU.TotalVFs)},
-					{"Instances", dash(strings.Join(g.Instances, ", "))},
-				}
-				writeKV(w, kv)
-				if len(g.MIG.Instances) > 0 {
-					fmt.Fprintln(w)
-					rows := [][]string{}
-					for _, gi := range g.MIG.Instances {
-						rows = append(rows, []string{fmt.Sprint(gi.ID), dash(gi.Profile), fmt.Sprint(gi.Start), fmt.Sprint(gi.Size), fmt.Sprint(gi.ComputeInstances)})
-					}
-					if err := table(w, []col{{"GPU-INSTANCE", 0}, {"PROFILE", 20}, {"START", 0}, {"SIZE", 0}, {"COMPUTE", 0}}, rows); err != nil {
-						return err
-					}
-				}
-				for _, e := range g.Errors {
-					fmt.Fprintf(w, "error: %s\n", e)
-				}
-				return nil
-			})
+			return a.emit(gpuDoc{hdr("GPU"), g}, func(w io.Writer) error { return gpuDetail(w, g) })
 		}),
 	}
 	mode := func(use, short, what string, fn func(api, context.Context, string, bool) error) *cobra.Command {
@@ -164,6 +141,35 @@ func (a *app) gpuCmd() *cobra.Command {
 		mode("mig", "Turn MIG mode on or off (refused while vgpud instances live on the GPU)", "MIG mode", api.SetMIGMode),
 		mode("heterogeneous", "Allow time-sliced vGPUs of different sizes on one GPU, or not", "heterogeneous vGPU mode", api.SetHeterogeneous))
 	return cmd
+}
+
+// gpuDetail is gpu show's text: one instance per line, as tenant show
+// has them, so a GPU with many instances stays within 100 columns.
+func gpuDetail(w io.Writer, g dbusapi.GPU) error {
+	writeKV(w, [][2]string{
+		{"PCI", g.PCI}, {"UUID", g.UUID}, {"Index", fmt.Sprint(g.Index)}, {"Model", dash(g.Model)}, {"Product", g.Product},
+		{"Memory", bytesOf(g.MemoryBytes)}, {"NUMA node", fmt.Sprint(g.NUMANode)}, {"Driver", dash(g.KernelDriver)},
+		{"State", g.State}, {"Reason", dash(g.Reason)}, {"MIG", migCell(g)}, {"vGPU flavour", dash(g.VGPU.Flavour)},
+		{"Heterogeneous", onOff(g.VGPU.Heterogeneous)}, {"VFs", fmt.Sprintf("%d of %d", g.VGPU.NumVFs, g.VGPU.TotalVFs)},
+		{"Instances", fmt.Sprint(len(g.Instances))},
+	})
+	for _, id := range g.Instances {
+		fmt.Fprintf(w, "  instance %s\n", id)
+	}
+	if len(g.MIG.Instances) > 0 {
+		fmt.Fprintln(w)
+		rows := [][]string{}
+		for _, gi := range g.MIG.Instances {
+			rows = append(rows, []string{fmt.Sprint(gi.ID), dash(gi.Profile), fmt.Sprint(gi.Start), fmt.Sprint(gi.Size), fmt.Sprint(gi.ComputeInstances)})
+		}
+		if err := table(w, []col{{"GPU-INSTANCE", 0}, {"PROFILE", 20}, {"START", 0}, {"SIZE", 0}, {"COMPUTE", 0}}, rows); err != nil {
+			return err
+		}
+	}
+	for _, e := range g.Errors {
+		fmt.Fprintf(w, "error: %s\n", e)
+	}
+	return nil
 }
 
 func parseOnOff(s string) (bool, error) {

@@ -191,11 +191,21 @@ func (a *app) tenantSetQuotaCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cur, err := c.Tenant(ctx, args[0])
-			if err != nil {
-				return err
+			// The flags not given keep their value, which takes a read;
+			// with all three given there is nothing to read, so a caller
+			// polkit lets change but not read can set a quota.
+			var quota dbusapi.Quota
+			if q.vram == "" || q.compute == "" || q.maxInstances == "" {
+				cur, err := c.Tenant(ctx, args[0])
+				if dbusapi.ErrorName(err) == dbusapi.NameAccessDenied {
+					return &dbusapi.Error{Name: dbusapi.NameAccessDenied,
+						Message: err.Error() + "; or give all of --vram, --compute and --max-instances, which needs no read"}
+				}
+				if err != nil {
+					return err
+				}
+				quota = cur.Quota
 			}
-			quota := cur.Quota
 			if err := q.apply(&quota); err != nil {
 				return err
 			}

@@ -66,7 +66,11 @@ func (a *app) createCmd() *cobra.Command {
 				return err
 			}
 			return a.emit(instanceDoc{hdr("Instance"), in}, func(w io.Writer) error {
-				_, err := fmt.Fprintf(w, "created %s: %s on %s for tenant %s\n", in.UUID, in.Profile, in.GPU, in.Tenant)
+				where := ""
+				if in.GPU != "" { // empty when the caller may change but not read
+					where = " on " + in.GPU
+				}
+				_, err := fmt.Fprintf(w, "created %s: %s%s for tenant %s\n", in.UUID, in.Profile, where, in.Tenant)
 				return err
 			})
 		},
@@ -84,13 +88,23 @@ func (a *app) destroyCmd() *cobra.Command {
 		ValidArgsFunction: a.completeInstances,
 		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			var done []resultDoc
+			// stop reports the instances destroyed before a failure: with
+			// -o json or yaml too, so a script knows which are gone.
+			stop := func(err error) error {
+				if a.output != "table" && len(done) > 0 {
+					if eerr := a.emit(newList("Result", done), nil); eerr != nil {
+						return eerr
+					}
+				}
+				return err
+			}
 			for _, arg := range args {
 				id, err := a.resolveInstance(ctx, c, arg)
 				if err != nil {
-					return err
+					return stop(err)
 				}
 				if err := c.Destroy(ctx, id, detach); err != nil {
-					return err
+					return stop(err)
 				}
 				done = append(done, resultDoc{hdr("Result"), "destroy", id})
 				if a.output == "table" {
@@ -156,7 +170,11 @@ again. Attaching an instance to the VM it is attached to is a no-op.`,
 				if in.Attachment != nil && in.Attachment.Live {
 					how = "configuration and running VM"
 				}
-				_, err := fmt.Fprintf(w, "attached %s (%s) to %s (%s)\n", in.UUID, in.Profile, vm, how)
+				what := in.UUID
+				if in.Profile != "" { // empty when the caller may change but not read
+					what += " (" + in.Profile + ")"
+				}
+				_, err := fmt.Fprintf(w, "attached %s to %s (%s)\n", what, vm, how)
 				return err
 			})
 		},
@@ -168,12 +186,10 @@ again. Attaching an instance to the VM it is attached to is a no-op.`,
 
 func (a *app) detachCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "detach [VM] INSTANCE",
-		Short: "Detach an instance from its VM (live, then from the configuration)",
-		Args:  cobra.RangeArgs(1, 2),
-		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
-			return a.completeInstances(cmd, nil, toComplete)
-		},
+		Use:               "detach [VM] INSTANCE",
+		Short:             "Detach an instance from its VM (live, then from the configuration)",
+		Args:              cobra.RangeArgs(1, 2),
+		ValidArgsFunction: a.completeDetach,
 		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
 			id, err := a.resolveInstance(ctx, c, args[len(args)-1])
 			if err != nil {

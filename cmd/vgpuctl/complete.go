@@ -62,6 +62,37 @@ func (a *app) completeInstances(cmd *cobra.Command, _ []string, toComplete strin
 	})
 }
 
+// completeDetach completes `detach [VM] INSTANCE`: first the VMs that
+// hold instances and the attached instances (the one-argument form), then,
+// after a VM, the instances attached to it, then nothing.
+func (a *app) completeDetach(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	if len(args) > 1 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	return a.complete(cmd, toComplete, func(ctx context.Context, c api, prefix string) ([]cobra.Completion, error) {
+		insts, err := c.Instances(ctx, "")
+		var out []cobra.Completion
+		vms := map[string]bool{}
+		for _, in := range insts {
+			at := in.Attachment
+			if at == nil {
+				continue
+			}
+			if len(args) == 1 && at.VM != args[0] && at.VMUUID != args[0] {
+				continue
+			}
+			if strings.HasPrefix(in.UUID, prefix) {
+				out = append(out, cobra.CompletionWithDesc(in.UUID, fmt.Sprintf("%s on VM %s", in.Profile, at.VM)))
+			}
+			if len(args) == 0 && strings.HasPrefix(at.VM, prefix) && !vms[at.VM] {
+				vms[at.VM] = true
+				out = append(out, cobra.CompletionWithDesc(at.VM, "VM"))
+			}
+		}
+		return out, err
+	})
+}
+
 func (a *app) completeTenants(cmd *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
 	return a.complete(cmd, toComplete, func(ctx context.Context, c api, prefix string) ([]cobra.Completion, error) {
 		ts, err := c.Tenants(ctx)

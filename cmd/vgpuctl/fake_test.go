@@ -22,6 +22,8 @@ type fake struct {
 	calls []string
 	// fail makes every call fail with this error.
 	fail error
+	// failDestroy makes the destroy of this instance fail (Busy).
+	failDestroy string
 	// defined is the last DefineTenant spec.
 	defined dbusapi.TenantSpec
 	quota   dbusapi.Quota
@@ -178,7 +180,13 @@ func (f *fake) Create(_ context.Context, r dbusapi.CreateRequest) (dbusapi.Insta
 }
 
 func (f *fake) Destroy(_ context.Context, id string, detach bool) error {
-	return f.record("Destroy %s %v", id, detach)
+	if err := f.record("Destroy %s %v", id, detach); err != nil {
+		return err
+	}
+	if id == f.failDestroy {
+		return &dbusapi.Error{Name: dbusapi.NameBusy, Message: "instance " + id + " is attached; detach it first or give --detach"}
+	}
+	return nil
 }
 
 func (f *fake) Attach(_ context.Context, id, vm string, o dbusapi.AttachOptions) (dbusapi.Instance, error) {

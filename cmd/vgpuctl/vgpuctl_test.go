@@ -8,13 +8,17 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 
 	"github.com/vgpud/vgpud/pkg/dbusapi"
+	"github.com/vgpud/vgpud/pkg/version"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -122,18 +126,119 @@ func golden(t *testing.T, name, got string) {
 	}
 }
 
+// TestYAMLMatchesJSON holds -o yaml to "the same document as YAML": read
+// back, it is the -o json document, value for value.
 func TestYAMLMatchesJSON(t *testing.T) {
 	for _, v := range verbs {
 		if v.name == "events" || v.name == "top" {
-			continue
+			continue // JSON Lines; their YAML is a document stream
 		}
-		out, errOut, code := runFake(&fake{}, append(v.args, "-o", "yaml")...)
-		if code != 0 {
-			t.Fatalf("%s: exit %d: %s", v.name, code, errOut)
+		t.Run(v.name, func(t *testing.T) {
+			js, errOut, code := runFake(&fake{}, append(v.args, "-o", "json")...)
+			if code != 0 {
+				t.Fatalf("-o json: exit %d: %s", code, errOut)
+			}
+			ym, errOut, code := runFake(&fake{}, append(v.args, "-o", "yaml")...)
+			if code != 0 {
+				t.Fatalf("-o yaml: exit %d: %s", code, errOut)
+			}
+			fromYAML, err := yaml.YAMLToJSON([]byte(ym))
+			if err != nil {
+				t.Fatalf("-o yaml is not YAML (%v):\n%s", err, ym)
+			}
+			var a, b any
+			if err := json.Unmarshal([]byte(js), &a); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(fromYAML, &b); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Errorf("-o yaml differs from -o json:\n--- json\n%s\n--- yaml\n%s", js, ym)
+			}
+		})
+	}
+}
+
+func TestVersionFlag(t *testing.T) {
+	f := &fake{}
+	out, errOut, code := runFake(f, "--version")
+	if code != 0 || out != "vgpuctl "+version.Version+"\n" {
+		t.Fatalf("--version: exit %d, %q (%s); want %q", code, out, errOut, "vgpuctl "+version.Version+"\n")
+	}
+	// The same line as the client part of `vgpuctl version`.
+	full, _, _ := runFake(&fake{}, "version")
+	if first, _, _ := strings.Cut(full, "\n"); first+"\n" != out {
+		t.Errorf("--version %q, version's first line %q", out, first)
+	}
+	if f.lastCall() != "" {
+		t.Errorf("--version asked vgpud: %s", f.lastCall())
+	}
+}
+
+// TestGPUShowManyInstances: gpu show lists a GPU's instances one per
+// line, so a full GPU stays within 100 columns.
+func TestGPUShowManyInstances(t *testing.T) {
+	g := fakeGPUs()[0]
+	g.Instances = []string{migID, vfID, "3c1d2e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f", "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b"}
+	var b strings.Builder
+	if err := gpuDetail(&b, g); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range g.Instances {
+		if !strings.Contains(b.String(), id) {
+			t.Errorf("gpu show lacks instance %s:\n%s", id, b.String())
 		}
-		if !strings.Contains(out, "apiVersion: "+dbusapi.APIVersion) {
-			t.Errorf("%s: YAML lacks the header:\n%s", v.name, out)
+	}
+	for _, line := range strings.Split(b.String(), "\n") {
+		if n := utf8.RuneCountInString(line); n > 100 {
+			t.Errorf("%d columns: %q", n, line)
 		}
+	}
+}
+
+// TestDestroyPartialFailure: when one of several destroys fails, -o json
+// still lists the instances destroyed before it, and the exit code is the
+// failure's.
+func TestDestroyPartialFailure(t *testing.T) {
+	for _, format := range []string{"json", "yaml"} {
+		out, errOut, code := runFake(&fake{failDestroy: vfID}, "destroy", migID, vfID, "-o", format)
+		if code != exitBusy || !strings.Contains(errOut, "Busy") {
+			t.Fatalf("-o %s: exit %d %q, want %d and Busy", format, code, errOut, exitBusy)
+		}
+		if format == "yaml" {
+			b, err := yaml.YAMLToJSON([]byte(out))
+			if err != nil {
+				t.Fatalf("-o yaml: %v\n%s", err, out)
+			}
+			out = string(b)
+		}
+		var doc list[resultDoc]
+		if err := json.Unmarshal([]byte(out), &doc); err != nil {
+			t.Fatalf("-o %s: %v\n%s", format, err, out)
+		}
+		if doc.Kind != "ResultList" || len(doc.Items) != 1 || doc.Items[0].ID != migID {
+			t.Fatalf("-o %s: %+v, want the one destroyed instance %s", format, doc, migID)
+		}
+	}
+}
+
+// TestSetQuotaAllFlagsReadsNothing: with every quota flag given there is
+// nothing to keep, so set-quota does not read the tenant (which a caller
+// polkit lets change but not read could not).
+func TestSetQuotaAllFlagsReadsNothing(t *testing.T) {
+	f := &fake{}
+	if _, errOut, code := runFake(f, "tenant", "set-quota", "acme", "--vram", "1TiB", "--compute", "4", "--max-instances", "8"); code != 0 {
+		t.Fatal(errOut)
+	}
+	f.mu.Lock()
+	calls := slices.Clone(f.calls)
+	f.mu.Unlock()
+	if slices.Contains(calls, "Tenant acme") {
+		t.Fatalf("set-quota with all flags read the tenant: %v", calls)
+	}
+	if want := (dbusapi.Quota{VRAMBytes: 1 << 40, ComputeMilli: 4000, MaxInstances: 8}); f.quota != want {
+		t.Fatalf("set-quota sent %+v, want %+v", f.quota, want)
 	}
 }
 
@@ -244,11 +349,28 @@ func TestDynamicCompletion(t *testing.T) {
 		{[]string{"__complete", "profiles", "--gpu", ""}, "0000:81:00.0"},
 		{[]string{"__complete", "create", "--tenant", "acme", "--profile", "L4"}, "L4-4Q"},
 		{[]string{"__complete", "create", "H1"}, "H100XM-2-20C"},
+		// detach [VM] INSTANCE: VMs and attached instances first, then
+		// the instances of the VM named.
+		{[]string{"__complete", "detach", ""}, "a-virtual-machine-named-at-length"},
+		{[]string{"__complete", "detach", ""}, vfID},
+		{[]string{"__complete", "detach", "a-virtual-machine-named-at-length", ""}, vfID},
 	}
 	for _, c := range cases {
 		out, errOut, code := runFake(&fake{}, c.args...)
 		if code != 0 || !strings.Contains(out, c.want) {
 			t.Errorf("%v: exit %d, %q lacks %q (%s)", c.args, code, out, c.want, errOut)
+		}
+	}
+	// Nothing where no instance goes: after the instance, and for an
+	// instance that is not attached.
+	for _, args := range [][]string{
+		{"__complete", "detach", vfID, ""},
+		{"__complete", "detach", "a-virtual-machine-named-at-length", vfID, ""},
+		{"__complete", "detach", "0b4f"},
+	} {
+		out, errOut, code := runFake(&fake{}, args...)
+		if code != 0 || strings.Contains(out, migID) || strings.Contains(out, vfID) {
+			t.Errorf("%v: exit %d, completes %q (%s)", args, code, out, errOut)
 		}
 	}
 }

@@ -72,7 +72,7 @@ func start[E any](name, section, version string, configs map[string][]E, opts Op
 		return im, nil, fe(section, "at least one named config is required")
 	}
 	if opts.Config == "" {
-		return im, nil, fe("", "select one of its %s configs (%s), e.g. `vgpuctl apply --config NAME FILE`", section, configNames(configs))
+		return im, nil, fe("", "select one of its %s configs (%s), e.g. `vgpuctl apply -f FILE --select NAME`", section, configNames(configs))
 	}
 	entries, ok := configs[opts.Config]
 	if !ok {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/godbus/dbus/v5"
+
+	"github.com/vgpud/vgpud/pkg/manager"
 )
 
 // Caller is who sent a method call, as the bus reports it.
@@ -160,15 +162,18 @@ func (c *call) may(a access) (bool, Caller, error) {
 	return ok, cr, err
 }
 
-// require authorizes the call; a refusal is logged with the uid and the
-// method and answered with dev.vgpud1.Error.AccessDenied.
+// require authorizes the call and records the caller on it; a refusal is
+// logged with the uid and the method and answered with
+// dev.vgpud1.Error.AccessDenied.
 func (c *call) require(a access) error {
 	ok, cr, err := c.may(a)
 	if err != nil {
-		c.svc.log.Error("authorization failed", "method", c.member, "sender", c.sender, "err", err)
-		return dbusError(NameAccessDenied, fmt.Sprintf("vgpud could not identify the caller (%v); retry", err))
+		// The bus did not say who the caller is, so there is no uid to log.
+		c.svc.log.Warn("access denied", "uid", "unknown", "method", c.member, "path", string(c.path), "sender", c.sender, "needs", a.String(), "err", err)
+		return apiErr(manager.ErrAccessDenied, "vgpud could not identify the caller; retry (vgpud's log has the cause)")
 	}
 	if ok {
+		c.caller = cr
 		return nil
 	}
 	c.svc.log.Warn("access denied", "uid", cr.UID, "method", c.member, "path", string(c.path), "sender", c.sender, "needs", a.String())
@@ -177,7 +182,7 @@ func (c *call) require(a access) error {
 	if a == accessManage {
 		msg = fmt.Sprintf("changing vgpud's state needs root, membership in group %s or polkit's authorization %s; uid %d has none of them. Ask an administrator to add you (usermod -aG %s USER)", g, PolkitAction, cr.UID, g)
 	}
-	return dbusError(NameAccessDenied, msg)
+	return apiErr(manager.ErrAccessDenied, "%s", msg)
 }
 
 // Polkit's CheckAuthorization types.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/xml"
 	"errors"
+	"log/slog"
 	"reflect"
 	"strings"
 	"sync"
@@ -120,7 +121,7 @@ func dbusName(err error) string {
 func TestDBusUnprivilegedCallerIsRefused(t *testing.T) {
 	st := &stranger{}
 	var polkitAsked atomic.Int32
-	e := newEnv(t, testbus.Options{}, func(o *Options) {
+	e := newEnv(t, testbus.Options{}, func(_ *env, o *Options) {
 		o.credentials = st.credentials
 		o.polkit = func(context.Context, string, bool) (bool, error) { polkitAsked.Add(1); return false, nil }
 	})
@@ -181,10 +182,11 @@ func TestDBusUnprivilegedCallerIsRefused(t *testing.T) {
 func TestDBusGroupAndPolkitGrant(t *testing.T) {
 	st := &stranger{}
 	var grant atomic.Bool
-	e := newEnv(t, testbus.Options{}, func(o *Options) {
+	var asked atomic.Int32
+	e := newEnv(t, testbus.Options{}, func(_ *env, o *Options) {
 		o.Group = "root"
 		o.credentials = st.credentials
-		o.polkit = func(context.Context, string, bool) (bool, error) { return grant.Load(), nil }
+		o.polkit = func(context.Context, string, bool) (bool, error) { asked.Add(1); return grant.Load(), nil }
 	})
 	e.tenant("acme", unlimitedQuota())
 	c := e.dial()
@@ -209,6 +211,69 @@ func TestDBusGroupAndPolkitGrant(t *testing.T) {
 	if _, err := c.Objects(ctxT(t)); ErrorName(err) != NameAccessDenied {
 		t.Fatalf("polkit-authorized stranger reads: %v, want AccessDenied", err)
 	}
+
+	// The client's changes succeed for that caller: it cannot read the
+	// object back, so it reports what the reply said instead of failing a
+	// change that happened (a script would repeat it).
+	in, err := c.Create(ctxT(t), CreateRequest{Tenant: "acme", Profile: "L4-4Q"})
+	if err != nil || in.UUID == "" || in.Tenant != "acme" || in.Profile != "L4-4Q" {
+		t.Fatalf("polkit-authorized Create = %+v, %v", in, err)
+	}
+	if got, err := e.client.Instance(ctxT(t), in.UUID); err != nil || got.Tenant != "acme" {
+		t.Fatalf("the instance Create reported: %+v, %v", got, err)
+	}
+	q := Quota{VRAMBytes: 8 << 30, ComputeMilli: 1000, MaxInstances: 2}
+	if ten, err := c.DefineTenant(ctxT(t), TenantSpec{Name: "beta", Quota: unlimitedQuota()}); err != nil || ten.Name != "beta" || ten.Class != "best-effort" {
+		t.Fatalf("polkit-authorized DefineTenant = %+v, %v", ten, err)
+	}
+	if ten, err := c.SetQuota(ctxT(t), "beta", q); err != nil || ten.Quota != q {
+		t.Fatalf("polkit-authorized SetQuota = %+v, %v", ten, err)
+	}
+	if ten, err := e.client.Tenant(ctxT(t), "beta"); err != nil || ten.Quota != q {
+		t.Fatalf("beta after SetQuota: %+v, %v", ten, err)
+	}
+
+	// What only computes needs read access, so polkit (which grants
+	// changes) is not asked and the stranger is refused.
+	asked.Store(0)
+	if _, err := c.Apply(ctxT(t), "x.yaml", []byte("version: v1\n"), "", true); ErrorName(err) != NameAccessDenied {
+		t.Errorf("polkit-authorized Apply dry run: %v, want AccessDenied", err)
+	}
+	if _, err := c.Defragment(ctxT(t), PlanRequest{Tenant: "acme", Profile: "7g.80gb"}, false); ErrorName(err) != NameAccessDenied {
+		t.Errorf("polkit-authorized Defragment without apply: %v, want AccessDenied", err)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("polkit was asked %d times about computations that change nothing", n)
+	}
+	// Applying is a change: polkit's grant lets it through authorization
+	// (this service has no Applier, hence BackendFailure).
+	if _, err := c.Apply(ctxT(t), "x.yaml", []byte("version: v1\n"), "", false); ErrorName(err) != NameBackendFailure {
+		t.Errorf("polkit-authorized Apply: %v, want BackendFailure (no Applier)", err)
+	}
+}
+
+// TestCancelUsesTheAuthorizedCaller: Cancel decides by the uid that
+// authorization found, not by a credential cache that may have started
+// over meanwhile (a miss there read as uid 0, root, who may cancel all).
+func TestCancelUsesTheAuthorizedCaller(t *testing.T) {
+	log := &syncBuffer{}
+	s := newService(nil, Options{Logger: slog.New(slog.NewTextHandler(log, nil))})
+	cancelled := false
+	if err := s.ops.add(&op{id: "op-1", sender: ":1.5", uid: 1000, member: ManagerInterface + ".CreateInstance", cancel: func() { cancelled = true }}); err != nil {
+		t.Fatal(err)
+	}
+	// The stranger's credentials are not in the cache.
+	c := &call{svc: s, ctx: context.Background(), sender: ":1.9", path: ManagerPath, member: ManagerInterface + ".Cancel", caller: Caller{UID: 65534}}
+	if err := s.cancelOp(c, "op-1"); err == nil || toDBusError(err).Name != ErrorPrefix+NameAccessDenied || cancelled {
+		t.Fatalf("uid 65534 cancelling uid 1000's operation: %v (cancelled %v), want AccessDenied", err, cancelled)
+	}
+	if !strings.Contains(log.String(), `msg="access denied" uid=65534 method=dev.vgpud1.Manager.Cancel`) {
+		t.Errorf("the refused Cancel is not logged with uid and method:\n%s", log)
+	}
+	c.caller = Caller{UID: 1000}
+	if err := s.cancelOp(c, "op-1"); err != nil || !cancelled {
+		t.Fatalf("the owner's Cancel: %v (cancelled %v)", err, cancelled)
+	}
 }
 
 // fakePolkit answers CheckAuthorization on the bus as polkitd would.
@@ -217,12 +282,13 @@ type fakePolkit struct {
 	allow   string // the bus name allowed
 	subject polkitSubject
 	action  string
+	flags   uint32
 }
 
-func (f *fakePolkit) CheckAuthorization(subject polkitSubject, action string, _ map[string]string, _ uint32, _ string) (polkitResult, *dbus.Error) {
+func (f *fakePolkit) CheckAuthorization(subject polkitSubject, action string, _ map[string]string, flags uint32, _ string) (polkitResult, *dbus.Error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.subject, f.action = subject, action
+	f.subject, f.action, f.flags = subject, action, flags
 	name, _ := subject.Details["name"].Value().(string)
 	return polkitResult{IsAuthorized: subject.Kind == "system-bus-name" && name == f.allow && action == PolkitAction, Details: map[string]string{}}, nil
 }
@@ -230,7 +296,7 @@ func (f *fakePolkit) CheckAuthorization(subject polkitSubject, action string, _ 
 func TestDBusPolkitOnTheBus(t *testing.T) {
 	st := &stranger{}
 	e := newEnv(t, testbus.Options{Extra: `<policy user="root"><allow own="org.freedesktop.PolicyKit1"/><allow send_destination="org.freedesktop.PolicyKit1"/></policy>`},
-		func(o *Options) { o.credentials = st.credentials })
+		func(_ *env, o *Options) { o.credentials = st.credentials })
 	e.tenant("acme", unlimitedQuota())
 	c := e.dial()
 	st.set(c.conn.Names()[0])
@@ -251,13 +317,17 @@ func TestDBusPolkitOnTheBus(t *testing.T) {
 	if r, err := pconn.RequestName("org.freedesktop.PolicyKit1", dbus.NameFlagDoNotQueue); err != nil || r != dbus.RequestNameReplyPrimaryOwner {
 		t.Fatalf("own polkit's name: %v %v", r, err)
 	}
-	var path dbus.ObjectPath
-	if err := c.long(ctxT(t), "define", "DefineTenant", []any{"other", uint64(Unlimited), uint64(Unlimited), uint64(Unlimited), ""}, nil, &path); err != nil {
+	if _, err := c.DefineTenant(ctxT(t), TenantSpec{Name: "other", Quota: unlimitedQuota()}); err != nil {
 		t.Fatalf("change polkit allows: %v", err)
 	}
 	pk.mu.Lock()
 	defer pk.mu.Unlock()
 	if pk.action != PolkitAction || pk.subject.Kind != "system-bus-name" {
 		t.Fatalf("polkit asked about %q for %+v", pk.action, pk.subject)
+	}
+	// The client allows interactive authorization on changes, so polkit
+	// may ask for the password auth_admin_keep wants.
+	if pk.flags&1 == 0 {
+		t.Fatalf("CheckAuthorization flags %#x: AllowUserInteraction not set", pk.flags)
 	}
 }

@@ -83,13 +83,26 @@ func callOpts(ctx context.Context, o map[string]dbus.Variant) (map[string]dbus.V
 	return o, id
 }
 
-// call calls a Manager method.
+// call calls a Manager method that reads.
 func (c *Client) call(ctx context.Context, what, method string, args []any, out ...any) error {
-	return c.callOn(ctx, c.mgr, what, ManagerInterface+"."+method, args, out...)
+	return c.callOn(ctx, c.mgr, 0, what, ManagerInterface+"."+method, args, out...)
 }
 
-func (c *Client) callOn(ctx context.Context, obj dbus.BusObject, what, method string, args []any, out ...any) error {
-	call := obj.CallWithContext(ctx, method, 0, args...)
+// callOn calls method ("interface.member") on obj. The message is built
+// here because godbus's Object.Call drops every flag but NoAutoStart and
+// NoReplyExpected, and changes need FlagAllowInteractiveAuthorization.
+func (c *Client) callOn(ctx context.Context, obj dbus.BusObject, flags dbus.Flags, what, method string, args []any, out ...any) error {
+	i := strings.LastIndexByte(method, '.')
+	msg := &dbus.Message{Type: dbus.TypeMethodCall, Flags: flags, Body: args, Headers: map[dbus.HeaderField]dbus.Variant{
+		dbus.FieldPath:        dbus.MakeVariant(obj.Path()),
+		dbus.FieldDestination: dbus.MakeVariant(obj.Destination()),
+		dbus.FieldInterface:   dbus.MakeVariant(method[:i]),
+		dbus.FieldMember:      dbus.MakeVariant(method[i+1:]),
+	}}
+	if len(args) > 0 {
+		msg.Headers[dbus.FieldSignature] = dbus.MakeVariant(dbus.SignatureOf(args...))
+	}
+	call := <-c.conn.SendWithContext(ctx, msg, make(chan *dbus.Call, 1)).Done
 	if call.Err != nil {
 		return fromDBus(ctx, what, call.Err)
 	}
@@ -99,11 +112,13 @@ func (c *Client) callOn(ctx context.Context, obj dbus.BusObject, what, method st
 	return nil
 }
 
-// long calls a long Manager method whose last argument is its options;
-// when ctx is cancelled before the reply, the daemon is asked to cancel.
+// long calls a Manager method that changes state, whose last argument is
+// its options; when ctx is cancelled before the reply, the daemon is asked
+// to cancel. The call allows interactive authorization: a caller polkit
+// authorizes (auth_admin_keep) may be asked for a password.
 func (c *Client) long(ctx context.Context, what, method string, args []any, o map[string]dbus.Variant, out ...any) error {
 	o, id := callOpts(ctx, o)
-	err := c.call(ctx, what, method, append(args, o), out...)
+	err := c.callOn(ctx, c.mgr, dbus.FlagAllowInteractiveAuthorization, what, ManagerInterface+"."+method, append(args, o), out...)
 	if err != nil && ctx.Err() == context.Canceled {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -115,7 +130,7 @@ func (c *Client) long(ctx context.Context, what, method string, args []any, o ma
 // Status reads the manager object's properties.
 func (c *Client) Status(ctx context.Context) (Status, error) {
 	var props map[string]dbus.Variant
-	if err := c.callOn(ctx, c.mgr, "status", propertiesInterface+".GetAll", []any{ManagerInterface}, &props); err != nil {
+	if err := c.callOn(ctx, c.mgr, 0, "status", propertiesInterface+".GetAll", []any{ManagerInterface}, &props); err != nil {
 		return Status{}, err
 	}
 	return Status{
@@ -127,7 +142,7 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 // Version is the daemon's version; anyone may read it.
 func (c *Client) Version(ctx context.Context) (string, error) {
 	var v dbus.Variant
-	if err := c.callOn(ctx, c.mgr, "version", propertiesInterface+".Get", []any{ManagerInterface, "Version"}, &v); err != nil {
+	if err := c.callOn(ctx, c.mgr, 0, "version", propertiesInterface+".Get", []any{ManagerInterface, "Version"}, &v); err != nil {
 		return "", err
 	}
 	s, _ := v.Value().(string)
@@ -144,7 +159,7 @@ type Objects struct {
 // Objects reads every GPU, instance and tenant in one call.
 func (c *Client) Objects(ctx context.Context) (Objects, error) {
 	var objs map[dbus.ObjectPath]map[string]map[string]dbus.Variant
-	if err := c.callOn(ctx, c.mgr, "list objects", objectManagerInterface+".GetManagedObjects", nil, &objs); err != nil {
+	if err := c.callOn(ctx, c.mgr, 0, "list objects", objectManagerInterface+".GetManagedObjects", nil, &objs); err != nil {
 		return Objects{}, err
 	}
 	var out Objects
@@ -213,7 +228,7 @@ func (c *Client) Tenants(ctx context.Context) ([]Tenant, error) {
 
 func (c *Client) getAll(ctx context.Context, what string, path dbus.ObjectPath, iface string) (map[string]dbus.Variant, error) {
 	var props map[string]dbus.Variant
-	err := c.callOn(ctx, c.conn.Object(BusName, path), what, propertiesInterface+".GetAll", []any{iface}, &props)
+	err := c.callOn(ctx, c.conn.Object(BusName, path), 0, what, propertiesInterface+".GetAll", []any{iface}, &props)
 	return props, err
 }
 
@@ -340,14 +355,27 @@ func (r CreateRequest) options() map[string]dbus.Variant {
 	return o
 }
 
-// Create admits and carves one instance and returns it.
+// readBack reads an object after a change that succeeded. A caller that
+// polkit lets change but not read gets what the reply said (fallback)
+// instead of an error: the change happened, and a retry must not repeat it.
+func readBack[T any](ctx context.Context, read func(context.Context) (T, error), fallback T) (T, error) {
+	v, err := read(ctx)
+	if ErrorName(err) == NameAccessDenied {
+		return fallback, nil
+	}
+	return v, err
+}
+
+// Create admits and carves one instance and returns it. A caller who may
+// not read gets only what the reply says: its UUID, tenant and profile.
 func (c *Client) Create(ctx context.Context, r CreateRequest) (Instance, error) {
 	var path dbus.ObjectPath
 	var id string
 	if err := c.long(ctx, "create "+r.Profile, "CreateInstance", []any{r.Tenant, r.Profile}, r.options(), &path, &id); err != nil {
 		return Instance{}, err
 	}
-	return c.Instance(ctx, id)
+	return readBack(ctx, func(ctx context.Context) (Instance, error) { return c.Instance(ctx, id) },
+		Instance{UUID: id, Tenant: r.Tenant, Profile: r.Profile})
 }
 
 // Destroy releases an instance; detach first detaches it from its VM.
@@ -366,7 +394,8 @@ type AttachOptions struct {
 	Tenant string
 }
 
-// Attach makes an instance a hostdev of a VM and returns the instance.
+// Attach makes an instance a hostdev of a VM and returns the instance (for
+// a caller who may not read, only its UUID and the attachment).
 func (c *Client) Attach(ctx context.Context, id, vm string, ao AttachOptions) (Instance, error) {
 	o := map[string]dbus.Variant{}
 	if ao.Display {
@@ -380,10 +409,12 @@ func (c *Client) Attach(ctx context.Context, id, vm string, ao AttachOptions) (I
 	if err := c.long(ctx, "attach "+id+" to "+vm, "Attach", []any{id, vm}, o, &vmUUID, &live); err != nil {
 		return Instance{}, err
 	}
-	return c.Instance(ctx, id)
+	return readBack(ctx, func(ctx context.Context) (Instance, error) { return c.Instance(ctx, id) },
+		Instance{UUID: id, Tenant: ao.Tenant, Attachment: &Attachment{VM: vm, VMUUID: vmUUID, Live: live}})
 }
 
-// CreateAndAttach creates an instance and attaches it to a VM.
+// CreateAndAttach creates an instance and attaches it to a VM (for a
+// caller who may not read, the instance is what the reply says).
 func (c *Client) CreateAndAttach(ctx context.Context, r CreateRequest, vm string, ao AttachOptions) (Instance, error) {
 	o := r.options()
 	if ao.Display {
@@ -395,7 +426,8 @@ func (c *Client) CreateAndAttach(ctx context.Context, r CreateRequest, vm string
 	if err := c.long(ctx, "attach a new "+r.Profile+" to "+vm, "CreateAndAttach", []any{r.Tenant, r.Profile, vm}, o, &path, &id, &live); err != nil {
 		return Instance{}, err
 	}
-	return c.Instance(ctx, id)
+	return readBack(ctx, func(ctx context.Context) (Instance, error) { return c.Instance(ctx, id) },
+		Instance{UUID: id, Tenant: r.Tenant, Profile: r.Profile, Attachment: &Attachment{VM: vm, Live: live}})
 }
 
 // Detach removes an instance from its VM.
@@ -418,7 +450,8 @@ type TenantSpec struct {
 	AllowedModels, AllowedProfiles []string
 }
 
-// DefineTenant defines a tenant and returns it.
+// DefineTenant defines a tenant and returns it (for a caller who may not
+// read, the definition it sent).
 func (c *Client) DefineTenant(ctx context.Context, t TenantSpec) (Tenant, error) {
 	o := map[string]dbus.Variant{}
 	if len(t.AllowedModels) > 0 {
@@ -432,15 +465,22 @@ func (c *Client) DefineTenant(ctx context.Context, t TenantSpec) (Tenant, error)
 		[]any{t.Name, uint64(t.Quota.VRAMBytes), uint64(t.Quota.ComputeMilli), uint64(t.Quota.MaxInstances), t.Class}, o, &path); err != nil {
 		return Tenant{}, err
 	}
-	return c.Tenant(ctx, t.Name)
+	class := t.Class
+	if class == "" {
+		class = "best-effort" // what vgpud makes of no class
+	}
+	sent := Tenant{Name: t.Name, Class: class, Quota: t.Quota, AllowedModels: nonNilStrings(t.AllowedModels), AllowedProfiles: nonNilStrings(t.AllowedProfiles), Instances: []string{}}
+	return readBack(ctx, func(ctx context.Context) (Tenant, error) { return c.Tenant(ctx, t.Name) }, sent)
 }
 
-// SetQuota replaces a tenant's quota and returns the tenant.
+// SetQuota replaces a tenant's quota and returns the tenant (for a caller
+// who may not read, only its name and the quota it sent).
 func (c *Client) SetQuota(ctx context.Context, name string, q Quota) (Tenant, error) {
-	if err := c.call(ctx, "set quota of "+name, "SetQuota", []any{name, uint64(q.VRAMBytes), uint64(q.ComputeMilli), uint64(q.MaxInstances)}); err != nil {
+	if err := c.long(ctx, "set quota of "+name, "SetQuota", []any{name, uint64(q.VRAMBytes), uint64(q.ComputeMilli), uint64(q.MaxInstances)}, nil); err != nil {
 		return Tenant{}, err
 	}
-	return c.Tenant(ctx, name)
+	sent := Tenant{Name: name, Quota: q, AllowedModels: []string{}, AllowedProfiles: []string{}, Instances: []string{}}
+	return readBack(ctx, func(ctx context.Context) (Tenant, error) { return c.Tenant(ctx, name) }, sent)
 }
 
 // UndefineTenant removes a tenant; force destroys its instances first.
@@ -524,7 +564,7 @@ func (c *Client) Shares(ctx context.Context) ([]ShareRow, error) {
 
 // Cancel asks vgpud to cancel an operation by its operation id.
 func (c *Client) Cancel(ctx context.Context, id string) error {
-	return c.call(ctx, "cancel "+id, "Cancel", []any{id})
+	return c.callOn(ctx, c.mgr, dbus.FlagAllowInteractiveAuthorization, "cancel "+id, ManagerInterface+".Cancel", []any{id})
 }
 
 // Events follows vgpud's signals until ctx ends; the channel is closed

@@ -37,7 +37,7 @@ func reference(s *Service) string {
 			if len(out) > 0 {
 				sig += " → (" + strings.Join(out, ", ") + ")"
 			}
-			fmt.Fprintf(&b, "| `%s` | %s | %s |\n", sig, m.access, cell(m.doc))
+			fmt.Fprintf(&b, "| `%s` | %s | %s |\n", sig, m.accessDoc(), cell(m.doc))
 		}
 		fmt.Fprintf(&b, "\n| Property | Type | Meaning |\n|---|---|---|\n")
 		for _, p := range d.props {

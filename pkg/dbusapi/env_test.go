@@ -58,7 +58,9 @@ type env struct {
 	log    *syncBuffer
 }
 
-func newEnv(t testing.TB, busOpts testbus.Options, configure func(*Options)) *env {
+// configure, when not nil, changes the service's options; it gets the env
+// with its manager already made.
+func newEnv(t testing.TB, busOpts testbus.Options, configure func(*env, *Options)) *env {
 	t.Helper()
 	e := &env{t: t, log: &syncBuffer{}}
 	e.bus = testbus.StartWith(t, busOpts)
@@ -92,7 +94,7 @@ func newEnv(t testing.TB, busOpts testbus.Options, configure func(*Options)) *en
 		ResyncInterval: time.Hour,
 	}
 	if configure != nil {
-		configure(&opts)
+		configure(e, &opts)
 	}
 	e.svc, err = Start(context.Background(), e.m, opts)
 	if err != nil {

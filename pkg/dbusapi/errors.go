@@ -38,23 +38,55 @@ var ErrorNames = []string{
 	NameBusy, NameConflict, NameGPULost, NameBackendFailure,
 }
 
-// toDBusError is the one place a manager error becomes a D-Bus error: the
-// name from its sentinel, the body its user-facing message (what failed and
-// what to do next). The internal cause stays in the daemon's log.
+// toDBusError is the one place an error becomes a D-Bus error: the name
+// from its manager sentinel (manager.Name), the body its user-facing
+// message (what failed and what to do next). The internal cause stays in
+// the daemon's log. Errors this package makes itself (apiError) carry a
+// sentinel too, so every name comes from here.
 func toDBusError(err error) *dbus.Error {
 	var de *dbus.Error
 	if errors.As(err, &de) {
 		return de
 	}
-	return dbusError(manager.Name(err), manager.Message(err))
+	msg := manager.Message(err)
+	var ae *apiError
+	if errors.As(err, &ae) {
+		msg = ae.msg
+	}
+	return &dbus.Error{Name: ErrorPrefix + manager.Name(err), Body: []any{msg}}
 }
 
-func dbusError(name, msg string) *dbus.Error {
-	return &dbus.Error{Name: ErrorPrefix + name, Body: []any{msg}}
+// apiError is an error the D-Bus layer makes itself (a refusal it decides,
+// or a manager error it words anew): kind wraps a manager sentinel, msg is
+// what users read, cause (nil when none) goes to the log only.
+type apiError struct {
+	kind  error
+	msg   string
+	cause error
+}
+
+func (e *apiError) Error() string {
+	if e.cause != nil {
+		return e.msg + ": " + e.cause.Error()
+	}
+	return e.msg
+}
+
+func (e *apiError) Unwrap() []error {
+	if e.cause != nil {
+		return []error{e.kind, e.cause}
+	}
+	return []error{e.kind}
+}
+
+// apiErr is the D-Bus error of a refusal this package decides itself,
+// named by its sentinel like the manager's own errors.
+func apiErr(kind error, format string, args ...any) *dbus.Error {
+	return toDBusError(&apiError{kind: kind, msg: fmt.Sprintf(format, args...)})
 }
 
 func invalidArg(format string, args ...any) *dbus.Error {
-	return dbusError(NameInvalidArgument, fmt.Sprintf(format, args...))
+	return apiErr(manager.ErrInvalidArgument, format, args...)
 }
 
 // Error is what the client returns for a failed call: a short error name
@@ -136,10 +168,10 @@ func fromDBus(ctx context.Context, what string, err error) error {
 	case "org.freedesktop.DBus.Error.UnknownObject":
 		return &Error{Name: NameNotFound, Message: what + ": no such object"}
 	case "org.freedesktop.DBus.Error.UnknownMethod", "org.freedesktop.DBus.Error.UnknownInterface", "org.freedesktop.DBus.Error.InvalidArgs":
-		return &Error{Name: NameBackendFailure, Message: what + ": this vgpud does not speak this client's API (" + msg + "); update vgpuctl and vgpud together"}
+		return &Error{Name: NameBackendFailure, Message: what + ": this vgpud does not speak this client's API; update vgpuctl and vgpud together"}
 	}
 	if msg == "" {
-		msg = de.Name
+		msg = "the bus answered with an error vgpuctl does not know; check `systemctl status vgpud` and that vgpuctl and vgpud are of the same release"
 	}
 	return &Error{Name: NameBackendFailure, Message: what + ": " + msg}
 }

@@ -3,6 +3,7 @@ package dbusapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/vgpud/vgpud/pkg/apply"
@@ -79,5 +80,23 @@ func (a applier) Apply(ctx context.Context, req ApplyRequest) (ApplyOutcome, err
 	if b, merr := json.Marshal(res); merr == nil {
 		out.Result = b
 	}
-	return out, err
+	if err != nil {
+		return out, progressError(res, err)
+	}
+	return out, nil
+}
+
+// progressError words a failed Execute for the caller. A failed call's
+// reply carries only the error, and the manager's message of it is the
+// failed step's alone, so what was done and what was not goes into the
+// message; the sentinel (the error name) stays Execute's.
+func progressError(res apply.Result, err error) error {
+	if res.Failed == nil {
+		return err
+	}
+	total := len(res.Done) + 1 + res.Remaining
+	// cause: the failed step's own error, for the daemon's log.
+	return &apiError{kind: err, cause: errors.Unwrap(err), msg: fmt.Sprintf("apply stopped at change %d of %d (%s): %s. Done before it: %d; not attempted: %d. "+
+		"The done changes stay; fix the cause and apply again (plan -f shows what remains)",
+		len(res.Done)+1, total, res.Failed, res.Error, len(res.Done), res.Remaining)}
 }

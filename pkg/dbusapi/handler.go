@@ -188,7 +188,7 @@ func (d *ifaceDef) xml() xIface {
 	for _, m := range d.methods {
 		xm := xMethod{Name: m.name, Annots: docs(m.doc)}
 		if m.access != accessPublic {
-			xm.Annots = append(xm.Annots, xAnnot{Name: "dev.vgpud1.Access", Value: m.access.String()})
+			xm.Annots = append(xm.Annots, xAnnot{Name: "dev.vgpud1.Access", Value: m.accessDoc()})
 		}
 		for i, a := range m.in {
 			xm.Args = append(xm.Args, xArg{Name: a.name, Type: m.sigIn(i), Direction: "in", Annots: docs(a.doc)})

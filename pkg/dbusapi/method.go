@@ -47,9 +47,14 @@ type methodDef struct {
 	name   string
 	doc    string
 	access access
-	in     []arg
-	out    []arg
-	fn     any
+	// readIf, when set, lowers access to accessRead for calls whose
+	// arguments only compute (a dry run): it gets the decoded arguments
+	// without the *call. readIfDoc names that case for the documentation.
+	readIf    func(args []any) bool
+	readIfDoc string
+	in        []arg
+	out       []arg
+	fn        any
 
 	fnv     reflect.Value
 	inT     []reflect.Type
@@ -99,6 +104,9 @@ type call struct {
 	// member is "Interface.Method", for logs and denials.
 	member      string
 	interactive bool
+	// caller is who authorization found the sender to be (the zero
+	// Caller for public methods).
+	caller Caller
 }
 
 // boundMethod is a methodDef serving calls on one connection; it
@@ -140,7 +148,7 @@ func (b boundMethod) Call(args ...any) ([]any, error) {
 	if !ok {
 		return nil, invalidArg("internal: call context missing")
 	}
-	if err := c.require(b.def.access); err != nil {
+	if err := c.require(b.def.needs(args[1:])); err != nil {
 		return nil, err
 	}
 	in := make([]reflect.Value, len(args))
@@ -173,6 +181,22 @@ func (b boundMethod) ArgumentValue(i int) any {
 }
 
 func (b boundMethod) ReturnValue(i int) any { return reflect.Zero(b.def.outT[i]).Interface() }
+
+// needs is the access a call with these arguments needs.
+func (m *methodDef) needs(args []any) access {
+	if m.readIf != nil && m.readIf(args) {
+		return accessRead
+	}
+	return m.access
+}
+
+// accessDoc is the access as documentation and introspection show it.
+func (m *methodDef) accessDoc() string {
+	if m.readIf != nil {
+		return m.access.String() + "; read when " + m.readIfDoc
+	}
+	return m.access.String()
+}
 
 func joinSigs(s []string) string {
 	out := ""

@@ -2,6 +2,7 @@ package dbusapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -268,7 +269,8 @@ func (s *Service) hostdevXML(c *call, id string) (string, error) {
 	}
 	doc, err := virt.HostdevXML(h)
 	if err != nil {
-		return "", dbusError(NameBackendFailure, fmt.Sprintf("hostdev XML of instance %s: %v", id, err))
+		return "", &apiError{kind: manager.ErrBackendFailure, cause: err,
+			msg: fmt.Sprintf("vgpud could not write the hostdev XML of instance %s; its log has the cause", id)}
 	}
 	return doc, nil
 }
@@ -290,10 +292,16 @@ func (s *Service) defineTenant(c *call, name string, vram, compute, maxInst uint
 	return TenantPath(out.Name), nil
 }
 
-func (s *Service) setQuota(c *call, name string, vram, compute, maxInst uint64) error {
-	_, err := s.m.SetQuota(c.ctx, name, tenant.Quota{VRAMBytes: vram, ComputeMilli: compute, MaxInstances: maxInst})
+func (s *Service) setQuota(c *call, name string, vram, compute, maxInst uint64, options map[string]dbus.Variant) error {
+	o := newOpts(c.member, options)
+	ctx, end, err := c.begin(o)
+	if err != nil {
+		return err
+	}
+	defer end()
+	_, err = s.m.SetQuota(ctx, name, tenant.Quota{VRAMBytes: vram, ComputeMilli: compute, MaxInstances: maxInst})
 	s.sync()
-	return err
+	return cancelled(ctx, err)
 }
 
 func (s *Service) undefineTenant(c *call, name string, force bool, options map[string]dbus.Variant) error {
@@ -317,7 +325,7 @@ func (s *Service) apply(c *call, data, sel string, dryRun bool, options map[stri
 	}
 	defer end()
 	if s.opts.Apply == nil {
-		return "", "", "", dbusError(NameBackendFailure, "apply not available: this vgpud was built without declarative configuration support; create instances with CreateInstance")
+		return "", "", "", apiErr(manager.ErrBackendFailure, "apply not available: this vgpud was built without declarative configuration support; create instances with CreateInstance")
 	}
 	out, err := s.opts.Apply.Apply(ctx, ApplyRequest{Name: name, Data: []byte(data), Select: sel, DryRun: dryRun})
 	if !dryRun {
@@ -431,12 +439,16 @@ func (s *Service) cancelOp(c *call, id string) error {
 	if strings.TrimSpace(id) == "" {
 		return invalidArg("Cancel: empty operation id")
 	}
-	cr, _ := s.creds.get(c.sender)
-	member, err := s.ops.cancelID(id, cr.UID)
+	// The uid authorization found, never a cache look-up: a miss there
+	// would read as uid 0 and let anyone cancel anything.
+	member, err := s.ops.cancelID(id, c.caller.UID)
 	if err != nil {
+		if errors.Is(err, manager.ErrAccessDenied) {
+			s.log.Warn("access denied", "uid", c.caller.UID, "method", c.member, "path", string(c.path), "sender", c.sender, "needs", "owner of operation "+id)
+		}
 		return err
 	}
-	s.log.Info("operation cancelled by request", "operation", id, "method", member, "uid", cr.UID)
+	s.log.Info("operation cancelled by request", "operation", id, "method", member, "uid", c.caller.UID)
 	return nil
 }
 
@@ -464,8 +476,8 @@ func (s *Service) objDetach(c *call, options map[string]dbus.Variant) error {
 
 func (s *Service) objHostdevXML(c *call) (string, error) { return s.hostdevXML(c, c.id) }
 
-func (s *Service) objSetQuota(c *call, vram, compute, maxInst uint64) error {
-	return s.setQuota(c, c.id, vram, compute, maxInst)
+func (s *Service) objSetQuota(c *call, vram, compute, maxInst uint64, options map[string]dbus.Variant) error {
+	return s.setQuota(c, c.id, vram, compute, maxInst, options)
 }
 
 func (s *Service) objUndefine(c *call, force bool, options map[string]dbus.Variant) error {

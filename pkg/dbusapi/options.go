@@ -2,13 +2,15 @@ package dbusapi
 
 import (
 	"context"
-	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/godbus/dbus/v5"
+
+	"github.com/vgpud/vgpud/pkg/manager"
 )
 
 // Options every long operation takes in its a{sv} argument.
@@ -156,7 +158,7 @@ func (t *opTracker) add(o *op) error {
 	defer t.mu.Unlock()
 	if o.id != "" {
 		if _, ok := t.byID[o.id]; ok {
-			return dbusError(NameConflict, fmt.Sprintf("operation id %q is in use by an operation in flight; use a fresh id", o.id))
+			return apiErr(manager.ErrConflict, "operation id %q is in use by an operation in flight; use a fresh id", o.id)
 		}
 		t.byID[o.id] = o
 	}
@@ -190,10 +192,11 @@ func (t *opTracker) cancelID(id string, uid uint32) (string, error) {
 	o := t.byID[id]
 	t.mu.Unlock()
 	if o == nil {
-		return "", dbusError(NameNotFound, fmt.Sprintf("no operation %q in flight (it may have finished already)", id))
+		return "", apiErr(manager.ErrNotFound, "no operation %q in flight (it may have finished already)", id)
 	}
 	if uid != 0 && uid != o.uid {
-		return "", dbusError(NameAccessDenied, fmt.Sprintf("operation %q was started by another user; only that user or root may cancel it", id))
+		// An apiError, not yet a D-Bus error: Cancel logs the denial by its sentinel.
+		return "", &apiError{kind: manager.ErrAccessDenied, msg: "operation " + strconv.Quote(id) + " was started by another user; only that user or root may cancel it"}
 	}
 	o.cancel()
 	return o.member, nil
@@ -234,10 +237,9 @@ func (c *call) begin(o *opts) (ctx context.Context, end func(), err error) {
 		return nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, timeout)
-	cur := &op{id: id, sender: c.sender, member: c.member, cancel: cancel}
-	if cr, ok := c.svc.creds.get(c.sender); ok {
-		cur.uid = cr.UID
-	}
+	// The uid is the one authorization checked, not a cache look-up that
+	// could miss (and read as root) if the cache started over meanwhile.
+	cur := &op{id: id, sender: c.sender, member: c.member, uid: c.caller.UID, cancel: cancel}
 	if err := c.svc.ops.add(cur); err != nil {
 		cancel()
 		return nil, nil, err

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/godbus/dbus/v5"
+
+	"github.com/vgpud/vgpud/pkg/manager"
 )
 
 // The freedesktop interfaces every object has.
@@ -14,41 +16,55 @@ func (s *Service) standardInterfaces() []*ifaceDef {
 			doc:  "Properties of the object's dev.vgpud1 interface; all are read-only, and every change is signalled. Reading needs root or group vgpud (Manager.Version is public).",
 			methods: []*methodDef{
 				{name: "Get", access: accessPublic, fn: s.propGet,
-					in:  []arg{{name: "interface_name"}, {name: "property_name"}},
-					out: []arg{{name: "value"}}},
+					doc: "One property's value. Manager.Version is readable by anyone; the others need root or group vgpud.",
+					in:  []arg{{name: "interface_name", doc: "The interface the property belongs to."}, {name: "property_name", doc: "The property."}},
+					out: []arg{{name: "value", doc: "Its value."}}},
 				{name: "GetAll", access: accessRead, fn: s.propGetAll,
-					in:  []arg{{name: "interface_name"}},
-					out: []arg{{name: "properties"}}},
+					doc: "Every property of an interface of the object.",
+					in:  []arg{{name: "interface_name", doc: "The interface."}},
+					out: []arg{{name: "properties", doc: "Property name to value."}}},
 				{name: "Set", access: accessManage, fn: s.propSet,
-					in: []arg{{name: "interface_name"}, {name: "property_name"}, {name: "value"}}},
+					doc: "Refused with PropertyReadOnly: every property is read-only; change state with the interface's methods.",
+					in:  []arg{{name: "interface_name", doc: "The interface."}, {name: "property_name", doc: "The property."}, {name: "value", doc: "The value (never taken)."}}},
 			},
-			signals: []signalDef{{name: "PropertiesChanged", args: []arg{
-				{name: "interface_name", sig: "s"}, {name: "changed_properties", sig: "a{sv}"}, {name: "invalidated_properties", sig: "as"}}}},
+			signals: []signalDef{{name: "PropertiesChanged", doc: "Properties of the object changed; emitted before the reply of the method that changed them.", args: []arg{
+				{name: "interface_name", sig: "s", doc: "The interface whose properties changed."},
+				{name: "changed_properties", sig: "a{sv}", doc: "The changed properties with their new values."},
+				{name: "invalidated_properties", sig: "as", doc: "Always empty: every change carries its value."}}}},
 		},
 		{
 			name: objectManagerInterface,
 			doc:  "Every GPU, instance and tenant object with its properties, and InterfacesAdded/InterfacesRemoved as they come and go.",
 			methods: []*methodDef{
 				{name: "GetManagedObjects", access: accessRead, fn: s.getManagedObjects,
+					doc: "Every GPU, instance and tenant object with all its properties, in one call.",
 					out: []arg{{name: "objects", doc: "Object path to interface to properties."}}},
 			},
 			signals: []signalDef{
-				{name: "InterfacesAdded", args: []arg{{name: "object_path", sig: "o"}, {name: "interfaces_and_properties", sig: "a{sa{sv}}"}}},
-				{name: "InterfacesRemoved", args: []arg{{name: "object_path", sig: "o"}, {name: "interfaces", sig: "as"}}},
+				{name: "InterfacesAdded", doc: "An object appeared (its tenant and GPU objects exist already).", args: []arg{
+					{name: "object_path", sig: "o", doc: "The new object."},
+					{name: "interfaces_and_properties", sig: "a{sa{sv}}", doc: "Its interfaces with all their properties."}}},
+				{name: "InterfacesRemoved", doc: "An object went away (a tenant's instances go before the tenant).", args: []arg{
+					{name: "object_path", sig: "o", doc: "The object that went away."},
+					{name: "interfaces", sig: "as", doc: "Its interfaces."}}},
 			},
 		},
 		{
 			name: introspectInterface,
+			doc:  "The object's interfaces, with their documentation. Anyone may introspect; child objects are listed only to callers who may read.",
 			methods: []*methodDef{
-				{name: "Introspect", access: accessPublic, fn: s.introspectMethod, out: []arg{{name: "xml_data"}}},
+				{name: "Introspect", access: accessPublic, fn: s.introspectMethod,
+					doc: "The introspection XML of the object.",
+					out: []arg{{name: "xml_data", doc: "The XML, with org.gtk.GDBus.DocString annotations."}}},
 			},
 		},
 		{
 			// godbus answers Peer itself; listed for introspection.
 			name: peerInterface,
+			doc:  "The standard D-Bus Peer interface: anyone may ping vgpud.",
 			methods: []*methodDef{
-				{name: "Ping"},
-				{name: "GetMachineId", out: []arg{{name: "machine_uuid", sig: "s"}}},
+				{name: "Ping", doc: "Answers at once; tells that vgpud is on the bus."},
+				{name: "GetMachineId", doc: "The machine id of the host.", out: []arg{{name: "machine_uuid", sig: "s", doc: "The id, as /etc/machine-id has it."}}},
 			},
 		},
 	}
@@ -63,13 +79,13 @@ func (c *call) lookup() (*object, error) {
 	}
 	switch c.kind {
 	case kindGPU:
-		return nil, dbusError(NameNotFound, fmt.Sprintf("no GPU %s on this host (run `vgpuctl gpus`)", c.id))
+		return nil, apiErr(manager.ErrNotFound, "no GPU %s on this host (run `vgpuctl gpus`)", c.id)
 	case kindInstance:
-		return nil, dbusError(NameNotFound, fmt.Sprintf("no instance %s (run `vgpuctl list`)", c.id))
+		return nil, apiErr(manager.ErrNotFound, "no instance %s (run `vgpuctl list`)", c.id)
 	case kindTenant:
-		return nil, dbusError(NameNotFound, fmt.Sprintf("no tenant %s (run `vgpuctl tenant list`)", c.id))
+		return nil, apiErr(manager.ErrNotFound, "no tenant %s (run `vgpuctl tenant list`)", c.id)
 	}
-	return nil, dbusError(NameNotFound, fmt.Sprintf("no object %s", c.path))
+	return nil, apiErr(manager.ErrNotFound, "no object %s", c.path)
 }
 
 // props returns the properties of the call's object on iface.

@@ -3,6 +3,7 @@ package dbusapi
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 
 	"github.com/godbus/dbus/v5"
@@ -165,7 +166,11 @@ func (s *Service) emitDiff(prev, next *snapshot) {
 	if ch := changed(prev.manager, next.manager); len(ch) > 0 {
 		s.emit(ManagerPath, propertiesInterface+".PropertiesChanged", ManagerInterface, ch, []string{})
 	}
-	for _, p := range paths(prev.objects) {
+	// Removals in the reverse order: a tenant's instances go before the
+	// tenant (a forced undefine), so no instance outlives its tenant.
+	gone := paths(prev.objects)
+	slices.Reverse(gone)
+	for _, p := range gone {
 		if _, ok := next.objects[p]; ok {
 			continue
 		}
