@@ -44,6 +44,7 @@ type api interface {
 	Defragment(ctx context.Context, r dbusapi.PlanRequest, apply bool) (dbusapi.DefragResult, error)
 	SetMIGMode(ctx context.Context, gpu string, on bool) error
 	SetHeterogeneous(ctx context.Context, gpu string, on bool) error
+	ClearGPU(ctx context.Context, gpu string) error
 	Shares(ctx context.Context) ([]dbusapi.ShareRow, error)
 	Events(ctx context.Context) (<-chan dbusapi.Event, error)
 }

@@ -137,7 +137,26 @@ func (a *app) gpuCmd() *cobra.Command {
 			},
 		}
 	}
-	cmd.AddCommand(show,
+	clear := &cobra.Command{
+		Use:   "clear GPU",
+		Short: "Return a failed GPU to service once you checked or reset it (its instances come back)",
+		Long: `Return a GPU that a critical XID failed to service, once you checked it or
+reset it while vgpud was down, and reconcile, which brings its instances
+back. vgpud clears a failed GPU itself when it is reset or the host reboots;
+a lost GPU (fallen off the bus) returns by itself when it answers again.`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: a.completeGPUs,
+		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
+			if err := c.ClearGPU(ctx, args[0]); err != nil {
+				return err
+			}
+			return a.emit(resultDoc{hdr("Result"), "clear", args[0]}, func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "GPU %s is in service\n", args[0])
+				return err
+			})
+		}),
+	}
+	cmd.AddCommand(show, clear,
 		mode("mig", "Turn MIG mode on or off (refused while vgpud instances live on the GPU)", "MIG mode", api.SetMIGMode),
 		mode("heterogeneous", "Allow time-sliced vGPUs of different sizes on one GPU, or not", "heterogeneous vGPU mode", api.SetHeterogeneous))
 	return cmd

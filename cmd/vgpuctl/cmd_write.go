@@ -123,7 +123,7 @@ func (a *app) destroyCmd() *cobra.Command {
 
 func (a *app) attachCmd() *cobra.Command {
 	var f createFlags
-	var display bool
+	var display, ramfb bool
 	cmd := &cobra.Command{
 		Use:   "attach VM [INSTANCE | --profile PROFILE --tenant TENANT]",
 		Short: "Attach an instance to a libvirt VM, or create one with --profile and attach it",
@@ -154,13 +154,13 @@ again. Attaching an instance to the VM it is attached to is a no-op.`,
 			}
 			var in dbusapi.Instance
 			if f.profile != "" {
-				in, err = c.CreateAndAttach(ctx, f.request(), vm, dbusapi.AttachOptions{Display: display})
+				in, err = c.CreateAndAttach(ctx, f.request(), vm, dbusapi.AttachOptions{Display: display, RamFB: ramfb})
 			} else {
 				var id string
 				if id, err = a.resolveInstance(ctx, c, args[1]); err != nil {
 					return err
 				}
-				in, err = c.Attach(ctx, id, vm, dbusapi.AttachOptions{Display: display, Tenant: f.tenant})
+				in, err = c.Attach(ctx, id, vm, dbusapi.AttachOptions{Display: display, RamFB: ramfb, Tenant: f.tenant})
 			}
 			if err != nil {
 				return err
@@ -181,6 +181,7 @@ again. Attaching an instance to the VM it is attached to is a no-op.`,
 	}
 	a.bindCreate(cmd, &f)
 	cmd.Flags().BoolVar(&display, "display", false, "turn on the display of a Q-series mdev vGPU (the VM needs a graphics device)")
+	cmd.Flags().BoolVar(&ramfb, "ramfb", false, "add a boot framebuffer to the display, so the console shows the guest before its vGPU driver loads (implies --display)")
 	return cmd
 }
 

@@ -248,6 +248,10 @@ func (f *fake) SetHeterogeneous(_ context.Context, gpu string, on bool) error {
 	return f.record("SetHeterogeneous %s %v", gpu, on)
 }
 
+func (f *fake) ClearGPU(_ context.Context, gpu string) error {
+	return f.record("ClearGPU %s", gpu)
+}
+
 func (f *fake) Shares(context.Context) ([]dbusapi.ShareRow, error) {
 	return []dbusapi.ShareRow{
 		{Instance: "0b4f5c1e-9a3d-4e2b-8c7f-1a2b3c4d5e6f", EntitledMilli: 375},

@@ -390,6 +390,8 @@ func (c *Client) Destroy(ctx context.Context, id string, detach bool) error {
 // AttachOptions modify Attach and CreateAndAttach.
 type AttachOptions struct {
 	Display bool
+	// RamFB adds a boot framebuffer to the display (implies Display).
+	RamFB bool
 	// Tenant, when set, must own the instance.
 	Tenant string
 }
@@ -400,6 +402,9 @@ func (c *Client) Attach(ctx context.Context, id, vm string, ao AttachOptions) (I
 	o := map[string]dbus.Variant{}
 	if ao.Display {
 		o["display"] = dbus.MakeVariant(true)
+	}
+	if ao.RamFB {
+		o["ramfb"] = dbus.MakeVariant(true)
 	}
 	if ao.Tenant != "" {
 		o["tenant"] = dbus.MakeVariant(ao.Tenant)
@@ -419,6 +424,9 @@ func (c *Client) CreateAndAttach(ctx context.Context, r CreateRequest, vm string
 	o := r.options()
 	if ao.Display {
 		o["display"] = dbus.MakeVariant(true)
+	}
+	if ao.RamFB {
+		o["ramfb"] = dbus.MakeVariant(true)
 	}
 	var path dbus.ObjectPath
 	var id string
@@ -541,6 +549,11 @@ func (c *Client) SetMIGMode(ctx context.Context, gpu string, on bool) error {
 // SetHeterogeneous allows mixed vGPU sizes on a GPU, or not.
 func (c *Client) SetHeterogeneous(ctx context.Context, gpu string, on bool) error {
 	return c.long(ctx, "set heterogeneous mode of "+gpu, "SetHeterogeneous", []any{gpu, on}, nil)
+}
+
+// ClearGPU returns a failed GPU to service (an operator checked it).
+func (c *Client) ClearGPU(ctx context.Context, gpu string) error {
+	return c.long(ctx, "clear GPU "+gpu, "ClearGPU", []any{gpu}, nil)
 }
 
 // Shares reads per-instance entitled and achieved compute.

@@ -208,7 +208,7 @@ func (s *Service) destroyInstance(c *call, id string, options map[string]dbus.Va
 
 func (s *Service) attachTo(c *call, id, vm string, options map[string]dbus.Variant) (string, bool, error) {
 	o := newOpts(c.member, options)
-	ao := manager.AttachOptions{Display: o.boolean("display"), Tenant: o.str("tenant")}
+	ao := manager.AttachOptions{Display: o.boolean("display"), RamFB: o.boolean("ramfb"), Tenant: o.str("tenant")}
 	ctx, end, err := c.begin(o)
 	if err != nil {
 		return "", false, err
@@ -232,7 +232,7 @@ func (s *Service) createAndAttach(c *call, tenantName, profile, vm string, optio
 	if err != nil {
 		return "", "", false, err
 	}
-	ao := manager.AttachOptions{Display: o.boolean("display")}
+	ao := manager.AttachOptions{Display: o.boolean("display"), RamFB: o.boolean("ramfb")}
 	ctx, end, err := c.begin(o)
 	if err != nil {
 		return "", "", false, err
@@ -400,6 +400,22 @@ func (s *Service) setMIGMode(c *call, id string, on bool, options map[string]dbu
 
 func (s *Service) setHeterogeneous(c *call, id string, on bool, options map[string]dbus.Variant) error {
 	return s.gpuSwitch(c, id, on, options, s.m.SetHeterogeneous)
+}
+
+func (s *Service) clearGPU(c *call, id string, options map[string]dbus.Variant) error {
+	o := newOpts(c.member, options)
+	ctx, end, err := c.begin(o)
+	if err != nil {
+		return err
+	}
+	defer end()
+	_, err = s.m.ClearGPU(ctx, id)
+	s.sync()
+	return cancelled(ctx, err)
+}
+
+func (s *Service) objClear(c *call, options map[string]dbus.Variant) error {
+	return s.clearGPU(c, c.id, options)
 }
 
 func (s *Service) getShares(c *call) ([]shareEntry, error) {

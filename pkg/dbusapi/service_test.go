@@ -338,6 +338,19 @@ func TestDBusGPULostSignal(t *testing.T) {
 	if lost.ID != a10 || lost.Message != "XID 79" {
 		t.Fatalf("GPULost = %+v", lost)
 	}
+	if g, err := e.client.GPU(ctx, a10); err != nil || g.State != "failed" {
+		t.Fatalf("failed GPU reads %+v, %v", g, err)
+	}
+	// An operator returns it to service.
+	if err := e.client.ClearGPU(ctx, a10); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := e.client.GPU(ctx, a10); err != nil || g.State != "ok" {
+		t.Fatalf("cleared GPU reads %+v, %v", g, err)
+	}
+	if err := e.client.ClearGPU(ctx, "0000:ff:00.0"); ErrorName(err) != NameNotFound {
+		t.Fatalf("clear an unknown GPU: %v, want NotFound", err)
+	}
 }
 
 func TestDBusIntrospection(t *testing.T) {
