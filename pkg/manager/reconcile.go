@@ -420,6 +420,13 @@ func (m *Manager) settleAttach(ctx context.Context, rec store.Instance, p attach
 	}
 	for _, a := range held {
 		if a.Config && sameDevice(a.Hostdev, h) {
+			if !a.MetadataConfig || a.Instance != rec.UUID {
+				// Attach again (idempotent): it writes the metadata entry
+				// an interrupted attach may lack.
+				if _, err := m.lv().Attach(ctx, dom.Name, h, rec.UUID); err != nil {
+					return err
+				}
+			}
 			return m.db.Update(func(tx *store.Tx) error {
 				return tx.PutAttachment(store.Attachment{Instance: rec.UUID, Domain: dom.Name, DomainUUID: dom.UUID, URI: m.lv().URI(), Live: a.Live, Created: m.now()})
 			})
@@ -720,16 +727,25 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 			m.log.Warn("read VM devices", "vm", a.Domain, "err", err)
 			continue
 		}
-		found, live, stale := false, false, []virt.Hostdev{}
+		found, live, meta, stale := false, false, false, []virt.Hostdev{}
 		for _, x := range held {
 			switch {
 			case x.Config && sameDevice(x.Hostdev, h):
-				found, live = true, x.Live
+				found, live, meta = true, x.Live, x.MetadataConfig && x.Instance == a.Instance
 			case x.Instance == a.Instance && x.Config:
 				stale = append(stale, x.Hostdev)
 			}
 		}
 		if found {
+			if !meta {
+				// The device is there without vgpud's metadata entry (an
+				// attach interrupted by an older vgpud): write it.
+				if _, err := m.lv().Attach(ctx, a.Domain, h, a.Instance); err != nil {
+					m.log.Warn("restore vgpud metadata of VM", "vm", a.Domain, "instance", a.Instance, "err", err)
+				} else {
+					rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s metadata restored", a.Instance, a.Domain))
+				}
+			}
 			if live != a.Live {
 				m.setLive(a, live)
 			}
