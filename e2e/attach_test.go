@@ -38,6 +38,13 @@ type attachEnv struct {
 
 func newAttachEnv(t testing.TB) *attachEnv {
 	t.Helper()
+	return newAttachEnvPolicy(t, "")
+}
+
+// newAttachEnvPolicy is newAttachEnv with an undefine policy for VMs
+// undefined while nobody watched.
+func newAttachEnvPolicy(t testing.TB, policy string) *attachEnv {
+	t.Helper()
 	lv := libvirtd.Start(t)
 	cat, err := profile.Load(profiles.FS)
 	if err != nil {
@@ -71,7 +78,7 @@ func newAttachEnv(t testing.TB) *attachEnv {
 		t.Fatal(err)
 	}
 	fs := sysfs.New(h.FS())
-	m := manager.New(cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, vc, manager.Options{BusyRetry: time.Millisecond, Logger: log})
+	m := manager.New(cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, vc, manager.Options{BusyRetry: time.Millisecond, Logger: log, UndefinePolicy: policy})
 	if _, err := m.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -222,6 +229,76 @@ func TestUndefinedVMReleasesItsInstances(t *testing.T) {
 	}
 	if s, _ := e.sim.Summary(); strings.Contains(s, " vf0") {
 		t.Fatalf("device left on the host:\n%s", s)
+	}
+}
+
+// Reconcile checks attachments from libvirt's side too: a VM holding an
+// instance whose attachment record was lost gets the record back; a stopped
+// VM naming an instance vgpud no longer has is cleared of it; a VM
+// undefined while nobody watched loses its attachments, and its instances
+// are kept or released by the policy.
+func TestReconcileCrossChecksLibvirt(t *testing.T) {
+	for _, policy := range []string{"keep", "release"} {
+		t.Run(policy, func(t *testing.T) {
+			e := newAttachEnvPolicy(t, policy)
+			ctx := context.Background()
+			vm := e.lv.DefineDomain(t, "vgpud-e2e-xcheck").Name
+			gone := e.lv.DefineDomain(t, "vgpud-e2e-undefined").Name
+			lostRecord := e.create(t, "L4-4Q")
+			lostInstance := e.create(t, "A10-4Q")
+			orphaned := e.create(t, "L4-4Q")
+			for _, a := range []struct {
+				r  store.Instance
+				vm string
+			}{{lostRecord, vm}, {lostInstance, vm}, {orphaned, gone}} {
+				if _, err := e.m.Attach(ctx, a.r.UUID, a.vm, manager.AttachOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Records lost behind vgpud's back; a VM undefined while it did
+			// not watch.
+			if err := e.db.Update(func(tx *store.Tx) error {
+				if err := tx.DeleteAttachment(lostRecord.UUID); err != nil {
+					return err
+				}
+				if err := tx.DeleteAttachment(lostInstance.UUID); err != nil {
+					return err
+				}
+				return tx.DeleteInstance(lostInstance.UUID)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			e.lv.Virsh(t, "undefine", gone)
+			rep, err := e.m.Reconcile(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("attachments: %q", rep.Attachments)
+			views, _ := e.m.Instances("")
+			byID := map[string]manager.InstanceView{}
+			for _, v := range views {
+				byID[v.UUID] = v
+			}
+			if a := byID[lostRecord.UUID].Attachment; a == nil || a.Domain != vm {
+				t.Fatalf("lost attachment record not restored: %+v", byID[lostRecord.UUID])
+			}
+			if xml := e.lv.Virsh(t, "dumpxml", "--inactive", vm); strings.Contains(xml, lostInstance.MdevUUID) {
+				t.Fatalf("VM still names the instance vgpud no longer has:\n%s", xml)
+			}
+			o, kept := byID[orphaned.UUID]
+			switch {
+			case kept && o.Attachment != nil:
+				t.Fatalf("attachment to the undefined VM kept: %+v", o.Attachment)
+			case policy == "keep" && !kept:
+				t.Fatal("instance of the undefined VM released under policy keep")
+			case policy == "release" && kept:
+				t.Fatal("instance of the undefined VM kept under policy release")
+			}
+			again, err := e.m.Reconcile(ctx)
+			if err != nil || len(again.Attachments) != 0 {
+				t.Fatalf("second reconcile: %q, %v", again.Attachments, err)
+			}
+		})
 	}
 }
 

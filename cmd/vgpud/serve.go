@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/vgpud/vgpud/pkg/discover"
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/virt"
 )
@@ -35,6 +37,9 @@ type daemon struct {
 	notify notifier
 	// shares is the share loop's view for D-Bus (set by startMetrics).
 	shares dbusapi.SharesSource
+	// reloadedCat is the catalog the last reload applied (nil: none yet,
+	// host.cat is in force); read it with catalog().
+	reloadedCat atomic.Pointer[profile.Catalog]
 }
 
 // serve runs the daemon until ctx ends (SIGTERM/SIGINT).
@@ -94,6 +99,7 @@ func (d *daemon) start(ctx context.Context) error {
 	disc := discover.Host{NVML: h.nvml, Sysfs: h.sysfs}
 	d.mgr = manager.New(h.cat, db, h.nvml, h.sysfs, disc, mv, manager.Options{
 		Logger: log.With("component", "manager"), Crash: crash, Degraded: degraded, BootID: h.bootID,
+		UndefinePolicy: d.cfg.UndefinePolicy,
 	})
 	if degraded == "" {
 		d.notify.Status("reconciling")
@@ -175,9 +181,24 @@ func (d *daemon) run(ctx context.Context) error {
 		tick.Reset(30 * time.Second)
 	}
 	defer tick.Stop()
+	// A reload runs beside the loop, which keeps the watchdog fed while it
+	// re-reads the host (up to reloadTimeout, longer than WatchdogSec);
+	// one at a time, and a SIGHUP during one asks for another after it.
+	reloaded := make(chan struct{}, 1)
+	reloading, again := false, false
+	startReload := func() {
+		reloading = true
+		go func() {
+			d.reload(wctx)
+			reloaded <- struct{}{}
+		}()
+	}
 	for {
 		select {
 		case <-ctx.Done():
+			if reloading {
+				<-reloaded // cut short by ctx
+			}
 			d.notify.Stopping()
 			d.log.Info("stopping: finishing operations in flight")
 			sctx, scancel := context.WithTimeout(context.Background(), stopTimeout)
@@ -188,7 +209,17 @@ func (d *daemon) run(ctx context.Context) error {
 			}
 			return nil
 		case <-hup:
-			d.reload()
+			if reloading {
+				again = true
+				continue
+			}
+			startReload()
+		case <-reloaded:
+			reloading = false
+			if again {
+				again = false
+				startReload()
+			}
 		case <-tick.C:
 			if watchdog {
 				d.notify.Watchdog()
@@ -223,7 +254,7 @@ func (d *daemon) statusLine() string {
 // While degraded it looks for the driver every driverPoll, so a driver
 // that loads late is picked up within seconds.
 func (d *daemon) watchHost(ctx context.Context) {
-	t := time.NewTicker(30 * time.Second)
+	t := time.NewTicker(discoveryEvery)
 	defer t.Stop()
 	poll := time.NewTicker(driverPoll)
 	defer poll.Stop()
@@ -256,6 +287,12 @@ func (d *daemon) watchHost(ctx context.Context) {
 
 // driverPoll is how often a degraded daemon looks for the driver.
 const driverPoll = 2 * time.Second
+
+// discoveryEvery is how often the host is re-read without an event. Events
+// (uevents, NVML events) report changes as they happen; this catches what
+// none reported, at a cost of a full discovery (every GPU's NVML and sysfs
+// state), a large part of an idle daemon's CPU when it ran every 30 s.
+const discoveryEvery = time.Minute
 
 func (d *daemon) close() {
 	if d.virt != nil {

@@ -126,6 +126,26 @@ func (l *lazyVirt) Attached(ctx context.Context, ref string) ([]virt.Attached, e
 	return c.Attached(ctx, ref)
 }
 
+func (l *lazyVirt) Domains(ctx context.Context) ([]virt.Domain, error) {
+	c, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.Domains(ctx)
+}
+
+// Settle: with no connection yet no call can be in flight.
+func (l *lazyVirt) Settle(ctx context.Context) error {
+	if !l.Ready() {
+		return nil
+	}
+	c, err := l.get(ctx)
+	if err != nil {
+		return err
+	}
+	return c.Settle(ctx)
+}
+
 // Events waits for the connection, then forwards its events.
 func (l *lazyVirt) Events(ctx context.Context) <-chan virt.Event {
 	out := make(chan virt.Event)

@@ -21,7 +21,11 @@ type Virt interface {
 	Attach(ctx context.Context, domain string, h virt.Hostdev, instance string) (bool, error)
 	Detach(ctx context.Context, domain string, h virt.Hostdev, instance string) error
 	Attached(ctx context.Context, ref string) ([]virt.Attached, error)
+	// Domains lists every domain (name and UUID).
+	Domains(ctx context.Context) ([]virt.Domain, error)
 	Events(ctx context.Context) <-chan virt.Event
+	// Settle waits until calls that outran their deadline have returned.
+	Settle(ctx context.Context) error
 }
 
 // AttachOptions modify Attach.
@@ -318,10 +322,8 @@ const settleTimeout = 30 * time.Second
 func (m *Manager) settleUnknown(ctx context.Context, rec store.Instance, p attachPayload, intent string, attach bool) (store.Attachment, bool, error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	if s, ok := m.lv().(interface{ Settle(context.Context) error }); ok {
-		if err := s.Settle(sctx); err != nil {
-			return store.Attachment{}, false, err
-		}
+	if err := m.lv().Settle(sctx); err != nil {
+		return store.Attachment{}, false, err
 	}
 	if err := m.settleAttach(sctx, rec, p, attach); err != nil {
 		m.log.Warn("settle after an unclear libvirt answer; reconcile retries", "instance", rec.UUID, "vm", p.Domain, "err", err)

@@ -69,6 +69,10 @@ type Options struct {
 	BusyRetry time.Duration
 	// Degraded, when set, says why carving is refused (the driver never came).
 	Degraded string
+	// UndefinePolicy is what reconcile does with the instances of a VM that
+	// was undefined while nobody watched: "release" (destroy them) or
+	// "keep" (the default). WatchVirt's policy replaces it.
+	UndefinePolicy string
 	// BootID names the host's current boot (/proc/sys/kernel/random/boot_id);
 	// a GPU failed in an earlier boot was reset by the reboot. nil: unknown,
 	// failed GPUs stay failed until cleared.
@@ -109,9 +113,9 @@ type Manager struct {
 	cat    *profile.Catalog
 	grids  map[string]*placement.Grid
 	virt   Virt
-	// undefinePolicy is what WatchVirt was told to do with the instances of
-	// an undefined VM ("release" or "keep"); reconcile applies it to VMs
-	// undefined while nobody watched. "" (no watcher): keep.
+	// undefinePolicy is what to do with the instances of an undefined VM
+	// ("release" or "keep"; "" keeps): WatchVirt applies it to events,
+	// reconcile to VMs undefined while nobody watched.
 	undefinePolicy string
 	// dirty are GPUs a reconcile pass changed and re-reads at its end
 	// (guarded by admit).
@@ -135,7 +139,7 @@ func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, dis
 		log: opts.Logger, db: db, mig: mig, vgpu: vg, disc: disc, virt: virt,
 		now: opts.Now, crash: opts.Crash, retry: opts.BusyRetry, degraded: opts.Degraded,
 		gpuLocks:   map[string]*sync.Mutex{},
-		failedGPUs: map[string]GPUFault{}, boot: opts.BootID, events: newBroadcaster(), dirty: map[string]bool{}, readOf: map[string]uint64{},
+		failedGPUs: map[string]GPUFault{}, boot: opts.BootID, undefinePolicy: opts.UndefinePolicy, events: newBroadcaster(), dirty: map[string]bool{}, readOf: map[string]uint64{},
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)

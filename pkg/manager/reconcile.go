@@ -765,6 +765,7 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 		}
 		forget(a, fmt.Sprintf("VM %s no longer holds it", a.Domain))
 	}
+	m.reconcileDomains(ctx, recs, rep)
 	for _, id := range release {
 		if err := m.Destroy(ctx, id, DestroyOptions{}); err != nil && !errors.Is(err, ErrNotFound) {
 			m.log.Warn("release instance of a VM undefined while vgpud did not watch", "instance", id, "err", err)
@@ -772,6 +773,83 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 			continue
 		}
 		m.log.Info("released instance of a VM undefined while vgpud did not watch", "instance", id)
+	}
+}
+
+// reconcileDomains looks from libvirt's side: vgpud metadata in a domain
+// that no attachment record explains. A VM whose config holds the device of
+// an instance with no attachment record (the record was lost) gets the
+// record back; a stopped VM that names an instance vgpud no longer has is
+// cleared of it (the device is gone, and the VM would not start); anything
+// else is reported, not touched.
+func (m *Manager) reconcileDomains(ctx context.Context, recs map[string]store.Instance, rep *ReconcileReport) {
+	doms, err := m.lv().Domains(ctx)
+	if err != nil {
+		m.log.Warn("list VMs", "err", err)
+		return
+	}
+	atts := map[string]store.Attachment{}
+	if err := m.db.View(func(tx *store.Tx) error {
+		all, err := tx.Attachments()
+		for _, a := range all {
+			atts[a.Instance] = a
+		}
+		return err
+	}); err != nil {
+		m.log.Warn("read attachments", "err", err)
+		return
+	}
+	for _, d := range doms {
+		if ctx.Err() != nil {
+			rep.Pending = append(rep.Pending, "VMs: libvirt pass ran out of time")
+			return
+		}
+		held, err := m.lv().Attached(ctx, d.Name)
+		if err != nil {
+			if !errors.Is(err, virt.ErrDomainNotFound) {
+				m.log.Warn("read VM devices", "vm", d.Name, "err", err)
+			}
+			continue
+		}
+		for _, x := range held {
+			if x.Instance == "" || m.live.busy(x.Instance) {
+				continue
+			}
+			a, attached := atts[x.Instance]
+			if attached && (a.DomainUUID == d.UUID || a.Domain == d.Name) {
+				continue // the forward pass checked it
+			}
+			r, exists := recs[x.Instance]
+			switch {
+			case exists && !attached && x.Config:
+				h, err := m.hostdevOf(r, false, false)
+				if err != nil || !sameDevice(h, x.Hostdev) {
+					rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s names it with another device; left alone", x.Instance, d.Name))
+					continue
+				}
+				a := store.Attachment{Instance: r.UUID, Domain: d.Name, DomainUUID: d.UUID, URI: m.lv().URI(), Live: x.Live, Created: m.now()}
+				if err := m.db.Update(func(tx *store.Tx) error { return tx.PutAttachment(a) }); err != nil {
+					m.log.Warn("record attachment found in VM", "vm", d.Name, "instance", r.UUID, "err", err)
+					continue
+				}
+				atts[r.UUID] = a
+				rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s holds it; attachment recorded", r.UUID, d.Name))
+				m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
+			case !exists:
+				dom, err := m.lv().Domain(ctx, d.Name)
+				if err != nil || dom.Running {
+					rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: running VM %s names an instance vgpud does not have; left alone", x.Instance, d.Name))
+					continue
+				}
+				if err := m.lv().Detach(ctx, d.Name, x.Hostdev, x.Instance); err != nil {
+					m.log.Warn("clear a gone instance from VM", "vm", d.Name, "instance", x.Instance, "err", err)
+					continue
+				}
+				rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: gone; cleared from VM %s", x.Instance, d.Name))
+			default:
+				rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s names it, but vgpud has it attached to %s; left alone", x.Instance, d.Name, a.Domain))
+			}
+		}
 	}
 }
 

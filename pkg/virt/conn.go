@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+
+	"github.com/vgpud/vgpud/internal/hostcall"
 )
 
 // Defaults for Config fields left zero.
@@ -88,6 +90,8 @@ type Conn struct {
 	log   *slog.Logger
 	hub   *hub
 	locks keyedMutex
+	// calls counts libvirt calls abandoned at their deadline (Settle).
+	calls hostcall.Tracker
 
 	mu      sync.Mutex
 	cur     *session      // nil while disconnected

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
 	"libvirt.org/go/libvirtxml"
 )
@@ -79,6 +80,33 @@ func (c *Conn) Domain(ctx context.Context, ref string) (Domain, error) {
 		return nil
 	})
 	return out, err
+}
+
+// Domains lists every domain on this connection's host (name and UUID;
+// Running and Persistent are not read).
+func (c *Conn) Domains(ctx context.Context) ([]Domain, error) {
+	var out []Domain
+	err := c.do(ctx, "domains", func(r *rpc) error {
+		ds, err := call(r, func(l *libvirt.Libvirt) ([]libvirt.Domain, error) {
+			ds, _, err := l.ConnectListAllDomains(1, 0)
+			return ds, err
+		})
+		if err != nil {
+			return fmt.Errorf("list domains: %w", err)
+		}
+		out = out[:0]
+		for _, d := range ds {
+			out = append(out, Domain{Name: d.Name, UUID: uuid.UUID(d.UUID).String()})
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Settle waits until the libvirt calls abandoned at their deadline have
+// returned: what libvirt holds afterwards includes their effect.
+func (c *Conn) Settle(ctx context.Context) error {
+	return c.calls.Settle(ctx)
 }
 
 // Attached lists the hostdevs (mdev and PCI) in the domain's config and live

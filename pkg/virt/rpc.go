@@ -7,6 +7,8 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/vgpud/vgpud/internal/hostcall"
 )
 
 // rpc issues libvirt calls on one session, each abandoned when the
@@ -20,7 +22,8 @@ type rpc struct {
 }
 
 // call runs fn, returning early with ErrTimeout (or the cancellation) when
-// the context ends first. Errors from libvirtd are mapped by code.
+// the context ends first; the abandoned call is counted until it returns
+// (Settle). Errors from libvirtd are mapped by code.
 func call[T any](r *rpc, fn func(l *libvirt.Libvirt) (T, error)) (T, error) {
 	type result struct {
 		v   T
@@ -30,18 +33,15 @@ func call[T any](r *rpc, fn func(l *libvirt.Libvirt) (T, error)) (T, error) {
 		var zero T
 		return zero, ctxErr(r.ctx)
 	}
-	ch := make(chan result, 1)
-	go func() {
+	res, err := hostcall.Go(r.ctx, &r.c.calls, func() result {
 		v, err := fn(r.s.l)
-		ch <- result{v, err}
-	}()
-	select {
-	case res := <-ch:
-		return res.v, libvirtErr(res.err)
-	case <-r.ctx.Done():
+		return result{v, err}
+	})
+	if err != nil {
 		var zero T
 		return zero, ctxErr(r.ctx)
 	}
+	return res.v, libvirtErr(res.err)
 }
 
 func call0(r *rpc, fn func(l *libvirt.Libvirt) error) error {
