@@ -250,6 +250,9 @@ scrape_configs:
 	if victim.VGPU == nil || victim.VGPU.MdevUUID == "" || migA.MIG == nil {
 		t.Fatalf("created %+v, %+v: want an mdev vGPU and a MIG instance", victim, migA)
 	}
+	// A destroy, for its duration (attach and detach need libvirtd: their
+	// durations are checked in cmd/vgpud's TestForwardEventsDurations).
+	ctl("destroy", create("1g.10gb", "crunch", metricsH100).UUID)
 	for i, x := range []dbusapi.Instance{victim, noisy} {
 		sim("open-device", x.VGPU.MdevUUID, "--vm-uuid", fmt.Sprintf("6a1c2d3e-0000-4000-8000-00000000000%d", i), "--vm-name", "vm-"+x.Tenant)
 	}
@@ -360,8 +363,11 @@ scrape_configs:
 		{fmt.Sprintf(`vgpud_instance_interference_index{instance_uuid=%q} <= 0.05`, victim.UUID), "the victim's interference down after the switch"},
 		{fmt.Sprintf(`max_over_time(vgpud_instance_interference_index{instance_uuid=%q}[1m]) >= 0.3`, victim.UUID), "the victim starved before the switch"},
 		{fmt.Sprintf(`vgpud_instance_clock_event_seconds_total{instance_uuid=%q,reason="sw_power_cap"} > 0`, migA.UUID), "power-cap time attributed to the MIG instance"},
-		{`vgpud_operations_total{op="create",outcome="success"} == 4`, "four creates counted"},
-		{`vgpud_operation_duration_seconds_count{op="create",outcome="success"} == 4`, "four create durations"},
+		{`vgpud_operations_total{op="create",outcome="success"} == 5`, "five creates counted"},
+		{`vgpud_operation_duration_seconds_count{op="create",outcome="success"} == 5`, "five create durations"},
+		{`vgpud_operations_total{op="destroy",outcome="success"} == 1`, "a destroy counted"},
+		{`vgpud_operation_duration_seconds_count{op="destroy",outcome="success"} == 1`, "a destroy duration"},
+		{`vgpud_operation_duration_seconds_sum{op="destroy",outcome="success"} > 0`, "a destroy that took time"},
 	} {
 		res, err := metricsPromQuery(t, promURL, want.expr)
 		if err != nil || len(res.Data.Result) == 0 {

@@ -2,9 +2,10 @@
 // simulated host of 8 H100s in MIG mode with 56 instances (7 x 1g.10gb
 // each, every one running a workload), it measures the /metrics scrape
 // latency p50/p99, the same with every NVML call slowed down 100x (the
-// scrape must not slow down: it serves the last collection), the
-// daemon's resident memory and its idle CPU at a 1 s collection
-// interval. It writes the figures as JSON (-out).
+// scrape must not slow down: it serves the last collection; the goal is
+// checked on the pooled p99 ratio), the daemon's resident memory and its
+// idle CPU at a 1 s collection interval (from /proc/PID/stat). It writes
+// the figures as JSON (-out).
 //
 //	go run ./bench/metrics -out bench/metrics.json
 package main
@@ -60,8 +61,8 @@ const (
 
 func main() {
 	out := flag.String("out", "bench/metrics.json", "where to write the figures")
-	scrapes := flag.Int("scrapes", 2000, "scrapes per measurement")
-	idle := flag.Duration("idle", 30*time.Second, "how long idle CPU is measured")
+	scrapes := flag.Int("scrapes", 10000, "scrapes per condition (NVML slowed, at its own speed), over the rounds")
+	idle := flag.Duration("idle", 60*time.Second, "how long idle CPU is measured")
 	serve := flag.Bool("serve", false, "seed the host, run vgpud and print its /metrics URL until interrupted (no measurement)")
 	bin := flag.String("vgpud", "", "vgpud binary to run (default: build ./cmd/vgpud)")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the share loop and exporter alone to this file")
@@ -92,15 +93,18 @@ type Result struct {
 	Scrape struct {
 		Baseline Latency `json:"baseline"`
 		Slowed   Latency `json:"nvmlSlowed100x"`
-		// RatioP99 is slowed p99 over baseline p99, all rounds pooled;
-		// RatioP50 likewise.
+		// SlowdownStatistic names the statistic the slowdown goal is
+		// checked on.
+		SlowdownStatistic string `json:"slowdownStatistic"`
+		// RatioP99 is the p99 of every slowed scrape over the p99 of every
+		// baseline scrape (all rounds pooled): the goal's statistic.
+		// RatioP50 likewise, for the typical scrape.
 		RatioP99 float64 `json:"ratioP99"`
 		RatioP50 float64 `json:"ratioP50"`
 		// RoundRatiosP99 are each round's slowed p99 over the p99 of the
-		// scrapes right after it at full speed; the goal is checked on
-		// their median, which one noisy round on a shared machine does not move.
-		RoundRatiosP99      []float64 `json:"roundRatiosP99"`
-		MedianRoundRatioP99 float64   `json:"medianRoundRatioP99"`
+		// scrapes right after it at full speed, sorted: how much a round's
+		// p99 moves on this machine.
+		RoundRatiosP99 []float64 `json:"roundRatiosP99"`
 	} `json:"scrape"`
 	NVML struct {
 		BaselineMeanUs float64 `json:"baselineMeanCallMicroseconds"`
@@ -505,8 +509,9 @@ func run(outPath string, scrapes int, idle time.Duration, serve bool, bin string
 		res.Exposition.GzipBytes = len(gz)
 	}
 
-	// Idle: nobody scrapes; the daemon collects every second and its
-	// share loop polls the GPUs five times a second.
+	// Idle: nobody scrapes; the daemon collects every second (and renders
+	// nothing, as nobody asks) and its share loop reads the MIG GPUs once a
+	// window.
 	fmt.Fprintf(os.Stderr, "idle CPU over %v\n", idle)
 	time.Sleep(5 * time.Second)
 	t0, err := cpuTicks(pid)
@@ -587,8 +592,8 @@ func run(outPath string, scrapes int, idle time.Duration, serve bool, bin string
 	}
 	sort.Float64s(ratios)
 	res.Scrape.RoundRatiosP99 = ratios
-	res.Scrape.MedianRoundRatioP99 = (ratios[(len(ratios)-1)/2] + ratios[len(ratios)/2]) / 2
 	res.Scrape.Baseline, res.Scrape.Slowed = latencyOf(base), latencyOf(slow)
+	res.Scrape.SlowdownStatistic = "ratioP99: p99 of all slowed scrapes / p99 of all baseline scrapes, rounds pooled"
 	res.PeakRSSMiB = procStatus(pid, "VmHWM")
 	res.Scrape.RatioP99 = res.Scrape.Slowed.P99Ms / res.Scrape.Baseline.P99Ms
 	res.Scrape.RatioP50 = res.Scrape.Slowed.P50Ms / res.Scrape.Baseline.P50Ms
@@ -596,7 +601,7 @@ func run(outPath string, scrapes int, idle time.Duration, serve bool, bin string
 	g := &res.Goals
 	g.P99Ms, g.SlowdownMax, g.RSSMiB, g.IdleCPUPct = float64(goalP99)/1e6, goalSlowdown, goalRSSMiB, goalIdleCPUPct
 	g.P99Met = res.Scrape.Baseline.P99Ms < g.P99Ms && res.Scrape.Slowed.P99Ms < g.P99Ms
-	g.SlowdownMet = res.Scrape.MedianRoundRatioP99 <= goalSlowdown
+	g.SlowdownMet = res.Scrape.RatioP99 <= goalSlowdown
 	g.RSSMet = res.PeakRSSMiB < goalRSSMiB
 	g.IdleCPUMet = res.IdleCPUPercent < goalIdleCPUPct
 

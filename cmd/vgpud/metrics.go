@@ -236,7 +236,7 @@ func (s managerSource) Inventory(ctx context.Context) (share.Inventory, error) {
 	for _, g := range gpus {
 		x := share.GPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, Product: g.Product, MIG: g.MIG.Enabled,
 			Flavour: string(g.VGPU.Flavour), State: g.State}
-		if md, ok := s.d.host.cat.Model(g.Model); ok && md.MIG != nil {
+		if md, ok := s.d.catalog().Model(g.Model); ok && md.MIG != nil {
 			x.MIGSlots = md.MIG.MemorySlices
 		}
 		inv.GPUs = append(inv.GPUs, x)

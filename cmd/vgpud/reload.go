@@ -7,19 +7,26 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/vgpud/vgpud/pkg/profile"
 )
 
 // liveKeys are the settings reload applies to the running daemon.
 var liveKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "logLevel": true}
 
+// reloadTimeout bounds the host re-read that ends a reload.
+const reloadTimeout = 30 * time.Second
+
 // reload re-reads the configuration file and the catalog on SIGHUP. State
 // is not touched: instance records, the host and operations in flight stay
 // as they are. A file or catalog that does not validate is refused and the
-// running configuration kept. The fault settings apply at once (see Live);
-// any other setting that changed is named as taking effect at the next
-// start, and so is a changed catalog. Then the host is re-read, which is
-// what an operator sending SIGHUP usually wants as well.
-func (d *daemon) reload() {
+// running configuration kept. The fault settings and the log level apply
+// at once (see Live); a changed catalog is used by new requests; any other
+// setting that changed is named as taking effect at the next start. Then
+// the host is re-read, which is what an operator sending SIGHUP usually
+// wants as well. It runs beside the main loop (serve.go), which keeps the
+// watchdog fed meanwhile; ctx ends it early when the daemon stops.
+func (d *daemon) reload(ctx context.Context) {
 	d.notify.Reloading()
 	defer func() { d.notify.Ready(d.statusLine()) }()
 	next := defaultConfig()
@@ -38,9 +45,9 @@ func (d *daemon) reload() {
 	if lvl, err := next.level(); err == nil && d.level != nil {
 		d.level.Set(lvl)
 	}
-	if !reflect.DeepEqual(cat.Models(), d.host.cat.Models()) {
+	if !reflect.DeepEqual(cat.Models(), d.catalog().Models()) {
 		// New requests plan with the new catalog; records and the host stay.
-		d.host.cat = cat
+		d.reloadedCat.Store(cat)
 		d.host.nvml.SetCatalog(cat)
 		d.mgr.SetCatalog(cat)
 		applied = append(applied, "catalog")
@@ -49,13 +56,23 @@ func (d *daemon) reload() {
 	if len(restart) > 0 {
 		d.log.Warn("changed settings take effect at the next start", "settings", restart)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, reloadTimeout)
 	defer cancel()
 	if d.mgr.Degraded() == "" {
 		if err := d.mgr.Refresh(ctx); err != nil {
 			d.log.Warn("re-read the host after reload", "err", err)
 		}
 	}
+}
+
+// catalog is the catalog in force: the one the daemon started with, or
+// the one the last reload applied. Safe for concurrent use (the share
+// loop and the metrics read it while a reload may replace it).
+func (d *daemon) catalog() *profile.Catalog {
+	if c := d.reloadedCat.Load(); c != nil {
+		return c
+	}
+	return d.host.cat
 }
 
 // changedSettings compares two configurations key by key (the file's

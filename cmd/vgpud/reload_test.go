@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/store"
 )
 
@@ -69,6 +70,39 @@ func TestReload(t *testing.T) {
 				t.Fatalf("instance after reload: %q", st)
 			}
 		})
+	}
+}
+
+// TestReloadKeepsWatchdog: a reload whose host re-read is slow runs beside
+// the main loop, which keeps pinging the watchdog until READY=1.
+func TestReloadKeepsWatchdog(t *testing.T) {
+	notify := listenNotify(t)
+	t.Setenv("WATCHDOG_USEC", "400000")
+	cfg := testConfig(t, t.TempDir(), "")
+	h := openSimHost(t, cfg)
+	launch(t, cfg, nil, true)
+	notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	// The reload's re-read of the host reads every GPU's MIG mode, which
+	// nothing else running here does (the event loop also counts GPUs).
+	if err := h.AddFault(sim.Fault{Op: "GetMigMode", Delay: "2s", Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	mark := len(notify.all())
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	_, rl := notify.awaitFrom(mark, "RELOADING=1", 10*time.Second, func(m notifyMsg) bool { return m.has("RELOADING=1") })
+	_, rd := notify.awaitFrom(rl, "READY=1 after the reload", 20*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	pings := 0
+	for _, m := range notify.since(rl)[:rd-rl] {
+		if m.has("WATCHDOG=1") {
+			pings++
+		}
+	}
+	// A 2 s re-read spans about ten pings at 200 ms; the loop blocked by
+	// the reload would send none.
+	if pings < 3 {
+		t.Fatalf("%d watchdog pings during a 2 s reload, want the loop to keep pinging", pings)
 	}
 }
 

@@ -1,9 +1,10 @@
 // Package metrics is vgpud's Prometheus exporter. A background collection
 // reads the manager's inventory and the share loop's latest window every
-// interval and renders the whole exposition once; /metrics serves that
-// rendering, so a scrape never calls NVML, the store or the share loop,
-// and costs the same however slow the driver is. NVML call latency and
-// manager events (XIDs, lost GPUs, operations) are counted as they happen.
+// interval; the first scrape after a collection renders it, once, and
+// later scrapes serve that rendering. A scrape never calls NVML, the store
+// or the share loop, and costs the same however slow the driver is; an
+// exporter nobody scrapes renders nothing. NVML call latency and manager
+// events (XIDs, lost GPUs, operations) are counted as they happen.
 //
 // Every family has the vgpud_ prefix; docs/metrics.md lists them. It
 // imports pkg/share (for its snapshot and inventory types); cmd/vgpud
@@ -32,7 +33,7 @@ import (
 )
 
 // processEvery is how many collections the process_* and go_* families
-// are kept for before they are read again.
+// are kept for before a rendering reads them again.
 const processEvery = 10
 
 // ErrBadConfig is wrapped by New's validation errors.
@@ -72,24 +73,46 @@ type Collector struct {
 	log  *slog.Logger
 	reg  *prometheus.Registry
 	live *live
-	// proc holds the process_* and go_* collectors; reading /proc and the
-	// runtime costs more than the rest, so they are rendered every
-	// processEvery collections and the rendering kept.
-	proc     *prometheus.Registry
-	procText []byte
-	// bufs are the family buffers of the last collection, reused.
-	bufs [][]byte
 	// fams are the snapshot families in the order they are rendered, and
 	// famIdx finds one by name.
 	fams   []family
 	famIdx map[string]int
 
-	mu          sync.Mutex // one collection at a time
+	mu          sync.Mutex // one collection at a time; guards what follows
 	collections uint64
-	collectors  map[string]collectorRun
+	lastSuccess time.Time
+
+	// latest is the latest collection, not rendered yet if out is older.
+	latest atomic.Pointer[collection]
+
+	renderMu sync.Mutex // one rendering at a time; guards what follows
+	// proc holds the process_* and go_* collectors; reading /proc and the
+	// runtime costs more than the rest, so they are read every
+	// processEvery collections and the rendering kept.
+	proc     *prometheus.Registry
+	procText []byte
+	procAt   uint64
+	// bufs are the family buffers of the last rendering, reused.
+	bufs [][]byte
 
 	out   atomic.Pointer[rendering]
-	gzips sync.Pool // *gzip.Writer for the scrape-time tail
+	gzips sync.Pool // *gzip.Writer, for a rendering's first gzip scrape
+}
+
+// collection is what one collection read: the data a rendering shows.
+type collection struct {
+	n   uint64
+	at  time.Time
+	inv share.Inventory
+	// invOK: the inventory read succeeded (else its families are left out).
+	invOK bool
+	snap  *share.Snapshot
+	// runs are the collectors' results, by name.
+	runs map[string]collectorRun
+	// took is how long the collection took; lastSuccess when the last one
+	// that read the inventory finished (zero: none yet).
+	took        time.Duration
+	lastSuccess time.Time
 }
 
 type collectorRun struct {
@@ -99,6 +122,7 @@ type collectorRun struct {
 
 // rendering is one collection's exposition, ready to write.
 type rendering struct {
+	col  *collection
 	text []byte
 	at   time.Time
 
@@ -123,8 +147,7 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Collector{cfg: cfg, log: cfg.Logger, reg: prometheus.NewRegistry(), famIdx: map[string]int{},
-		collectors: map[string]collectorRun{}}
+	c := &Collector{cfg: cfg, log: cfg.Logger, reg: prometheus.NewRegistry(), famIdx: map[string]int{}}
 	c.fams = snapshotFamilies()
 	for i, f := range c.fams {
 		c.famIdx[f.name] = i
@@ -243,65 +266,101 @@ func (b *batch) write(w *bytes.Buffer) {
 	}
 }
 
-// Collect runs one collection now and publishes its rendering.
+// Collect runs one collection now: it reads the inventory and the share
+// loop's snapshot, and leaves them for the next scrape to render.
 func (c *Collector) Collect(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	start := time.Now()
+	col := &collection{runs: map[string]collectorRun{}}
+	inv, err := c.cfg.Source.Inventory(ctx)
+	col.runs["inventory"] = collectorRun{ok: err == nil, dur: time.Since(start)}
+	if err != nil {
+		err = fmt.Errorf("inventory: %w", err)
+	} else {
+		col.inv, col.invOK = inv, true
+	}
+	if c.cfg.Shares != nil {
+		t0 := time.Now()
+		col.snap = c.cfg.Shares.Snapshot()
+		col.runs["shares"] = collectorRun{ok: col.snap != nil && col.snap.Windows > 0, dur: time.Since(t0)}
+	}
+	c.collections++
+	col.n = c.collections
+	col.at = c.cfg.Now()
+	// Only a collection that read the inventory is a success: the stale
+	// alert watches this stamp.
+	if err == nil {
+		c.lastSuccess = col.at
+	}
+	col.lastSuccess = c.lastSuccess
+	col.took = time.Since(start)
+	c.latest.Store(col)
+	return err
+}
+
+// current returns the rendering of the latest collection, rendering it if
+// no scrape has since it was collected.
+func (c *Collector) current() *rendering {
+	col := c.latest.Load()
+	if r := c.out.Load(); r != nil && r.col == col {
+		return r
+	}
+	c.renderMu.Lock()
+	defer c.renderMu.Unlock()
+	col = c.latest.Load()
+	if r := c.out.Load(); r != nil && r.col == col {
+		return r // another scrape rendered it meanwhile
+	}
+	r := c.render(col)
+	c.out.Store(r)
+	return r
+}
+
+// render writes a collection's exposition, with the live families as they
+// are now. Callers hold renderMu.
+func (c *Collector) render(col *collection) *rendering {
+	if col == nil {
+		return &rendering{}
+	}
 	b := &batch{c: c, bufs: c.bufs}
 	for i := range b.bufs {
 		b.bufs[i] = b.bufs[i][:0]
 	}
-	var errs error
-
-	t0 := time.Now()
-	inv, err := c.cfg.Source.Inventory(ctx)
-	c.collectors["inventory"] = collectorRun{ok: err == nil, dur: time.Since(t0)}
-	if err != nil {
-		errs = errors.Join(errs, fmt.Errorf("inventory: %w", err))
-	}
-	var snap *share.Snapshot
-	if c.cfg.Shares != nil {
-		snap = c.cfg.Shares.Snapshot()
-	}
-	t0 = time.Now()
 	c.collectInfo(b)
-	if err == nil {
-		c.collectInventory(b, inv)
+	if col.invOK {
+		c.collectInventory(b, col.inv)
 	}
-	c.collectors["inventory"] = collectorRun{ok: err == nil, dur: c.collectors["inventory"].dur + time.Since(t0)}
 	if c.cfg.Shares != nil {
-		t0 = time.Now()
-		c.collectShares(b, snap)
-		c.collectors["shares"] = collectorRun{ok: snap != nil && snap.Windows > 0, dur: time.Since(t0)}
+		c.collectShares(b, col.snap)
 	}
-	c.collections++
-	names := make([]string, 0, len(c.collectors))
-	for n := range c.collectors {
+	names := make([]string, 0, len(col.runs))
+	for n := range col.runs {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		r := c.collectors[n]
+		r := col.runs[n]
 		b.add("vgpud_collector_success", boolf(r.ok), n)
 		b.add("vgpud_collector_duration_seconds", r.dur.Seconds(), n)
 	}
-	now := c.cfg.Now()
-	b.add("vgpud_collections_total", float64(c.collections))
-	b.add("vgpud_collection_duration_seconds", time.Since(start).Seconds())
-	b.add("vgpud_collection_last_success_timestamp_seconds", float64(now.UnixNano())/1e9)
-	if b.err != nil {
-		errs = errors.Join(errs, b.err)
+	b.add("vgpud_collections_total", float64(col.n))
+	b.add("vgpud_collection_duration_seconds", col.took.Seconds())
+	if !col.lastSuccess.IsZero() {
+		b.add("vgpud_collection_last_success_timestamp_seconds", float64(col.lastSuccess.UnixNano())/1e9)
 	}
+	errs := b.err
 	mfs, gerr := c.reg.Gather()
 	if gerr != nil {
 		errs = errors.Join(errs, fmt.Errorf("gather: %w", gerr))
 	}
 	var buf bytes.Buffer
-	buf.Grow(len(c.out.Load().text) + 4096)
+	if prev := c.out.Load(); prev != nil {
+		buf.Grow(len(prev.text) + 4096)
+	}
 	b.write(&buf)
 	c.live.nvml.write(&buf)
-	c.bufs = b.bufs // the next collection reuses their memory
+	c.bufs = b.bufs // the next rendering reuses their memory
 	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
 	for _, mf := range mfs {
 		if err := enc.Encode(mf); err != nil {
@@ -309,7 +368,7 @@ func (c *Collector) Collect(ctx context.Context) error {
 		}
 	}
 	if c.proc != nil {
-		if c.procText == nil || c.collections%processEvery == 1 {
+		if c.procText == nil || col.n >= c.procAt+processEvery {
 			var pb bytes.Buffer
 			pmfs, err := c.proc.Gather()
 			if err != nil {
@@ -321,12 +380,14 @@ func (c *Collector) Collect(ctx context.Context) error {
 					errs = errors.Join(errs, fmt.Errorf("encode %s: %w", mf.GetName(), err))
 				}
 			}
-			c.procText = pb.Bytes()
+			c.procText, c.procAt = pb.Bytes(), col.n
 		}
 		buf.Write(c.procText)
 	}
-	c.out.Store(&rendering{text: buf.Bytes(), at: now})
-	return errs
+	if errs != nil {
+		c.log.Error("metrics rendering is incomplete", "err", errs)
+	}
+	return &rendering{col: col, text: buf.Bytes(), at: col.at}
 }
 
 func (c *Collector) collectInfo(b *batch) {

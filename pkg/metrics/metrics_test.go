@@ -2,9 +2,10 @@ package metrics_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
-	"math"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -91,7 +92,7 @@ func newCollector(t testing.TB, x *sharetest.Harness) *metrics.Collector {
 
 // TestMetricsMatchTruth runs each scenario with the exporter collecting
 // after every window, and compares the served metric values with the
-// simulator's truth: achieved shares within 2%, interference within 0.02.
+// simulator's truth within sharetest's tolerances (a relative 2%).
 func TestMetricsMatchTruth(t *testing.T) {
 	cases := []struct {
 		scenario string
@@ -163,16 +164,18 @@ func TestMetricsMatchTruth(t *testing.T) {
 					_, inst := x.Inst(si.Name)
 					tr := w.Truth(si.Key)
 					lbl := map[string]string{"instance_uuid": inst.UUID}
-					got, ok := value(mfs, "vgpud_instance_achieved_share_ratio", lbl)
-					if !ok {
-						t.Fatalf("no achieved share for %s", si.Name)
+					// The served values, with the window's saturation
+					// (not a metric) from the loop's snapshot.
+					got := share.InstanceShare{Saturated: sharetest.ShareOf(w.Snap, inst.UUID).Saturated}
+					var ok [3]bool
+					got.Achieved, ok[0] = value(mfs, "vgpud_instance_achieved_share_ratio", lbl)
+					got.Interference, ok[1] = value(mfs, "vgpud_instance_interference_index", lbl)
+					got.Demand, ok[2] = value(mfs, "vgpud_instance_demand_share_ratio", lbl)
+					if ok != [3]bool{true, true, true} {
+						t.Fatalf("no achieved, interference or demand for %s: %v", si.Name, ok)
 					}
-					if math.Abs(got-tr.Achieved) > 0.02*tr.Achieved+0.002 {
-						t.Errorf("window at %v, %s: achieved metric %.4f, truth %.4f", w.At, si.Name, got, tr.Achieved)
-					}
-					idx, _ := value(mfs, "vgpud_instance_interference_index", lbl)
-					if want := share.Interference(tr.Achieved, tr.Demand, inst.Entitled()); math.Abs(idx-want) > 0.02 {
-						t.Errorf("window at %v, %s: interference metric %.4f, truth %.4f", w.At, si.Name, idx, want)
+					for _, e := range sharetest.Mismatches(inst, got, tr) {
+						t.Errorf("window at %v, %s: served %s", w.At, si.Name, e)
 					}
 					compared++
 				}
@@ -273,7 +276,8 @@ func TestScrapeServesTheSnapshot(t *testing.T) {
 		Instances: []share.Instance{{UUID: "i1", Tenant: "acme", GPU: "GPU-1", Kind: share.MIG, Profile: "3g.40gb", GI: 2, GIStart: 4, GISize: 4, ComputeMilli: 428, State: "ready"}},
 		Tenants:   []share.Tenant{{Name: "acme", Guaranteed: true}},
 	}}
-	c, err := metrics.New(metrics.Config{Source: src})
+	now := time.Unix(1_800_000_000, 0)
+	c, err := metrics.New(metrics.Config{Source: src, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +309,12 @@ func TestScrapeServesTheSnapshot(t *testing.T) {
 	if _, ok := value(mfs, "vgpud_collection_age_seconds", nil); !ok {
 		t.Error("no collection age")
 	}
-	// A failing source leaves the families it feeds out and says so.
+	if v, _ := value(mfs, "vgpud_collection_last_success_timestamp_seconds", nil); v != 1_800_000_000 {
+		t.Errorf("last success %v, want the collection's time", v)
+	}
+	// A failing source leaves the families it feeds out and says so; the
+	// last success stays the last one that succeeded.
+	now = now.Add(time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if err := c.Collect(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -315,13 +324,69 @@ func TestScrapeServesTheSnapshot(t *testing.T) {
 	if v, _ := value(mfs, "vgpud_collector_success", map[string]string{"collector": "inventory"}); v != 0 {
 		t.Errorf("inventory collector success = %v after a failure", v)
 	}
+	if v, _ := value(mfs, "vgpud_collection_last_success_timestamp_seconds", nil); v != 1_800_000_000 {
+		t.Errorf("last success %v after a failed collection, want the earlier success", v)
+	}
+	if _, ok := value(mfs, "vgpud_gpu_info", nil); ok {
+		t.Error("inventory families served from a failed read")
+	}
 	// gzip is served when asked for.
 	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
 	req.Header.Set("Accept-Encoding", "gzip")
 	rec = httptest.NewRecorder()
 	c.Handler().ServeHTTP(rec, req)
 	if rec.Header().Get("Content-Encoding") != "gzip" || rec.Body.Len() == 0 {
-		t.Errorf("gzip scrape: %v", rec.Header())
+		t.Fatalf("gzip scrape: %v", rec.Header())
+	}
+	// Both members (the rendering, the age) decompress to what a plain
+	// scrape serves.
+	zr, err := gzip.NewReader(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unzipped, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("gunzip: %v", err)
+	}
+	plain := scrape(t, c)
+	cut := func(b []byte) string { return string(b[:bytes.LastIndex(b, []byte("vgpud_collection_age_seconds "))]) }
+	if cut(unzipped) != cut(plain) || !bytes.HasSuffix(unzipped, []byte("\n")) {
+		t.Errorf("gzip scrape decompresses to %d bytes unlike the plain %d:\n%s", len(unzipped), len(plain), unzipped[max(0, len(unzipped)-300):])
+	}
+}
+
+// A collection is rendered by the first scrape after it, once: later
+// scrapes serve the same bytes (live counters as they were then) until
+// the next collection.
+func TestRenderedOncePerCollection(t *testing.T) {
+	c, err := metrics.New(metrics.Config{Source: share.SourceFunc(func(context.Context) (share.Inventory, error) { return share.Inventory{}, nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func() float64 {
+		mfs := parse(t, scrape(t, c))
+		for _, m := range mfs["vgpud_nvml_call_duration_seconds"].GetMetric() {
+			return float64(m.GetHistogram().GetSampleCount())
+		}
+		return 0
+	}
+	if err := c.Collect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Observed after the collection, before its first scrape: rendered.
+	c.ObserveNVML("DeviceGetCount", time.Microsecond, "")
+	if n := count(); n != 1 {
+		t.Fatalf("first scrape shows %v calls, want 1", n)
+	}
+	c.ObserveNVML("DeviceGetCount", time.Microsecond, "")
+	if n := count(); n != 1 {
+		t.Fatalf("second scrape of the same collection shows %v calls, want the first rendering's 1", n)
+	}
+	if err := c.Collect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("after the next collection %v calls, want 2", n)
 	}
 }
 

@@ -60,6 +60,7 @@ func (c *Collector) collectGPUShares(b *batch, s *share.Snapshot, g share.GPUSha
 		b.add("vgpud_gpu_scheduler_timeslice_seconds", g.Timeslice.Seconds(), id)
 		b.add("vgpud_gpu_scheduler_log_entries_total", float64(g.LogEntries), id)
 		b.add("vgpud_gpu_scheduler_log_overruns_total", float64(g.LogOverruns), id)
+		b.add("vgpud_gpu_scheduler_unmatched_run_seconds_total", g.UnmatchedRunSeconds, id)
 		b.add("vgpud_gpu_active_vgpus", float64(g.ActiveVGPUs), id)
 	}
 	switches := make([][2]share.Policy, 0, len(g.Switches))

@@ -34,6 +34,8 @@ type gpuPoller struct {
 	starved   time.Duration // adaptive: how long a guaranteed instance has been starved
 	calm      time.Duration // adaptive: how long the GPU has seen no contention
 	explained bool          // the unsupported scheduler was logged
+	// unsupportedLogged: a wanted policy the GPU does not offer was logged.
+	unsupportedLogged map[Policy]bool
 
 	// scheduler log
 	logSeen    bool
@@ -42,6 +44,10 @@ type gpuPoller struct {
 	logEntries uint64
 	overruns   uint64
 	runs       map[uint32]*runAcc
+	// unmatchedRun is run time of runlists that are no running vGPU's
+	// handle; unmatchedLogged: the likely cause was logged.
+	unmatchedRun    time.Duration
+	unmatchedLogged bool
 
 	// clocks
 	lastPoll  time.Time
@@ -60,18 +66,31 @@ type gpuPoller struct {
 	active    int
 	// instances is how many instances the GPU held at the last window.
 	instances int
-	polls     int
 	migMem    map[int][2]uint64
 
 	inst map[string]*instAcc
 
 	errs       uint64
 	lastErrLog time.Time
+
+	// awake: a VM event came since the last window, so the GPU may run
+	// vGPUs now that it did not run then (see idle).
+	awake bool
 }
 
-// idlePollEvery: an idle GPU is polled every this many polls (once a
-// second at the default 200 ms poll).
-const idlePollEvery = 5
+// idle: the GPU runs nothing (no active vGPU at the last window, no MIG
+// instance, no VM event since) and has no policy switch pending, so it
+// has no scheduler log to read and no share to attribute clocks to.
+func (p *gpuPoller) idle() bool {
+	return p.windows > 0 && p.active == 0 && !(p.info.MIG && p.instances > 0) && p.pending == nil && !p.awake
+}
+
+// needsPolls: the GPU is read at every poll, not only at the window: a
+// time-sliced GPU that runs vGPUs (its scheduler log is a ring of 200
+// entries), or one with a policy switch waiting for its VMs to stop.
+func (p *gpuPoller) needsPolls() bool {
+	return polled(p.info) && (p.pending != nil || (p.timeSliced() && !p.idle()))
+}
 
 type runAcc struct {
 	run, sat time.Duration
@@ -86,7 +105,7 @@ type instAcc struct {
 
 func newPoller(l *Loop, g GPU) *gpuPoller {
 	p := &gpuPoller{l: l, uuid: g.UUID, drv: l.drv.GPU(g.UUID), info: g, switches: map[[2]Policy]uint64{},
-		refusals: map[Policy]map[string]uint64{}, lastTotal: map[uint32]time.Duration{}, runs: map[uint32]*runAcc{},
+		refusals: map[Policy]map[string]uint64{}, unsupportedLogged: map[Policy]bool{}, lastTotal: map[uint32]time.Duration{}, runs: map[uint32]*runAcc{},
 		reasonSec: map[string]float64{}, winReason: map[string]float64{}, inst: map[string]*instAcc{}, desired: Unknown}
 	for _, r := range reasonNames {
 		p.reasonSec[r.name] = 0
@@ -146,14 +165,6 @@ func (p *gpuPoller) readScheduler(ctx context.Context, now time.Time) {
 
 // poll is one poll: clocks, the scheduler log, a pending switch.
 func (p *gpuPoller) poll(ctx context.Context, now time.Time) {
-	// A GPU that runs nothing (no active vGPU, no MIG instance) has no log
-	// to read and no share to attribute clocks to: it is read once a second,
-	// at the window, instead of at every poll.
-	p.polls++
-	idle := p.windows > 0 && p.active == 0 && !(p.info.MIG && p.instances > 0) && p.pending == nil
-	if idle && p.polls%idlePollEvery != 0 {
-		return
-	}
 	dt := 0.0
 	if !p.lastPoll.IsZero() {
 		dt = now.Sub(p.lastPoll).Seconds()
@@ -202,16 +213,17 @@ func (p *gpuPoller) poll(ctx context.Context, now time.Time) {
 // the runlists' cumulative totals, so entries the ring lost between two
 // reads still count; the read is counted as an overrun.
 func (p *gpuPoller) readLog(l Log) {
-	if len(l.Entries) == 0 {
-		return
-	}
 	if !p.logSeen {
-		// The first read sets the baseline: the ring's history predates the loop.
+		// The first read sets the baseline: the ring's history predates
+		// the loop. An empty ring is a baseline too: what comes next is new.
 		p.logSeen = true
 		for _, e := range l.Entries {
 			p.lastTotal[e.Runlist] = e.RunTotal
 			p.lastEntry = max(p.lastEntry, e.Time)
 		}
+		return
+	}
+	if len(l.Entries) == 0 {
 		return
 	}
 	if l.Full && l.Entries[0].Time > p.lastEntry {
@@ -294,6 +306,7 @@ func (p *gpuPoller) closeWindow(ctx context.Context, now time.Time, window time.
 	secs := window.Seconds()
 	p.windows++
 	p.instances = len(insts)
+	p.awake = false
 	slow := p.windows == 1 || p.windows%p.l.cfg.SlowEvery == 0
 	if p.windows == 1 || p.windows%p.l.cfg.TelemetryEvery == 0 {
 		if t, err := p.drv.Telemetry(ctx, slow); err != nil {
@@ -333,6 +346,7 @@ func (p *gpuPoller) closeWindow(ctx context.Context, now time.Time, window time.
 			u := byHandle[s.Handle]
 			byHandle[s.Handle] = [3]float64{u[0] + s.SM, u[1] + s.Mem, u[2] + 1}
 		}
+		p.countUnmatched(active)
 		for uuid, v := range match {
 			a := p.runs[v.Handle]
 			m := Measured{Clock: clock}
@@ -424,6 +438,33 @@ func (p *gpuPoller) closeWindow(ctx context.Context, now time.Time, window time.
 	return out
 }
 
+// countUnmatched adds up the window's run time of runlists that are no
+// running vGPU's handle. The log's runlist id is taken to be the vGPU's
+// NVML handle (the simulator's convention; nvml.h calls it a "software
+// runlist id"): if a driver numbers them otherwise, every run is
+// unmatched and the instances read idle, which this makes visible. A VM
+// that stopped during the window leaves its last runs unmatched too.
+func (p *gpuPoller) countUnmatched(active []VGPU) {
+	running := map[uint32]bool{}
+	for _, v := range active {
+		running[v.Handle] = true
+	}
+	var matched, unmatched time.Duration
+	for id, a := range p.runs {
+		if running[id] {
+			matched += a.run
+		} else {
+			unmatched += a.run
+		}
+	}
+	p.unmatchedRun += unmatched
+	if unmatched > 0 && matched == 0 && len(active) > 0 && !p.unmatchedLogged {
+		p.unmatchedLogged = true
+		p.l.log.Warn("vGPU scheduler log: no runlist matches a running vGPU's handle; run time is not attributed to instances (see vgpud_gpu_scheduler_unmatched_run_seconds_total)",
+			"gpu", p.uuid, "unmatched", unmatched, "active_vgpus", len(active))
+	}
+}
+
 func (p *gpuPoller) acc(uuid string) *instAcc {
 	a := p.inst[uuid]
 	if a == nil {
@@ -440,7 +481,7 @@ func (p *gpuPoller) acc(uuid string) *instAcc {
 func (p *gpuPoller) view(shares []InstanceShare) GPUShares {
 	g := GPUShares{UUID: p.uuid, Supported: p.supported, SupportReason: p.reason, Policy: Unknown, Desired: p.desired,
 		Switches: map[[2]Policy]uint64{}, Refusals: map[Policy]map[string]uint64{}, ClockEventSeconds: map[string]float64{},
-		LogEntries: p.logEntries, LogOverruns: p.overruns, SMMHz: p.smMHz, HasTelemetry: p.hasTel, Telemetry: p.tel, ActiveVGPUs: p.active}
+		LogEntries: p.logEntries, LogOverruns: p.overruns, UnmatchedRunSeconds: p.unmatchedRun.Seconds(), SMMHz: p.smMHz, HasTelemetry: p.hasTel, Telemetry: p.tel, ActiveVGPUs: p.active}
 	if p.capsRead && !p.supported {
 		g.Policy, g.Desired = Unsupported, Unsupported
 	} else if p.stateRead {

@@ -30,6 +30,8 @@ type Loop struct {
 
 	snap atomic.Pointer[Snapshot]
 	kick chan struct{}
+	// kicked: a VM event came since the last step.
+	kicked atomic.Bool
 }
 
 // New returns a loop over src and drv.
@@ -49,26 +51,46 @@ func New(src Source, drv Driver, cfg Config) (*Loop, error) {
 // Config returns the loop's configuration with defaults applied.
 func (l *Loop) Config() Config { return l.cfg }
 
-// Run steps the loop every Poll until ctx ends.
+// Run steps the loop until ctx ends: every Poll while a GPU needs its
+// scheduler log read (a time-sliced GPU running vGPUs, a pending policy
+// switch), else once a window, at its end. A MIG-only or idle host is
+// then woken once a second, not five times.
 func (l *Loop) Run(ctx context.Context) error {
-	t := time.NewTicker(l.cfg.Poll)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		if err := l.Step(ctx); err != nil && ctx.Err() == nil {
-			l.log.Warn("share loop step", "err", err)
-		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		case <-l.kick:
 		}
+		if err := l.Step(ctx); err != nil && ctx.Err() == nil {
+			l.log.Warn("share loop step", "err", err)
+		}
+		t.Stop()
+		t.Reset(l.nextStep())
 	}
 }
 
-// Kick makes a running loop step now (a VM stopped: a pending policy
-// switch may go through).
+// nextStep is how long Run sleeps after a step.
+func (l *Loop) nextStep() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range l.pollers {
+		if p.needsPolls() {
+			return l.cfg.Poll
+		}
+	}
+	return max(l.windowStart.Add(l.cfg.Window).Sub(l.cfg.Now()), 0)
+}
+
+// Kick makes a running loop step now (a VM started or stopped: a pending
+// policy switch may go through, and an idle GPU is polled at every poll
+// again until the next window says whether it runs vGPUs, so that its
+// scheduler log is read before its ring wraps).
 func (l *Loop) Kick() {
+	l.kicked.Store(true)
 	select {
 	case l.kick <- struct{}{}:
 	default:
@@ -138,10 +160,16 @@ func (l *Loop) Step(ctx context.Context) error {
 		}
 		l.windowStart = now
 	}
+	if l.kicked.Swap(false) {
+		for _, p := range l.pollers {
+			p.awake = true
+		}
+	}
 	closing := now.Sub(l.windowStart) >= l.cfg.Window-l.cfg.Poll/2
-	// Time-sliced GPUs are read every poll (the scheduler log ring needs
-	// it); MIG GPUs, whose clocks are all there is to poll, once a window.
-	l.eachWhere(func(p *gpuPoller) bool { return closing || p.timeSliced() || p.pending != nil },
+	// Busy time-sliced GPUs are read every poll (the scheduler log ring
+	// needs it); MIG GPUs, whose clocks are all there is to poll, and idle
+	// GPUs once a window.
+	l.eachWhere(func(p *gpuPoller) bool { return closing || p.needsPolls() },
 		func(p *gpuPoller) { p.poll(ctx, now) })
 	if !closing {
 		return nil

@@ -158,6 +158,11 @@ func (p *gpuPoller) want(ctx context.Context, now time.Time, target Policy, reas
 	}
 	if !p.caps.supports(target) {
 		p.count(target, "unsupported_policy")
+		if !p.unsupportedLogged[target] {
+			p.unsupportedLogged[target] = true
+			p.l.log.Warn("vGPU scheduler policy wanted but not offered by the GPU: not set (counted as refused, reason unsupported_policy)",
+				"gpu", p.uuid, "policy", target, "offered", p.caps.Policies, "reason", reason)
+		}
 		return
 	}
 	if p.pending != nil && p.pending.To == target {

@@ -43,6 +43,9 @@ type GPUShares struct {
 	// LogEntries counts scheduler log entries read; LogOverruns the reads
 	// that found entries lost (the ring wrapped between two reads).
 	LogEntries, LogOverruns uint64
+	// UnmatchedRunSeconds is the run time of scheduler log runlists that
+	// were no running vGPU's handle, cumulative (see countUnmatched).
+	UnmatchedRunSeconds float64
 	// Clock is the mean SM clock over the window (1 = full).
 	Clock float64
 	SMMHz uint32

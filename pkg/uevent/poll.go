@@ -15,12 +15,20 @@ import (
 type FetchFunc func(after uint64) (events []Event, newest uint64, err error)
 
 // DefaultPollInterval is how often a Poller asks its producer when it has
-// nothing queued.
-const DefaultPollInterval = 100 * time.Millisecond
+// nothing queued and the producer cannot say when it has news.
+const DefaultPollInterval = 250 * time.Millisecond
+
+// WakeFallback is how often a waking poller (NewWakingPoller) asks its
+// producer unwoken, in case a change went unannounced.
+const WakeFallback = 500 * time.Millisecond
+
+// WakeFunc returns a channel that is closed at the producer's next change.
+type WakeFunc func() <-chan struct{}
 
 // Poller is a Source over a FetchFunc: the simulated host's uevent ring.
 type Poller struct {
 	fetch    FetchFunc
+	wake     WakeFunc
 	interval time.Duration
 
 	mu      sync.Mutex
@@ -46,6 +54,19 @@ func NewPoller(fetch FetchFunc, interval time.Duration) (*Poller, error) {
 	return &Poller{fetch: fetch, interval: interval, last: newest, done: make(chan struct{})}, nil
 }
 
+// NewWakingPoller is NewPoller over a producer that says when it changes
+// (the simulated host: sim.Host.Changed). The poller sleeps until woken,
+// as a netlink reader sleeps until the kernel sends, and asks the
+// producer every WakeFallback besides.
+func NewWakingPoller(fetch FetchFunc, wake WakeFunc) (*Poller, error) {
+	p, err := NewPoller(fetch, WakeFallback)
+	if err != nil {
+		return nil, err
+	}
+	p.wake = wake
+	return p, nil
+}
+
 // Next returns the next event. A gap in the numbers (the producer's ring
 // wrapped before the poller read it) is reported once as ErrOverflow and
 // the events after the gap follow. A producer that starts over (its newest
@@ -65,6 +86,11 @@ func (p *Poller) Next(ctx context.Context) (Event, error) {
 			ev := p.pending[0]
 			p.pending = p.pending[1:]
 			return ev, nil
+		}
+		// Taken before the fetch: a change after it closes this channel.
+		var woken <-chan struct{}
+		if p.wake != nil {
+			woken = p.wake()
 		}
 		evs, newest, err := p.fetch(p.last)
 		if err != nil {
@@ -91,6 +117,7 @@ func (p *Poller) Next(ctx context.Context) (Event, error) {
 		case <-ctx.Done():
 		case <-p.done:
 		case <-t.C:
+		case <-woken:
 		}
 		t.Stop()
 		p.mu.Lock()

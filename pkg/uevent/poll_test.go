@@ -192,3 +192,60 @@ func TestPollerFetchError(t *testing.T) {
 		t.Fatalf("Next: %v, want %v", err, boom)
 	}
 }
+
+// waker is a producer's change signal: a channel closed at each change.
+type waker struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (w *waker) wait() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+	}
+	return w.ch
+}
+
+func (w *waker) changed() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+	}
+}
+
+// A waking poller reads what the producer announces without waiting for
+// its fallback poll (an hour here, so only the wake can deliver).
+func TestWakingPoller(t *testing.T) {
+	r := &ring{size: 8}
+	w := &waker{}
+	// empty says the poller found nothing and is about to sleep.
+	empty := make(chan struct{}, 16)
+	fetch := func(after uint64) ([]Event, uint64, error) {
+		evs, newest, err := r.fetch(after)
+		if len(evs) == 0 {
+			empty <- struct{}{}
+		}
+		return evs, newest, err
+	}
+	p, err := NewWakingPoller(fetch, w.wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	<-empty // NewPoller's own read
+	p.interval = time.Hour
+	go func() {
+		for i := 0; i < 3; i++ {
+			<-empty
+			r.emit(1)
+			w.changed()
+		}
+	}()
+	if evs := drain(t, p, 3); fmt.Sprint(evs) != "[1 2 3]" {
+		t.Fatalf("events %v, want [1 2 3]", evs)
+	}
+}

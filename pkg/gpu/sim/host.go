@@ -47,8 +47,10 @@ var (
 //	DIR/sys/         the sysfs tree (use FS to write it)
 type Host struct {
 	dir string
-	cat *profile.Catalog
-	log *slog.Logger
+	// state is DIR/state.json (every call stats it: joined once).
+	state string
+	cat   *profile.Catalog
+	log   *slog.Logger
 
 	mu    sync.Mutex
 	lock  *os.File
@@ -66,6 +68,8 @@ type Host struct {
 	sleep    func(time.Duration)
 	// eng is the workload model's runtime (sched.go), guarded by mu.
 	eng *engine
+	// notify wakes event waiters at every change (notify.go).
+	notify notifier
 }
 
 // OpenOptions configure Open.
@@ -99,7 +103,7 @@ func Open(dir string, spec *Spec, cat *profile.Catalog, opts OpenOptions) (*Host
 	if err != nil {
 		return nil, fmt.Errorf("open simulated host lock: %w", err)
 	}
-	h := &Host{dir: dir, cat: cat, log: log, lock: lf, mirror: opts.Mirror, sleep: time.Sleep}
+	h := &Host{dir: dir, state: filepath.Join(dir, "state.json"), cat: cat, log: log, lock: lf, mirror: opts.Mirror, sleep: time.Sleep}
 	if err := h.flock(unix.LOCK_EX); err != nil {
 		lf.Close()
 		return nil, err
@@ -160,6 +164,7 @@ func (h *Host) setLatency(s *Spec) {
 
 // Close releases the host's files; the state stays on disk.
 func (h *Host) Close() error {
+	h.closeNotify()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lock.Close()
@@ -171,7 +176,7 @@ func (h *Host) Dir() string { return h.dir }
 // SysRoot is the root of the simulated sysfs tree (what /sys is on a host).
 func (h *Host) SysRoot() string { return filepath.Join(h.dir, "sys") }
 
-func (h *Host) statePath() string { return filepath.Join(h.dir, "state.json") }
+func (h *Host) statePath() string { return h.state }
 
 func sameHardware(a, b *Spec) bool {
 	if len(a.GPUs) != len(b.GPUs) {
@@ -395,6 +400,7 @@ func (h *Host) mutate(fn func(st *state) (changed bool, err error)) error {
 	if serr := h.save(); serr != nil {
 		return serr
 	}
+	defer h.changed()
 	h.updateTree()
 	if rerr := h.writeMirror(); rerr != nil {
 		return rerr
@@ -446,8 +452,12 @@ func (h *Host) SetDriverLoaded(on bool) error {
 	})
 }
 
-// SetVFs simulates sriov-manage -e / -d on a GPU. Disabling destroys the
-// VFs' vGPUs and, as the driver rebind does, every GPU instance.
+// SetVFs simulates sriov-manage -e / -d on a GPU. Enabling a GPU whose
+// VFs are enabled changes nothing (re-running -e is harmless, reference
+// 2.1). Otherwise the driver rebind destroys every GPU instance and resets
+// heterogeneous mode; disabling also takes the VFs' vGPUs and, on a legacy
+// mdev GPU, the mdevs whose parents were the VFs. Refused with IN_USE
+// (unbindLock) while a VM holds one of them.
 func (h *Host) SetVFs(id string, on bool) error {
 	return h.mutate(func(st *state) (bool, error) {
 		g := st.gpu(id)
@@ -457,10 +467,26 @@ func (h *Host) SetVFs(id string, on bool) error {
 		if g.model.VGPU == nil || g.model.VGPU.SRIOVVFs == 0 {
 			return false, fmt.Errorf("GPU %s has no SR-IOV", g.PCI)
 		}
-		for _, v := range g.VFs {
-			if v.VGPU != nil && v.VGPU.VM != "" {
+		if on && g.VFsEnabled {
+			return false, nil
+		}
+		for _, v := range g.vgpus() {
+			if v.VM != "" {
 				return false, fmt.Errorf("sriov-manage: cannot obtain unbindLock for %s: %w", g.PCI, nvml.ERROR_IN_USE)
 			}
+		}
+		if !on {
+			vfs := map[string]bool{}
+			for _, v := range g.VFs {
+				vfs[v.PCI] = true
+			}
+			kept := g.Mdevs[:0]
+			for _, m := range g.Mdevs {
+				if !vfs[m.Parent] {
+					kept = append(kept, m)
+				}
+			}
+			g.Mdevs = kept
 		}
 		h.setVFs(g, on)
 		g.GIs = nil

@@ -109,6 +109,9 @@ func (l *lib) Init() nvml.Return {
 func (l *lib) InitWithFlags(uint32) nvml.Return { return l.Init() }
 
 func (l *lib) Shutdown() nvml.Return {
+	if ret := l.h.call("Shutdown", -1, false, func(*state, *gpuState) (bool, nvml.Return) { return false, nvml.SUCCESS }); ret != nvml.SUCCESS {
+		return ret
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.inits == 0 {

@@ -13,10 +13,6 @@ import (
 const supportedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError |
 	nvml.EventTypeSingleBitEccError | nvml.EventTypeClock | nvml.EventMigConfigChange | nvml.EventTypePState
 
-// eventPoll is how often Wait looks for new events. A look that finds
-// state.json unchanged since the last scan costs one stat, no lock.
-const eventPoll = 20 * time.Millisecond
-
 // eventSet is a simulated nvml.EventSet over the host's event ring.
 type eventSet struct {
 	*mock.EventSet
@@ -66,10 +62,15 @@ func (d *device) RegisterEvents(mask uint64, set nvml.EventSet) nvml.Return {
 	return nvml.SUCCESS
 }
 
-// Wait returns the next registered event, or TIMEOUT after timeoutMs.
+// Wait returns the next registered event, or TIMEOUT after timeoutMs. It
+// blocks, as the driver's does, until the host's state changes (events
+// arrive only with a change, by this process or another: Host.Changed)
+// or the timeout ends; it does not poll.
 func (es *eventSet) Wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
-	deadline := time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
+	timeout := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+	defer timeout.Stop()
 	for {
+		changed := es.l.h.Changed()
 		ev, ok, ret := es.next()
 		if ret != nvml.SUCCESS {
 			return nvml.EventData{}, ret
@@ -77,10 +78,11 @@ func (es *eventSet) Wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
 		if ok {
 			return ev, nvml.SUCCESS
 		}
-		if !time.Now().Before(deadline) {
+		select {
+		case <-changed:
+		case <-timeout.C:
 			return nvml.EventData{}, nvml.ERROR_TIMEOUT
 		}
-		time.Sleep(min(eventPoll, time.Until(deadline)))
 	}
 }
 
@@ -150,6 +152,9 @@ func (es *eventSet) next() (nvml.EventData, bool, nvml.Return) {
 }
 
 func (es *eventSet) Free() nvml.Return {
+	if ret := es.l.h.call("EventSetFree", -1, false, func(*state, *gpuState) (bool, nvml.Return) { return false, nvml.SUCCESS }); ret != nvml.SUCCESS {
+		return ret
+	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	es.free = true

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 
@@ -42,10 +43,15 @@ func giIDFor(m *profile.Model, size, start int) int {
 
 // giCreate applies the placement legality model (reference 3.2): the start
 // must be legal for the profile, the range must not overlap an existing GI
-// and the per-profile count must not be exhausted.
+// and the per-profile count must not be exhausted. An illegal start is a
+// bad argument whatever the GPU holds (INVALID_ARGUMENT, reference 3.7),
+// so it is checked before the resources (INSUFFICIENT_RESOURCES).
 func giCreate(g *gpuState, p *profile.GPUInstanceProfile, start int, explicit bool) (*gi, nvml.Return) {
 	if !g.MIGCurrent {
 		return nil, nvml.ERROR_NOT_SUPPORTED
+	}
+	if explicit && !slices.Contains(p.Placements, start) {
+		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 	count := 0
 	for _, x := range g.GIs {
@@ -66,13 +72,6 @@ func giCreate(g *gpuState, p *profile.GPUInstanceProfile, start int, explicit bo
 		return true
 	}
 	if explicit {
-		legal := false
-		for _, s := range p.Placements {
-			legal = legal || s == start
-		}
-		if !legal {
-			return nil, nvml.ERROR_INVALID_ARGUMENT
-		}
 		if !free(start) {
 			return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 		}

@@ -38,8 +38,8 @@ func gpmCapable(g *gpuState) bool {
 
 // GpmSampleAlloc allocates a sample.
 func (l *lib) GpmSampleAlloc() (nvml.GpmSample, nvml.Return) {
-	if !l.initialized() {
-		return nil, nvml.ERROR_UNINITIALIZED
+	if ret := l.libCall("GpmSampleAlloc", func(*state) {}); ret != nvml.SUCCESS {
+		return nil, ret
 	}
 	return &gpmSample{GpmSample: &mock.GpmSample{}, l: l, gi: -1}, nvml.SUCCESS
 }
@@ -93,6 +93,9 @@ func (d *device) GpmSampleGet(s nvml.GpmSample) nvml.Return { return s.Get(d) }
 func (d *device) GpmMigSampleGet(gi int, s nvml.GpmSample) nvml.Return { return s.MigGet(d, gi) }
 
 func (s *gpmSample) Free() nvml.Return {
+	if ret := s.l.libCall("GpmSampleFree", func(*state) {}); ret != nvml.SUCCESS {
+		return ret
+	}
 	if s.freed {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -109,7 +112,11 @@ func (s *gpmSample) take(dev nvml.Device, giID int) nvml.Return {
 	if !ok || d.h != s.l.h || s.freed {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
-	return d.telemetry("GpmSampleGet", func(g *gpuState, r *gpuRun) nvml.Return {
+	op := "GpmSampleGet"
+	if giID >= 0 {
+		op = "GpmMigSampleGet"
+	}
+	return d.telemetry(op, func(g *gpuState, r *gpuRun) nvml.Return {
 		if !gpmCapable(g) {
 			return nvml.ERROR_NOT_SUPPORTED
 		}
@@ -136,6 +143,14 @@ func (l *lib) GpmMetricsGet(m *nvml.GpmMetricsGetType) nvml.Return {
 	if !l.initialized() {
 		return nvml.ERROR_UNINITIALIZED
 	}
+	// A library call (it computes from two samples the caller holds), but
+	// like every call it takes the configured latency and fault rules.
+	return l.h.call("GpmMetricsGet", -1, false, func(*state, *gpuState) (bool, nvml.Return) {
+		return false, gpmMetrics(m)
+	})
+}
+
+func gpmMetrics(m *nvml.GpmMetricsGetType) nvml.Return {
 	if m == nil || int(m.NumMetrics) > len(m.Metrics) {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}

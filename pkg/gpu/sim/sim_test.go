@@ -129,6 +129,12 @@ func TestNVMLRefusals(t *testing.T) {
 			_, r := createGI(t, d, p1gme, 3)
 			return r
 		}, nvml.ERROR_INSUFFICIENT_RESOURCES},
+		{"GI at an illegal start with the profile's count exhausted", func(t *testing.T, e *env) nvml.Return {
+			d := e.dev(t, h100MIG)
+			mustGI(t, d, p4g, 0)
+			_, r := createGI(t, d, p4g, 4)
+			return r
+		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"GI 4g after 3g at 4 (only start 0)", func(t *testing.T, e *env) nvml.Return {
 			d := e.dev(t, h100MIG)
 			mustGI(t, d, p1g, 0)
@@ -678,5 +684,35 @@ func TestSpecValidation(t *testing.T) {
 				t.Fatalf("err = %v, want ErrBadSpec naming %q", err, c.want)
 			}
 		})
+	}
+}
+
+// sriov-manage -e on a GPU whose VFs are enabled is harmless (reference
+// 2.1); -d takes the VFs and, on a legacy mdev GPU, the mdevs they parent.
+func TestSetVFs(t *testing.T) {
+	e := newEnv(t, nil)
+	mustGI(t, e.dev(t, h100MIG), p3g, 0)
+	id := typeID(t, e, "A10-24GB", "A10-4Q")
+	if err := mdevCreate(e, vfOf(a10, 0), id, uuid1); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := e.h.Summary()
+	for _, g := range []string{h100MIG, a10} {
+		if err := e.h.SetVFs(g, true); err != nil {
+			t.Fatalf("enable again on %s: %v", g, err)
+		}
+	}
+	if after, _ := e.h.Summary(); after != before {
+		t.Fatalf("enabling enabled VFs changed the host:\n%s\nwas\n%s", after, before)
+	}
+	if err := e.h.SetVFs(a10, false); err != nil {
+		t.Fatal(err)
+	}
+	sum, _ := e.h.Summary()
+	if strings.Contains(sum, "mdev") {
+		t.Fatalf("mdevs outlived their parent VFs:\n%s", sum)
+	}
+	if _, err := e.fs.Stat("bus/mdev/devices/" + uuid1); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("mdev device still in sysfs: %v", err)
 	}
 }

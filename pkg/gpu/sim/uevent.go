@@ -1,6 +1,9 @@
 package sim
 
-import "time"
+import (
+	"sort"
+	"time"
+)
 
 // Uevent is a kobject uevent the simulated kernel emitted, as a netlink
 // listener would receive it.
@@ -26,16 +29,16 @@ func (st *state) uevent(action, devpath, subsystem string, env map[string]string
 }
 
 // UeventsSince returns the uevents after sequence number after, and the
-// newest sequence number.
+// newest sequence number. The ring is in sequence order, so the first one
+// to return is found by binary search.
 func (h *Host) UeventsSince(after uint64) ([]Uevent, uint64, error) {
 	var out []Uevent
 	var last uint64
 	err := h.view(func(st *state) error {
 		last = st.NextUevent
-		for _, u := range st.Uevents {
-			if u.Seq > after {
-				out = append(out, u)
-			}
+		i := sort.Search(len(st.Uevents), func(i int) bool { return st.Uevents[i].Seq > after })
+		if i < len(st.Uevents) {
+			out = append([]Uevent(nil), st.Uevents[i:]...)
 		}
 		return nil
 	})

@@ -1,0 +1,174 @@
+package share
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+)
+
+// fakeGPU answers the loop's reads with nothing to measure: a MIG GPU
+// (scheduler NOT_SUPPORTED) or a time-sliced one running active vGPUs.
+type fakeGPU struct {
+	mig    bool
+	active []VGPU
+	// policies the scheduler offers (default: all three).
+	policies []Policy
+	// log is what SchedulerLog returns.
+	log Log
+}
+
+func (f *fakeGPU) SchedulerCapabilities(context.Context) (Caps, error) {
+	if f.mig {
+		return Caps{}, gpu.ErrNotSupported
+	}
+	if f.policies != nil {
+		return Caps{Policies: f.policies}, nil
+	}
+	return Caps{Policies: []Policy{BestEffort, EqualShare, FixedShare}}, nil
+}
+func (f *fakeGPU) SchedulerState(context.Context) (State, error) {
+	return State{Policy: BestEffort}, nil
+}
+func (f *fakeGPU) SetSchedulerState(context.Context, State) error { return nil }
+func (f *fakeGPU) SchedulerLog(context.Context) (Log, error)      { return f.log, nil }
+func (f *fakeGPU) ActiveVGPUs(context.Context) ([]VGPU, error)    { return f.active, nil }
+func (f *fakeGPU) ActiveVGPUCount(context.Context) (int, error)   { return len(f.active), nil }
+func (f *fakeGPU) VGPUUtilization(context.Context, uint64) ([]UtilSample, uint64, error) {
+	return nil, 0, nil
+}
+func (f *fakeGPU) Clocks(context.Context) (Clocks, error)             { return Clocks{}, nil }
+func (f *fakeGPU) Telemetry(context.Context, bool) (Telemetry, error) { return Telemetry{}, nil }
+func (f *fakeGPU) MIGActivity(context.Context, []int) (map[int]MIGActivity, error) {
+	return map[int]MIGActivity{}, nil
+}
+func (f *fakeGPU) MIGMemory(context.Context) (map[int][2]uint64, error) { return nil, nil }
+
+type fakeDriver map[string]*fakeGPU
+
+func (d fakeDriver) GPU(uuid string) GPUDriver { return d[uuid] }
+
+// Run steps at every poll only while a GPU needs its scheduler log read;
+// otherwise it sleeps to the window's end.
+func TestNextStep(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ts := &fakeGPU{}
+	drv := fakeDriver{"GPU-mig": {mig: true}, "GPU-ts": ts}
+	inv := Inventory{GPUs: []GPU{{UUID: "GPU-mig", MIG: true, State: "ok"}, {UUID: "GPU-ts", State: "ok"}}}
+	l, err := New(SourceFunc(func(context.Context) (Inventory, error) { return inv, nil }), drv,
+		Config{Mode: Observe, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	step := func(d time.Duration) time.Duration {
+		t.Helper()
+		now = now.Add(d)
+		if err := l.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return l.nextStep()
+	}
+	poll, window := l.cfg.Poll, l.cfg.Window
+	// Before its first window a time-sliced GPU is read every poll.
+	if got := step(0); got != poll {
+		t.Fatalf("before the first window: next step in %v, want %v", got, poll)
+	}
+	for range 4 {
+		step(poll)
+	}
+	// The window closed and found no vGPU running: both GPUs are read at
+	// the next window only.
+	if got := step(poll); got != window {
+		t.Fatalf("MIG and idle GPUs: next step in %v, want the window %v", got, window)
+	}
+	if got := step(300 * time.Millisecond); got != window-300*time.Millisecond {
+		t.Fatalf("mid-window: next step in %v, want the rest of the window", got)
+	}
+	// A VM event: the time-sliced GPU is read every poll until the window
+	// says whether a vGPU runs.
+	l.Kick()
+	if got := step(0); got != poll {
+		t.Fatalf("after a VM event: next step in %v, want %v", got, poll)
+	}
+	ts.active = []VGPU{{Handle: 1}}
+	if got := step(window - 300*time.Millisecond); got != poll {
+		t.Fatalf("with a running vGPU: next step in %v, want %v", got, poll)
+	}
+	ts.active = nil
+	if got := step(window); got != window {
+		t.Fatalf("once the vGPU stopped: next step in %v, want %v", got, window)
+	}
+}
+
+// A wanted policy the GPU does not offer is counted every window and
+// logged once.
+func TestUnsupportedPolicyLoggedOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	drv := fakeDriver{"GPU-ts": {policies: []Policy{BestEffort}}}
+	inv := Inventory{GPUs: []GPU{{UUID: "GPU-ts", State: "ok"}},
+		Instances: []Instance{{UUID: "v1", Tenant: "acme", Guaranteed: true, GPU: "GPU-ts", Kind: TimeSliced, GI: -1, ComputeMilli: 500}}}
+	var logs bytes.Buffer
+	l, err := New(SourceFunc(func(context.Context) (Inventory, error) { return inv, nil }), drv,
+		Config{Mode: Static, Now: func() time.Time { return now }, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if err := l.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(l.cfg.Window)
+	}
+	g := l.Snapshot().GPUs[0]
+	if n := g.Refusals[FixedShare]["unsupported_policy"]; n < 4 {
+		t.Errorf("unsupported_policy refusals %d after 4 windows", n)
+	}
+	if n := strings.Count(logs.String(), "not offered by the GPU"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+// Run time of runlists that are no running vGPU's handle is counted and,
+// when nothing matches, the likely cause logged once.
+func TestUnmatchedRunlists(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ts := &fakeGPU{active: []VGPU{{Handle: 1, VMID: "vm-1"}}}
+	drv := fakeDriver{"GPU-ts": ts}
+	inv := Inventory{GPUs: []GPU{{UUID: "GPU-ts", State: "ok"}},
+		Instances: []Instance{{UUID: "v1", Tenant: "acme", GPU: "GPU-ts", Kind: TimeSliced, GI: -1, VMUUID: "vm-1", ComputeMilli: 500}}}
+	var logs bytes.Buffer
+	l, err := New(SourceFunc(func(context.Context) (Inventory, error) { return inv, nil }), drv,
+		Config{Mode: Observe, Now: func() time.Time { return now }, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A driver that numbers runlists otherwise than handles: runlist 7
+	// runs 100 ms per poll.
+	var total time.Duration
+	for i := range 16 {
+		total += 100 * time.Millisecond
+		ts.log = Log{Entries: []LogEntry{{Time: int64(i + 1), Runlist: 7, Run: 100 * time.Millisecond, RunTotal: total}}}
+		if err := l.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(l.cfg.Poll)
+	}
+	g := l.Snapshot().GPUs[0]
+	// The first read is the baseline; polls 1..15 ran in the windows that
+	// closed at polls 5, 10 and 15.
+	if math.Abs(g.UnmatchedRunSeconds-1.5) > 1e-9 {
+		t.Errorf("unmatched run %.3fs, want 1.5s", g.UnmatchedRunSeconds)
+	}
+	if n := strings.Count(logs.String(), "no runlist matches"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logs.String())
+	}
+	if s := l.Snapshot().Instances[0]; s.Busy != 0 {
+		t.Errorf("instance busy %.2f from unmatched runs", s.Busy)
+	}
+}
