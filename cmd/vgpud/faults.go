@@ -157,7 +157,7 @@ func newFaultWatch(d *daemon) *faultWatch {
 		status: func() { d.notify.Status(d.statusLine()) },
 	}
 	if h := d.host.sim; h != nil {
-		w.open = func() (uevent.Source, error) { return uevent.NewPoller(simUevents(h), 0) }
+		w.open = func() (uevent.Source, error) { return uevent.NewWakingPoller(simUevents(h), h.Changed) }
 	} else {
 		w.open = func() (uevent.Source, error) { return uevent.OpenNetlink(uevent.NetlinkOptions{}) }
 	}

@@ -33,8 +33,8 @@ type Options struct {
 	// with BackendFailure.
 	Apply Applier
 	// ResyncInterval is how often the objects are compared with the
-	// manager even without an event (changes discovery finds on its own).
-	// Default 5s.
+	// manager even without an event: a safety net, since every change the
+	// manager makes or discovery finds is an event. Default 60s.
 	ResyncInterval time.Duration
 	// DefaultTimeout bounds a long operation whose caller gave no timeout
 	// (default 5m); MaxTimeout caps what a caller may ask (default 1h).
@@ -82,7 +82,7 @@ func newService(m *manager.Manager, opts Options) *Service {
 		opts.Group = "vgpud"
 	}
 	if opts.ResyncInterval <= 0 {
-		opts.ResyncInterval = 5 * time.Second
+		opts.ResyncInterval = time.Minute
 	}
 	if opts.DefaultTimeout <= 0 {
 		opts.DefaultTimeout = 5 * time.Minute

@@ -948,3 +948,18 @@ func TestGPUModes(t *testing.T) {
 	}
 	assertConsistent(t, e)
 }
+
+// A MIG-backed vGPU lands on the GPU instance vgpud made for it, beside
+// plain MIG instances of the same profile (whose compute instances serve
+// the host): the driver picks a free GPU instance of the profile.
+func TestMIGBackedVGPUBesidePlainMIG(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	// Interleaved, so that plain instances hold GPU-instance ids both
+	// below and above those of the vGPUs'.
+	for i := 0; i < 3; i++ {
+		e.mustCreate("acme", "1g.10gb", h100MIG)
+		e.mustCreate("acme", "H100XM-1-10C", h100MIG)
+	}
+	assertConsistent(t, e)
+}

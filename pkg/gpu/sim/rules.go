@@ -157,7 +157,10 @@ func room(g *gpuState, t *profile.VGPUType, opts Options) int {
 		}
 		n := 0
 		for _, x := range g.GIs {
-			if x.ProfileID != *t.GPUInstanceProfile {
+			// A GPU instance whose compute instances serve the host (a
+			// plain MIG instance) takes no vGPU [inferred: reference 2.7
+			// asks for a free GI of the type's profile].
+			if x.ProfileID != *t.GPUInstanceProfile || len(x.CIs) > 0 {
 				continue
 			}
 			on := g.vgpusOnGI(x.ID)
@@ -250,7 +253,7 @@ func (st *state) createVGPU(g *gpuState, t *profile.VGPUType) *vgpu {
 		best := -1
 		bestUsed := -1
 		for _, x := range g.GIs {
-			if x.ProfileID != *t.GPUInstanceProfile {
+			if x.ProfileID != *t.GPUInstanceProfile || len(x.CIs) > 0 {
 				continue
 			}
 			on := g.vgpusOnGI(x.ID)
