@@ -155,16 +155,27 @@ run vgpud inventory --sim --state-dir "$work/state"
 
 say "a simulated workload: VMs using their vGPUs, a MIG job, a noisy neighbour on the time-sliced H100"
 run vgpuctl create H100XM-20C --tenant acme
-steady=$(instance H100XM-20C device 0)
+steady=$(instance H100XM-20C device -2)
 noisy=$(instance H100XM-20C device -1)
 l4dev=$(instance L4-4Q device)
 a10dev=$(instance A10-4Q device)
 migdev=$(instance 3g.40gb device)
+if [ -n "$LV_SOCKET" ]; then
+  run vgpuctl attach vgpud-demo-web "$(instance H100XM-20C uuid -1)"
+fi
+# vmof DEVICE: the UUID of the VM the device's instance is attached to (QEMU
+# passes it as the VM id the driver reports, which is how vgpud tells whose
+# run time is whose), or a new one when it is attached to none.
+vmof() {
+  vgpuctl list -o json | jq -r --arg d "$1" '
+    [.items[] | select((.vgpu.vf // .vgpu.mdevUUID) == $d) | .attachment.vmUUID // empty][0] // empty' |
+    grep . || cat /proc/sys/kernel/random/uuid
+}
 # A vGPU's workload runs while a VM has it open; a MIG instance's runs by itself.
 n=0
 for dev in "$steady" "$noisy" "$l4dev" "$a10dev"; do
   n=$((n + 1))
-  run vgpud sim open-device "$dev" --vm-name "guest$n" --vm-uuid "$(cat /proc/sys/kernel/random/uuid)" --state-dir "$work/state"
+  run vgpud sim open-device "$dev" --vm-name "guest$n" --vm-uuid "$(vmof "$dev")" --state-dir "$work/state"
 done
 run vgpud sim workload "$steady" steady --demand 0.5 --state-dir "$work/state"
 run vgpud sim workload "$noisy" noisy --state-dir "$work/state"
