@@ -140,6 +140,9 @@ func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []o
 	}
 	if !existing {
 		m.log.Info("admitted", "instance", rec.UUID, "tenant", rec.Tenant, "profile", rec.Profile, "gpu", rec.GPUPCI, "kind", rec.Kind)
+		// The record (state creating) holds its slot and quota from now:
+		// readers see it at once.
+		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 	}
 	return rec, existing, nil
 }
