@@ -112,12 +112,17 @@ func wrap(ret gonvml.Return) error {
 	return fmt.Errorf("%w: %w", s, ret)
 }
 
-// do runs fn with the context's deadline (DefaultCallTimeout when it has
-// none). fn keeps running after a timeout, as a driver call cannot be
-// interrupted; its result is then dropped, and Settle waits for it.
-func (b *Backend) do(ctx context.Context, op string, fn func() gonvml.Return) error {
+// call runs fn with the context's deadline (DefaultCallTimeout when it has
+// none) and returns what fn returned, with its code as an error. A driver
+// call cannot be interrupted: one that outruns the deadline fails with
+// gpu.ErrTimeout and runs on in its own goroutine (Settle waits for it).
+// fn's result reaches the caller only when fn returned in time, so fn must
+// hand back what it reads instead of assigning variables the caller can
+// see: an abandoned fn would write them while the caller reads them.
+func call[T any](ctx context.Context, b *Backend, op string, fn func() (T, gonvml.Return)) (T, error) {
+	var zero T
 	if err := ctx.Err(); err != nil {
-		return err
+		return zero, err
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -125,18 +130,48 @@ func (b *Backend) do(ctx context.Context, op string, fn func() gonvml.Return) er
 		defer cancel()
 	}
 	start := time.Now()
-	ret, err := hostcall.Go(ctx, &b.calls, fn)
+	res, err := hostcall.Go(ctx, &b.calls, func() result[T] {
+		v, ret := fn()
+		return result[T]{v, ret}
+	})
 	if err != nil {
 		if b.observe != nil {
 			b.observe(op, time.Since(start), gonvml.ERROR_TIMEOUT)
 		}
 		b.log.Warn("NVML call did not return in time; its effect is unknown", "op", op, "after", time.Since(start))
-		return fmt.Errorf("NVML %s: %w: %w", op, gpu.ErrTimeout, err)
+		return zero, fmt.Errorf("NVML %s: %w: %w", op, gpu.ErrTimeout, err)
 	}
 	if b.observe != nil {
-		b.observe(op, time.Since(start), ret)
+		b.observe(op, time.Since(start), res.ret)
 	}
-	return wrap(ret)
+	return res.v, wrap(res.ret)
+}
+
+// result is what an NVML call returned.
+type result[T any] struct {
+	v   T
+	ret gonvml.Return
+}
+
+// call2 is call for the NVML functions that return two values.
+func call2[T, U any](ctx context.Context, b *Backend, op string, fn func() (T, U, gonvml.Return)) (T, U, error) {
+	v, err := call(ctx, b, op, func() (pair[T, U], gonvml.Return) {
+		t, u, ret := fn()
+		return pair[T, U]{t, u}, ret
+	})
+	return v.t, v.u, err
+}
+
+type pair[T, U any] struct {
+	t T
+	u U
+}
+
+// do is call for the NVML functions that return only a code. fn may read
+// what the caller holds but must not write it.
+func (b *Backend) do(ctx context.Context, op string, fn func() gonvml.Return) error {
+	_, err := call(ctx, b, op, func() (struct{}, gonvml.Return) { return struct{}{}, fn() })
+	return err
 }
 
 // Settle waits until every driver call that outran its deadline has
@@ -161,11 +196,12 @@ func (b *Backend) Shutdown(ctx context.Context) error {
 // Driver reports the driver and NVML versions.
 func (b *Backend) Driver(ctx context.Context) (gpu.DriverInfo, error) {
 	var d gpu.DriverInfo
-	err := b.do(ctx, "SystemGetDriverVersion", func() (r gonvml.Return) { d.Version, r = b.lib.SystemGetDriverVersion(); return })
+	var err error
+	d.Version, err = call(ctx, b, "SystemGetDriverVersion", b.lib.SystemGetDriverVersion)
 	if err != nil {
 		return d, fmt.Errorf("driver version: %w", err)
 	}
-	err = b.do(ctx, "SystemGetNVMLVersion", func() (r gonvml.Return) { d.NVMLVersion, r = b.lib.SystemGetNVMLVersion(); return })
+	d.NVMLVersion, err = call(ctx, b, "SystemGetNVMLVersion", b.lib.SystemGetNVMLVersion)
 	if err != nil {
 		return d, fmt.Errorf("NVML version: %w", err)
 	}
@@ -174,8 +210,7 @@ func (b *Backend) Driver(ctx context.Context) (gpu.DriverInfo, error) {
 
 // device returns the handle of the GPU with uuid.
 func (b *Backend) device(ctx context.Context, uuid string) (gonvml.Device, error) {
-	var d gonvml.Device
-	err := b.do(ctx, "DeviceGetHandleByUUID", func() (r gonvml.Return) { d, r = b.lib.DeviceGetHandleByUUID(uuid); return })
+	d, err := call(ctx, b, "DeviceGetHandleByUUID", func() (gonvml.Device, gonvml.Return) { return b.lib.DeviceGetHandleByUUID(uuid) })
 	if err != nil {
 		return nil, fmt.Errorf("GPU %s: %w", uuid, err)
 	}
@@ -190,8 +225,7 @@ func (b *Backend) giProfileInfo(ctx context.Context, uuid string, d gonvml.Devic
 	if !ok {
 		table := map[int]int{}
 		for i := 0; i < gonvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
-			var info gonvml.GpuInstanceProfileInfo
-			err := b.do(ctx, "GetGpuInstanceProfileInfo", func() (r gonvml.Return) { info, r = d.GetGpuInstanceProfileInfo(i); return })
+			info, err := call(ctx, b, "GetGpuInstanceProfileInfo", func() (gonvml.GpuInstanceProfileInfo, gonvml.Return) { return d.GetGpuInstanceProfileInfo(i) })
 			if errors.Is(err, gpu.ErrNotSupported) || errors.Is(err, gpu.ErrInvalid) {
 				continue
 			}
@@ -207,8 +241,7 @@ func (b *Backend) giProfileInfo(ctx context.Context, uuid string, d gonvml.Devic
 			return gonvml.GpuInstanceProfileInfo{}, fmt.Errorf("GPU %s has no GPU-instance profile %d: %w", uuid, id, gpu.ErrNotSupported)
 		}
 	}
-	var info gonvml.GpuInstanceProfileInfo
-	err := b.do(ctx, "GetGpuInstanceProfileInfo", func() (r gonvml.Return) { info, r = d.GetGpuInstanceProfileInfo(idx); return })
+	info, err := call(ctx, b, "GetGpuInstanceProfileInfo", func() (gonvml.GpuInstanceProfileInfo, gonvml.Return) { return d.GetGpuInstanceProfileInfo(idx) })
 	if err != nil {
 		return info, fmt.Errorf("GPU %s: GPU-instance profile %d: %w", uuid, id, err)
 	}

@@ -17,14 +17,14 @@ import (
 // query is still listed, with the failure in its Errors (and Lost set for
 // GPU_IS_LOST), so one bad GPU does not hide the others.
 func (b *Backend) Devices(ctx context.Context) ([]gpu.GPU, error) {
-	var n int
-	if err := b.do(ctx, "DeviceGetCount", func() (r gonvml.Return) { n, r = b.lib.DeviceGetCount(); return }); err != nil {
+	n, err := call(ctx, b, "DeviceGetCount", b.lib.DeviceGetCount)
+	if err != nil {
 		return nil, fmt.Errorf("count GPUs: %w", err)
 	}
 	out := make([]gpu.GPU, 0, n)
 	for i := 0; i < n; i++ {
-		var d gonvml.Device
-		if err := b.do(ctx, "DeviceGetHandleByIndex", func() (r gonvml.Return) { d, r = b.lib.DeviceGetHandleByIndex(i); return }); err != nil {
+		d, err := call(ctx, b, "DeviceGetHandleByIndex", func() (gonvml.Device, gonvml.Return) { return b.lib.DeviceGetHandleByIndex(i) })
+		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
 		g, err := b.describe(ctx, i, d)
@@ -42,8 +42,8 @@ func (b *Backend) Describe(ctx context.Context, uuid string) (gpu.GPU, error) {
 	if err != nil {
 		return gpu.GPU{}, err
 	}
-	var idx int
-	if err := b.do(ctx, "GetIndex", func() (r gonvml.Return) { idx, r = d.GetIndex(); return }); err != nil {
+	idx, err := call(ctx, b, "GetIndex", d.GetIndex)
+	if err != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		for _, k := range b.known {
@@ -84,15 +84,16 @@ func (b *Backend) describeDevice(ctx context.Context, i int, d gonvml.Device) (g
 		g.Errors = append(g.Errors, fmt.Sprintf("%s: %v", what, err))
 		return true
 	}
-	if err := b.do(ctx, "GetUUID", func() (r gonvml.Return) { g.UUID, r = d.GetUUID(); return }); err != nil {
+	var err error
+	if g.UUID, err = call(ctx, b, "GetUUID", d.GetUUID); err != nil {
 		if ctx.Err() != nil {
 			return g, ctx.Err()
 		}
 		soft("uuid", err)
 		return g, nil
 	}
-	var pci gonvml.PciInfo
-	if soft("pci", b.do(ctx, "GetPciInfo", func() (r gonvml.Return) { pci, r = d.GetPciInfo(); return })) {
+	pci, err := call(ctx, b, "GetPciInfo", d.GetPciInfo)
+	if soft("pci", err) {
 		return g, ctx.Err()
 	}
 	if addr, err := gpu.NormalizePCI(cString(pci.BusId[:])); err == nil {
@@ -101,14 +102,15 @@ func (b *Backend) describeDevice(ctx context.Context, i int, d gonvml.Device) (g
 		soft("pci", err)
 	}
 	g.PCIDeviceID = uint16(pci.PciDeviceId >> 16)
-	if soft("name", b.do(ctx, "GetName", func() (r gonvml.Return) { g.Product, r = d.GetName(); return })) {
+	g.Product, err = call(ctx, b, "GetName", d.GetName)
+	if soft("name", err) {
 		return g, ctx.Err()
 	}
 	if m, ok := b.catalog().Identify(g.PCIDeviceID, g.Product); ok {
 		g.Model = m.Name
 	}
-	var mem gonvml.Memory
-	if !soft("memory", b.do(ctx, "GetMemoryInfo", func() (r gonvml.Return) { mem, r = d.GetMemoryInfo(); return })) {
+	mem, err := call(ctx, b, "GetMemoryInfo", d.GetMemoryInfo)
+	if !soft("memory", err) {
 		g.MemoryBytes = mem.Total
 	}
 	if g.Lost {
@@ -120,8 +122,7 @@ func (b *Backend) describeDevice(ctx context.Context, i int, d gonvml.Device) (g
 }
 
 func (b *Backend) describeMIG(ctx context.Context, d gonvml.Device, g *gpu.GPU, soft func(string, error) bool) {
-	var cur, pend int
-	err := b.do(ctx, "GetMigMode", func() (r gonvml.Return) { cur, pend, r = d.GetMigMode(); return })
+	cur, pend, err := call2(ctx, b, "GetMigMode", d.GetMigMode)
 	if errors.Is(err, gpu.ErrNotSupported) {
 		return
 	}
@@ -133,8 +134,7 @@ func (b *Backend) describeMIG(ctx context.Context, d gonvml.Device, g *gpu.GPU, 
 	g.MIG.Pending = pend == gonvml.DEVICE_MIG_ENABLE
 	model, _ := b.catalog().Model(g.Model)
 	for idx := 0; idx < gonvml.GPU_INSTANCE_PROFILE_COUNT; idx++ {
-		var info gonvml.GpuInstanceProfileInfo
-		err := b.do(ctx, "GetGpuInstanceProfileInfo", func() (r gonvml.Return) { info, r = d.GetGpuInstanceProfileInfo(idx); return })
+		info, err := call(ctx, b, "GetGpuInstanceProfileInfo", func() (gonvml.GpuInstanceProfileInfo, gonvml.Return) { return d.GetGpuInstanceProfileInfo(idx) })
 		if errors.Is(err, gpu.ErrNotSupported) || errors.Is(err, gpu.ErrInvalid) {
 			continue
 		}
@@ -149,26 +149,24 @@ func (b *Backend) describeMIG(ctx context.Context, d gonvml.Device, g *gpu.GPU, 
 				p.Name = cp.Name
 			}
 		}
-		var pls []gonvml.GpuInstancePlacement
-		if soft("placements "+p.Name, b.do(ctx, "GetGpuInstancePossiblePlacements", func() (r gonvml.Return) {
-			pls, r = d.GetGpuInstancePossiblePlacements(&info)
-			return
-		})) {
+		pls, err := call(ctx, b, "GetGpuInstancePossiblePlacements", func() ([]gonvml.GpuInstancePlacement, gonvml.Return) {
+			return d.GetGpuInstancePossiblePlacements(&info)
+		})
+		if soft("placements "+p.Name, err) {
 			return
 		}
 		for _, pl := range pls {
 			p.Placements = append(p.Placements, gpu.Range{Start: int(pl.Start), Size: int(pl.Size)})
 		}
 		if g.MIG.Enabled {
-			err := b.do(ctx, "GetGpuInstanceRemainingCapacity", func() (r gonvml.Return) {
-				p.RemainingFree, r = d.GetGpuInstanceRemainingCapacity(&info)
-				return
+			p.RemainingFree, err = call(ctx, b, "GetGpuInstanceRemainingCapacity", func() (int, gonvml.Return) {
+				return d.GetGpuInstanceRemainingCapacity(&info)
 			})
 			if soft("remaining "+p.Name, err) {
 				return
 			}
-			var gis []gonvml.GpuInstance
-			if soft("instances "+p.Name, b.do(ctx, "GetGpuInstances", func() (r gonvml.Return) { gis, r = d.GetGpuInstances(&info); return })) {
+			gis, err := call(ctx, b, "GetGpuInstances", func() ([]gonvml.GpuInstance, gonvml.Return) { return d.GetGpuInstances(&info) })
+			if soft("instances "+p.Name, err) {
 				return
 			}
 			for _, h := range gis {
@@ -185,17 +183,15 @@ func (b *Backend) describeMIG(ctx context.Context, d gonvml.Device, g *gpu.GPU, 
 }
 
 func (b *Backend) readGI(ctx context.Context, h gonvml.GpuInstance, name string) (gpu.GPUInstance, error) {
-	var info gonvml.GpuInstanceInfo
-	if err := b.do(ctx, "GpuInstanceGetInfo", func() (r gonvml.Return) { info, r = h.GetInfo(); return }); err != nil {
+	info, err := call(ctx, b, "GpuInstanceGetInfo", h.GetInfo)
+	if err != nil {
 		return gpu.GPUInstance{}, err
 	}
 	gi := gpu.GPUInstance{ID: int(info.Id), ProfileID: int(info.ProfileId), Profile: name,
 		Placement: gpu.Range{Start: int(info.Placement.Start), Size: int(info.Placement.Size)}}
 	for idx := 0; idx < gonvml.COMPUTE_INSTANCE_PROFILE_COUNT; idx++ {
-		var cinfo gonvml.ComputeInstanceProfileInfo
-		err := b.do(ctx, "GetComputeInstanceProfileInfo", func() (r gonvml.Return) {
-			cinfo, r = h.GetComputeInstanceProfileInfo(idx, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-			return
+		cinfo, err := call(ctx, b, "GetComputeInstanceProfileInfo", func() (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
+			return h.GetComputeInstanceProfileInfo(idx, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 		})
 		if errors.Is(err, gpu.ErrNotSupported) || errors.Is(err, gpu.ErrInvalid) {
 			continue
@@ -203,13 +199,13 @@ func (b *Backend) readGI(ctx context.Context, h gonvml.GpuInstance, name string)
 		if err != nil {
 			return gi, err
 		}
-		var cis []gonvml.ComputeInstance
-		if err := b.do(ctx, "GetComputeInstances", func() (r gonvml.Return) { cis, r = h.GetComputeInstances(&cinfo); return }); err != nil {
+		cis, err := call(ctx, b, "GetComputeInstances", func() ([]gonvml.ComputeInstance, gonvml.Return) { return h.GetComputeInstances(&cinfo) })
+		if err != nil {
 			return gi, err
 		}
 		for _, c := range cis {
-			var ci gonvml.ComputeInstanceInfo
-			if err := b.do(ctx, "ComputeInstanceGetInfo", func() (r gonvml.Return) { ci, r = c.GetInfo(); return }); err != nil {
+			ci, err := call(ctx, b, "ComputeInstanceGetInfo", c.GetInfo)
+			if err != nil {
 				return gi, err
 			}
 			gi.Compute = append(gi.Compute, gpu.ComputeInstance{ID: int(ci.Id), ProfileID: int(ci.ProfileId),
@@ -221,8 +217,7 @@ func (b *Backend) readGI(ctx context.Context, h gonvml.GpuInstance, name string)
 }
 
 func (b *Backend) describeVGPU(ctx context.Context, d gonvml.Device, g *gpu.GPU, soft func(string, error) bool) {
-	var types []gonvml.VgpuTypeId
-	err := b.do(ctx, "GetSupportedVgpus", func() (r gonvml.Return) { types, r = d.GetSupportedVgpus(); return })
+	types, err := call(ctx, b, "GetSupportedVgpus", d.GetSupportedVgpus)
 	if errors.Is(err, gpu.ErrNotSupported) {
 		return
 	}
@@ -236,19 +231,18 @@ func (b *Backend) describeVGPU(ctx context.Context, d gonvml.Device, g *gpu.GPU,
 		}
 		g.VGPU.Supported = append(g.VGPU.Supported, vt)
 	}
-	var creatable []gonvml.VgpuTypeId
-	if soft("creatable vGPU types", b.do(ctx, "GetCreatableVgpus", func() (r gonvml.Return) { creatable, r = d.GetCreatableVgpus(); return })) {
+	creatable, err := call(ctx, b, "GetCreatableVgpus", d.GetCreatableVgpus)
+	if soft("creatable vGPU types", err) {
 		return
 	}
 	for _, t := range creatable {
 		g.VGPU.Creatable = append(g.VGPU.Creatable, int(t.GetID()))
 	}
-	var hm gonvml.VgpuHeterogeneousMode
-	if err := b.do(ctx, "GetVgpuHeterogeneousMode", func() (r gonvml.Return) { hm, r = d.GetVgpuHeterogeneousMode(); return }); err == nil {
+	if hm, err := call(ctx, b, "GetVgpuHeterogeneousMode", d.GetVgpuHeterogeneousMode); err == nil {
 		g.VGPU.Heterogeneous = hm.Mode == 1
 	}
-	var active []gonvml.VgpuInstance
-	if soft("active vGPUs", b.do(ctx, "GetActiveVgpus", func() (r gonvml.Return) { active, r = d.GetActiveVgpus(); return })) {
+	active, err := call(ctx, b, "GetActiveVgpus", d.GetActiveVgpus)
+	if soft("active vGPUs", err) {
 		return
 	}
 	for _, v := range active {
@@ -265,20 +259,21 @@ func (b *Backend) describeVGPU(ctx context.Context, d gonvml.Device, g *gpu.GPU,
 
 func (b *Backend) vgpuType(ctx context.Context, d gonvml.Device, t gonvml.VgpuTypeId) (gpu.VGPUType, error) {
 	vt := gpu.VGPUType{ID: int(t.GetID()), GPUInstanceProfile: -1}
-	if err := b.do(ctx, "VgpuTypeGetName", func() (r gonvml.Return) { vt.Name, r = t.GetName(); return }); err != nil {
+	var err error
+	if vt.Name, err = call(ctx, b, "VgpuTypeGetName", t.GetName); err != nil {
 		return vt, err
 	}
-	if err := b.do(ctx, "VgpuTypeGetClass", func() (r gonvml.Return) { vt.Class, r = t.GetClass(); return }); err != nil {
+	if vt.Class, err = call(ctx, b, "VgpuTypeGetClass", t.GetClass); err != nil {
 		return vt, err
 	}
-	if err := b.do(ctx, "VgpuTypeGetFramebufferSize", func() (r gonvml.Return) { vt.FramebufferBytes, r = t.GetFramebufferSize(); return }); err != nil {
+	if vt.FramebufferBytes, err = call(ctx, b, "VgpuTypeGetFramebufferSize", t.GetFramebufferSize); err != nil {
 		return vt, err
 	}
-	if err := b.do(ctx, "VgpuTypeGetMaxInstances", func() (r gonvml.Return) { vt.MaxInstances, r = t.GetMaxInstances(d); return }); err != nil {
+	if vt.MaxInstances, err = call(ctx, b, "VgpuTypeGetMaxInstances", func() (int, gonvml.Return) { return t.GetMaxInstances(d) }); err != nil {
 		return vt, err
 	}
-	var gip uint32
-	if err := b.do(ctx, "VgpuTypeGetGpuInstanceProfileId", func() (r gonvml.Return) { gip, r = t.GetGpuInstanceProfileId(); return }); err != nil {
+	gip, err := call(ctx, b, "VgpuTypeGetGpuInstanceProfileId", t.GetGpuInstanceProfileId)
+	if err != nil {
 		return vt, err
 	}
 	if gip != invalidID {
@@ -292,26 +287,27 @@ const invalidID = 0xFFFFFFFF
 
 func (b *Backend) activeVGPU(ctx context.Context, v gonvml.VgpuInstance) (gpu.ActiveVGPU, error) {
 	a := gpu.ActiveVGPU{GPUInstance: -1}
-	if err := b.do(ctx, "VgpuInstanceGetUUID", func() (r gonvml.Return) { a.UUID, r = v.GetUUID(); return }); err != nil {
+	var err error
+	if a.UUID, err = call(ctx, b, "VgpuInstanceGetUUID", v.GetUUID); err != nil {
 		return a, err
 	}
-	var t gonvml.VgpuTypeId
-	if err := b.do(ctx, "VgpuInstanceGetType", func() (r gonvml.Return) { t, r = v.GetType(); return }); err != nil {
+	t, err := call(ctx, b, "VgpuInstanceGetType", v.GetType)
+	if err != nil {
 		return a, err
 	}
 	a.Type = int(t.GetID())
-	err := b.do(ctx, "VgpuInstanceGetMdevUUID", func() (r gonvml.Return) { a.MdevUUID, r = v.GetMdevUUID(); return })
+	a.MdevUUID, err = call(ctx, b, "VgpuInstanceGetMdevUUID", v.GetMdevUUID)
 	if err != nil && !errors.Is(err, gpu.ErrNotSupported) {
 		return a, err
 	}
-	if err := b.do(ctx, "VgpuInstanceGetVmID", func() (r gonvml.Return) { a.VMID, _, r = v.GetVmID(); return }); err != nil {
+	if a.VMID, _, err = call2(ctx, b, "VgpuInstanceGetVmID", v.GetVmID); err != nil {
 		return a, err
 	}
-	if err := b.do(ctx, "VgpuInstanceGetFbUsage", func() (r gonvml.Return) { a.FbUsed, r = v.GetFbUsage(); return }); err != nil {
+	if a.FbUsed, err = call(ctx, b, "VgpuInstanceGetFbUsage", v.GetFbUsage); err != nil {
 		return a, err
 	}
-	var gi int
-	if err := b.do(ctx, "VgpuInstanceGetGpuInstanceId", func() (r gonvml.Return) { gi, r = v.GetGpuInstanceId(); return }); err != nil {
+	gi, err := call(ctx, b, "VgpuInstanceGetGpuInstanceId", v.GetGpuInstanceId)
+	if err != nil {
 		return a, err
 	}
 	if gi >= 0 && gi != invalidID {

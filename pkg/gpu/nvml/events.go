@@ -67,8 +67,8 @@ type registered struct {
 // driver went away; gpu.ErrNotSupported when no GPU could be registered;
 // a Wait that keeps failing ends it with the last NVML return code.
 func (b *Backend) WatchEvents(ctx context.Context, fn func(Event)) error {
-	var set gonvml.EventSet
-	if err := b.do(ctx, "EventSetCreate", func() (r gonvml.Return) { set, r = b.lib.EventSetCreate(); return }); err != nil {
+	set, err := call(ctx, b, "EventSetCreate", b.lib.EventSetCreate)
+	if err != nil {
 		return fmt.Errorf("create NVML event set: %w", err)
 	}
 	defer func() { _ = set.Free() }()
@@ -129,22 +129,21 @@ func (b *Backend) WatchEvents(ctx context.Context, fn func(Event)) error {
 // registerEvents adds every GPU that supports some of WatchedEvents to
 // set, and counts the GPUs that are lost.
 func (b *Backend) registerEvents(ctx context.Context, set gonvml.EventSet) (regs []registered, lost int, err error) {
-	var n int
-	if err := b.do(ctx, "DeviceGetCount", func() (r gonvml.Return) { n, r = b.lib.DeviceGetCount(); return }); err != nil {
+	n, err := call(ctx, b, "DeviceGetCount", b.lib.DeviceGetCount)
+	if err != nil {
 		return nil, 0, fmt.Errorf("watch NVML events: count GPUs: %w", err)
 	}
 	for i := 0; i < n; i++ {
-		var d gonvml.Device
-		if err := b.do(ctx, "DeviceGetHandleByIndex", func() (r gonvml.Return) { d, r = b.lib.DeviceGetHandleByIndex(i); return }); err != nil {
+		d, err := call(ctx, b, "DeviceGetHandleByIndex", func() (gonvml.Device, gonvml.Return) { return b.lib.DeviceGetHandleByIndex(i) })
+		if err != nil {
 			if errors.Is(err, gpu.ErrGPULost) {
 				lost++
 			}
 			b.log.Warn("no events from GPU", "index", i, "err", err)
 			continue
 		}
-		var r registered
-		r.dev = d
-		if err := b.do(ctx, "GetUUID", func() (ret gonvml.Return) { r.uuid, ret = d.GetUUID(); return }); err != nil {
+		r := registered{dev: d}
+		if r.uuid, err = call(ctx, b, "GetUUID", d.GetUUID); err != nil {
 			if ctx.Err() != nil {
 				return nil, 0, ctx.Err()
 			}
@@ -154,12 +153,10 @@ func (b *Backend) registerEvents(ctx context.Context, set gonvml.EventSet) (regs
 			b.log.Warn("no events from GPU", "index", i, "err", err)
 			continue
 		}
-		var pci gonvml.PciInfo
-		if err := b.do(ctx, "GetPciInfo", func() (ret gonvml.Return) { pci, ret = d.GetPciInfo(); return }); err == nil {
+		if pci, err := call(ctx, b, "GetPciInfo", d.GetPciInfo); err == nil {
 			r.pci, _ = gpu.NormalizePCI(cString(pci.BusId[:]))
 		}
-		var supported uint64
-		err := b.do(ctx, "GetSupportedEventTypes", func() (ret gonvml.Return) { supported, ret = d.GetSupportedEventTypes(); return })
+		supported, err := call(ctx, b, "GetSupportedEventTypes", d.GetSupportedEventTypes)
 		if err != nil || supported&WatchedEvents == 0 {
 			if ctx.Err() != nil {
 				return nil, 0, ctx.Err()

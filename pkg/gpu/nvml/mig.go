@@ -24,8 +24,8 @@ func (b *Backend) SetMIGMode(ctx context.Context, uuid string, enable bool) erro
 	if enable {
 		mode = gonvml.DEVICE_MIG_ENABLE
 	}
-	var activation gonvml.Return
-	if err := b.do(ctx, "SetMigMode", func() (r gonvml.Return) { activation, r = d.SetMigMode(mode); return }); err != nil {
+	activation, err := call(ctx, b, "SetMigMode", func() (gonvml.Return, gonvml.Return) { return d.SetMigMode(mode) })
+	if err != nil {
 		return fmt.Errorf("set MIG mode %v on GPU %s: %w", enable, uuid, err)
 	}
 	if activation != gonvml.SUCCESS {
@@ -50,8 +50,10 @@ func (b *Backend) CreateGPUInstance(ctx context.Context, uuid string, profileID,
 		return gi, err
 	}
 	pl := gonvml.GpuInstancePlacement{Start: uint32(start), Size: 0}
-	var pls []gonvml.GpuInstancePlacement
-	if err := b.do(ctx, "GetGpuInstancePossiblePlacements", func() (r gonvml.Return) { pls, r = d.GetGpuInstancePossiblePlacements(&info); return }); err != nil {
+	pls, err := call(ctx, b, "GetGpuInstancePossiblePlacements", func() ([]gonvml.GpuInstancePlacement, gonvml.Return) {
+		return d.GetGpuInstancePossiblePlacements(&info)
+	})
+	if err != nil {
 		return gpu.GPUInstance{}, fmt.Errorf("placements of profile %d on GPU %s: %w", profileID, uuid, err)
 	}
 	for _, p := range pls {
@@ -62,8 +64,7 @@ func (b *Backend) CreateGPUInstance(ctx context.Context, uuid string, profileID,
 	if pl.Size == 0 {
 		return gpu.GPUInstance{}, fmt.Errorf("GPU %s: profile %d cannot start at slot %d: %w", uuid, profileID, start, gpu.ErrInvalid)
 	}
-	var h gonvml.GpuInstance
-	err = b.do(ctx, "CreateGpuInstanceWithPlacement", func() (r gonvml.Return) { h, r = d.CreateGpuInstanceWithPlacement(&info, &pl); return })
+	h, err := call(ctx, b, "CreateGpuInstanceWithPlacement", func() (gonvml.GpuInstance, gonvml.Return) { return d.CreateGpuInstanceWithPlacement(&info, &pl) })
 	if err != nil {
 		return gpu.GPUInstance{}, fmt.Errorf("create GPU instance of profile %d at %d on GPU %s: %w", profileID, start, uuid, err)
 	}
@@ -71,8 +72,8 @@ func (b *Backend) CreateGPUInstance(ctx context.Context, uuid string, profileID,
 }
 
 func (b *Backend) findGI(ctx context.Context, d gonvml.Device, info *gonvml.GpuInstanceProfileInfo, start int) (gpu.GPUInstance, bool, error) {
-	var gis []gonvml.GpuInstance
-	if err := b.do(ctx, "GetGpuInstances", func() (r gonvml.Return) { gis, r = d.GetGpuInstances(info); return }); err != nil {
+	gis, err := call(ctx, b, "GetGpuInstances", func() ([]gonvml.GpuInstance, gonvml.Return) { return d.GetGpuInstances(info) })
+	if err != nil {
 		return gpu.GPUInstance{}, false, fmt.Errorf("list GPU instances: %w", err)
 	}
 	for _, h := range gis {
@@ -92,8 +93,8 @@ func (b *Backend) gpuInstance(ctx context.Context, uuid string, giID int) (gonvm
 	if err != nil {
 		return nil, err
 	}
-	var h gonvml.GpuInstance
-	if err := b.do(ctx, "GetGpuInstanceById", func() (r gonvml.Return) { h, r = d.GetGpuInstanceById(giID); return }); err != nil {
+	h, err := call(ctx, b, "GetGpuInstanceById", func() (gonvml.GpuInstance, gonvml.Return) { return d.GetGpuInstanceById(giID) })
+	if err != nil {
 		return nil, fmt.Errorf("GPU instance %d on GPU %s: %w", giID, uuid, err)
 	}
 	return h, nil
@@ -124,18 +125,16 @@ func (b *Backend) CreateComputeInstance(ctx context.Context, uuid string, giID, 
 	if err != nil {
 		return gpu.ComputeInstance{}, err
 	}
-	var giInfo gonvml.GpuInstanceInfo
-	if err := b.do(ctx, "GpuInstanceGetInfo", func() (r gonvml.Return) { giInfo, r = h.GetInfo(); return }); err != nil {
+	giInfo, err := call(ctx, b, "GpuInstanceGetInfo", h.GetInfo)
+	if err != nil {
 		return gpu.ComputeInstance{}, err
 	}
 	var info gonvml.ComputeInstanceProfileInfo
 	found := false
 	best := uint32(0)
 	for idx := 0; idx < gonvml.COMPUTE_INSTANCE_PROFILE_COUNT; idx++ {
-		var c gonvml.ComputeInstanceProfileInfo
-		err := b.do(ctx, "GetComputeInstanceProfileInfo", func() (r gonvml.Return) {
-			c, r = h.GetComputeInstanceProfileInfo(idx, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-			return
+		c, err := call(ctx, b, "GetComputeInstanceProfileInfo", func() (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
+			return h.GetComputeInstanceProfileInfo(idx, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 		})
 		if errors.Is(err, gpu.ErrNotSupported) || errors.Is(err, gpu.ErrInvalid) {
 			continue
@@ -156,18 +155,18 @@ func (b *Backend) CreateComputeInstance(ctx context.Context, uuid string, giID, 
 		return gpu.ComputeInstance{}, fmt.Errorf("GPU instance %d on GPU %s (profile %d) has no compute-instance profile %d: %w",
 			giID, uuid, giInfo.ProfileId, ciProfile, gpu.ErrNotSupported)
 	}
-	var cis []gonvml.ComputeInstance
-	if err := b.do(ctx, "GetComputeInstances", func() (r gonvml.Return) { cis, r = h.GetComputeInstances(&info); return }); err != nil {
+	cis, err := call(ctx, b, "GetComputeInstances", func() ([]gonvml.ComputeInstance, gonvml.Return) { return h.GetComputeInstances(&info) })
+	if err != nil {
 		return gpu.ComputeInstance{}, err
 	}
 	var c gonvml.ComputeInstance
 	if len(cis) > 0 {
 		c = cis[0]
-	} else if err := b.do(ctx, "CreateComputeInstance", func() (r gonvml.Return) { c, r = h.CreateComputeInstance(&info); return }); err != nil {
+	} else if c, err = call(ctx, b, "CreateComputeInstance", func() (gonvml.ComputeInstance, gonvml.Return) { return h.CreateComputeInstance(&info) }); err != nil {
 		return gpu.ComputeInstance{}, fmt.Errorf("create compute instance in GPU instance %d on GPU %s: %w", giID, uuid, err)
 	}
-	var ci gonvml.ComputeInstanceInfo
-	if err := b.do(ctx, "ComputeInstanceGetInfo", func() (r gonvml.Return) { ci, r = c.GetInfo(); return }); err != nil {
+	ci, err := call(ctx, b, "ComputeInstanceGetInfo", c.GetInfo)
+	if err != nil {
 		return gpu.ComputeInstance{}, err
 	}
 	return gpu.ComputeInstance{ID: int(ci.Id), ProfileID: int(ci.ProfileId), Placement: gpu.Range{Start: int(ci.Placement.Start), Size: int(ci.Placement.Size)}}, nil
@@ -183,8 +182,7 @@ func (b *Backend) DestroyComputeInstance(ctx context.Context, uuid string, giID,
 	if err != nil {
 		return err
 	}
-	var c gonvml.ComputeInstance
-	err = b.do(ctx, "GetComputeInstanceById", func() (r gonvml.Return) { c, r = h.GetComputeInstanceById(ciID); return })
+	c, err := call(ctx, b, "GetComputeInstanceById", func() (gonvml.ComputeInstance, gonvml.Return) { return h.GetComputeInstanceById(ciID) })
 	if errors.Is(err, gpu.ErrNotFound) {
 		return nil
 	}

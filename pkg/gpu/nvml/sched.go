@@ -106,6 +106,9 @@ type Probe struct {
 	gpmSupported bool
 	tel          Telemetry
 	telRead      bool
+	// metrics is MIGActivity's GpmMetricsGet argument (19 KB), reused;
+	// nil while none has come back from a call in time.
+	metrics *gonvml.GpmMetricsGetType
 }
 
 // Probe returns a reader of the GPU with uuid.
@@ -133,29 +136,30 @@ func (p *Probe) device(ctx context.Context) (gonvml.Device, error) {
 	return d, nil
 }
 
-// call runs one NVML call on the GPU; a handle the driver no longer
-// knows is dropped so the next call looks the GPU up again.
-func (p *Probe) call(ctx context.Context, op string, fn func(d gonvml.Device) gonvml.Return) error {
+// onDevice is call for one NVML call on the probed GPU; a handle the
+// driver no longer knows is dropped so the next call looks the GPU up again.
+func onDevice[T any](ctx context.Context, p *Probe, op string, fn func(d gonvml.Device) (T, gonvml.Return)) (T, error) {
 	d, err := p.device(ctx)
 	if err != nil {
-		return err
+		var zero T
+		return zero, err
 	}
-	err = p.b.do(ctx, op, func() gonvml.Return { return fn(d) })
+	v, err := call(ctx, p.b, op, func() (T, gonvml.Return) { return fn(d) })
 	if errors.Is(err, gpu.ErrGPULost) || errors.Is(err, gpu.ErrDriverNotLoaded) {
 		p.mu.Lock()
 		p.dev = nil
 		p.mu.Unlock()
 	}
 	if err != nil {
-		return fmt.Errorf("GPU %s: %s: %w", p.uuid, op, err)
+		return v, fmt.Errorf("GPU %s: %s: %w", p.uuid, op, err)
 	}
-	return nil
+	return v, nil
 }
 
 // SchedulerCapabilities reads what the GPU's vGPU scheduler supports.
 func (p *Probe) SchedulerCapabilities(ctx context.Context) (SchedulerCaps, error) {
-	var c gonvml.VgpuSchedulerCapabilities
-	if err := p.call(ctx, "GetVgpuSchedulerCapabilities", func(d gonvml.Device) (r gonvml.Return) { c, r = d.GetVgpuSchedulerCapabilities(); return }); err != nil {
+	c, err := onDevice(ctx, p, "GetVgpuSchedulerCapabilities", gonvml.Device.GetVgpuSchedulerCapabilities)
+	if err != nil {
 		return SchedulerCaps{}, err
 	}
 	out := SchedulerCaps{MinTimeslice: time.Duration(c.MinTimeslice), MaxTimeslice: time.Duration(c.MaxTimeslice), ARR: c.IsArrModeSupported != 0,
@@ -170,8 +174,8 @@ func (p *Probe) SchedulerCapabilities(ctx context.Context) (SchedulerCaps, error
 
 // SchedulerState reads the scheduler's policy and parameters.
 func (p *Probe) SchedulerState(ctx context.Context) (SchedulerState, error) {
-	var s gonvml.VgpuSchedulerGetState
-	if err := p.call(ctx, "GetVgpuSchedulerState", func(d gonvml.Device) (r gonvml.Return) { s, r = d.GetVgpuSchedulerState(); return }); err != nil {
+	s, err := onDevice(ctx, p, "GetVgpuSchedulerState", gonvml.Device.GetVgpuSchedulerState)
+	if err != nil {
 		return SchedulerState{}, err
 	}
 	out := SchedulerState{Policy: s.SchedulerPolicy, ARR: s.ArrMode == gonvml.VGPU_SCHEDULER_ARR_ENABLE}
@@ -196,14 +200,15 @@ func (p *Probe) SetSchedulerState(ctx context.Context, s SchedulerState) error {
 	} else {
 		binary.LittleEndian.PutUint32(set.SchedulerParams[0:4], uint32(s.Timeslice))
 	}
-	return p.call(ctx, "SetVgpuSchedulerState", func(d gonvml.Device) gonvml.Return { return d.SetVgpuSchedulerState(&set) })
+	_, err := onDevice(ctx, p, "SetVgpuSchedulerState", func(d gonvml.Device) (struct{}, gonvml.Return) { return struct{}{}, d.SetVgpuSchedulerState(&set) })
+	return err
 }
 
 // SchedulerLog reads the scheduler's log of recent runs. The ring holds
 // 200 entries: read it at least five times a second for a complete log.
 func (p *Probe) SchedulerLog(ctx context.Context) (SchedulerLog, error) {
-	var l gonvml.VgpuSchedulerLog
-	if err := p.call(ctx, "GetVgpuSchedulerLog", func(d gonvml.Device) (r gonvml.Return) { l, r = d.GetVgpuSchedulerLog(); return }); err != nil {
+	l, err := onDevice(ctx, p, "GetVgpuSchedulerLog", gonvml.Device.GetVgpuSchedulerLog)
+	if err != nil {
 		return SchedulerLog{}, err
 	}
 	n := min(int(l.EntriesCount), len(l.LogEntries))

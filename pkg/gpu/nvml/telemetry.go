@@ -45,8 +45,8 @@ func vgpuHandle(v gonvml.VgpuInstance) (uint32, bool) {
 
 // ActiveVGPUCount counts the GPU's running vGPUs (one driver call).
 func (p *Probe) ActiveVGPUCount(ctx context.Context) (int, error) {
-	var list []gonvml.VgpuInstance
-	if err := p.call(ctx, "GetActiveVgpus", func(d gonvml.Device) (r gonvml.Return) { list, r = d.GetActiveVgpus(); return }); err != nil {
+	list, err := onDevice(ctx, p, "GetActiveVgpus", gonvml.Device.GetActiveVgpus)
+	if err != nil {
 		return 0, err
 	}
 	return len(list), nil
@@ -55,8 +55,8 @@ func (p *Probe) ActiveVGPUCount(ctx context.Context) (int, error) {
 // ActiveVGPUs lists the GPU's running vGPUs with their framebuffer use.
 // A vGPU whose VM stops between the list and its queries is left out.
 func (p *Probe) ActiveVGPUs(ctx context.Context) ([]VGPU, error) {
-	var list []gonvml.VgpuInstance
-	if err := p.call(ctx, "GetActiveVgpus", func(d gonvml.Device) (r gonvml.Return) { list, r = d.GetActiveVgpus(); return }); err != nil {
+	list, err := onDevice(ctx, p, "GetActiveVgpus", gonvml.Device.GetActiveVgpus)
+	if err != nil {
 		return nil, err
 	}
 	out := make([]VGPU, 0, len(list))
@@ -67,30 +67,28 @@ func (p *Probe) ActiveVGPUs(ctx context.Context) ([]VGPU, error) {
 		}
 		x := VGPU{Handle: h, GI: -1}
 		gone := func(err error) bool { return errors.Is(err, gpu.ErrNotFound) || errors.Is(err, gpu.ErrInvalid) }
-		if err := p.b.do(ctx, "VgpuInstanceGetUUID", func() (r gonvml.Return) { x.UUID, r = v.GetUUID(); return }); err != nil {
+		if x.UUID, err = call(ctx, p.b, "VgpuInstanceGetUUID", v.GetUUID); err != nil {
 			if gone(err) {
 				continue
 			}
 			return nil, fmt.Errorf("GPU %s: vGPU %d: %w", p.uuid, h, err)
 		}
-		if err := p.b.do(ctx, "VgpuInstanceGetMdevUUID", func() (r gonvml.Return) { x.MdevUUID, r = v.GetMdevUUID(); return }); err != nil && !errors.Is(err, gpu.ErrNotSupported) {
+		if x.MdevUUID, err = call(ctx, p.b, "VgpuInstanceGetMdevUUID", v.GetMdevUUID); err != nil && !errors.Is(err, gpu.ErrNotSupported) {
 			if gone(err) {
 				continue
 			}
 			return nil, fmt.Errorf("GPU %s: vGPU %d mdev: %w", p.uuid, h, err)
 		}
-		if err := p.b.do(ctx, "VgpuInstanceGetVmID", func() (r gonvml.Return) { x.VMID, _, r = v.GetVmID(); return }); err != nil && !gone(err) {
+		if x.VMID, _, err = call2(ctx, p.b, "VgpuInstanceGetVmID", v.GetVmID); err != nil && !gone(err) {
 			return nil, fmt.Errorf("GPU %s: vGPU %d VM: %w", p.uuid, h, err)
 		}
-		var t gonvml.VgpuTypeId
-		if err := p.b.do(ctx, "VgpuInstanceGetType", func() (r gonvml.Return) { t, r = v.GetType(); return }); err == nil && t != nil {
+		if t, err := call(ctx, p.b, "VgpuInstanceGetType", v.GetType); err == nil && t != nil {
 			x.TypeID = int(t.GetID())
 		}
-		if err := p.b.do(ctx, "VgpuInstanceGetFbUsage", func() (r gonvml.Return) { x.FBUsed, r = v.GetFbUsage(); return }); err != nil && !gone(err) {
+		if x.FBUsed, err = call(ctx, p.b, "VgpuInstanceGetFbUsage", v.GetFbUsage); err != nil && !gone(err) {
 			return nil, fmt.Errorf("GPU %s: vGPU %d framebuffer: %w", p.uuid, h, err)
 		}
-		var gi int
-		if err := p.b.do(ctx, "VgpuInstanceGetGpuInstanceId", func() (r gonvml.Return) { gi, r = v.GetGpuInstanceId(); return }); err == nil && gi >= 0 && uint32(gi) != invalidID {
+		if gi, err := call(ctx, p.b, "VgpuInstanceGetGpuInstanceId", v.GetGpuInstanceId); err == nil && gi >= 0 && uint32(gi) != invalidID {
 			x.GI = gi
 		}
 		out = append(out, x)
@@ -122,19 +120,24 @@ func sampleValue(t gonvml.ValueType, b [8]byte) float64 {
 // VGPUUtilization returns the running vGPUs' utilization samples newer
 // than since (µs), and the newest timestamp seen (since when none is newer).
 func (p *Probe) VGPUUtilization(ctx context.Context, since uint64) ([]UtilSample, uint64, error) {
-	var vt gonvml.ValueType
-	var raw []gonvml.VgpuInstanceUtilizationSample
-	err := p.call(ctx, "GetVgpuUtilization", func(d gonvml.Device) (r gonvml.Return) { vt, raw, r = d.GetVgpuUtilization(since); return })
+	type samples struct {
+		vt  gonvml.ValueType
+		raw []gonvml.VgpuInstanceUtilizationSample
+	}
+	u, err := onDevice(ctx, p, "GetVgpuUtilization", func(d gonvml.Device) (samples, gonvml.Return) {
+		vt, raw, ret := d.GetVgpuUtilization(since)
+		return samples{vt, raw}, ret
+	})
 	if errors.Is(err, gpu.ErrNotFound) {
 		return nil, since, nil
 	}
 	if err != nil {
 		return nil, since, err
 	}
-	out := make([]UtilSample, 0, len(raw))
+	out := make([]UtilSample, 0, len(u.raw))
 	last := since
-	for _, s := range raw {
-		out = append(out, UtilSample{Handle: s.VgpuInstance, Time: s.TimeStamp, SM: sampleValue(vt, s.SmUtil) / 100, Mem: sampleValue(vt, s.MemUtil) / 100})
+	for _, s := range u.raw {
+		out = append(out, UtilSample{Handle: s.VgpuInstance, Time: s.TimeStamp, SM: sampleValue(u.vt, s.SmUtil) / 100, Mem: sampleValue(u.vt, s.MemUtil) / 100})
 		last = max(last, s.TimeStamp)
 	}
 	return out, last, nil
@@ -149,10 +152,12 @@ type Clocks struct {
 // Clocks reads the current SM clock and clock event reasons.
 func (p *Probe) Clocks(ctx context.Context) (Clocks, error) {
 	var c Clocks
-	if err := p.call(ctx, "GetCurrentClocksEventReasons", func(d gonvml.Device) (r gonvml.Return) { c.Reasons, r = d.GetCurrentClocksEventReasons(); return }); err != nil {
+	var err error
+	if c.Reasons, err = onDevice(ctx, p, "GetCurrentClocksEventReasons", gonvml.Device.GetCurrentClocksEventReasons); err != nil {
 		return c, err
 	}
-	if err := p.call(ctx, "GetClockInfo", func(d gonvml.Device) (r gonvml.Return) { c.SMMHz, r = d.GetClockInfo(gonvml.CLOCK_SM); return }); err != nil {
+	c.SMMHz, err = onDevice(ctx, p, "GetClockInfo", func(d gonvml.Device) (uint32, gonvml.Return) { return d.GetClockInfo(gonvml.CLOCK_SM) })
+	if err != nil {
 		return c, err
 	}
 	return c, nil
@@ -191,8 +196,7 @@ func (p *Probe) Telemetry(ctx context.Context, full bool) (Telemetry, error) {
 		return err
 	}
 	if full || t.HasUtil {
-		var u gonvml.Utilization
-		err := p.call(ctx, "GetUtilizationRates", func(d gonvml.Device) (r gonvml.Return) { u, r = d.GetUtilizationRates(); return })
+		u, err := onDevice(ctx, p, "GetUtilizationRates", gonvml.Device.GetUtilizationRates)
 		if err == nil {
 			t.HasUtil, t.Util, t.MemUtil = true, float64(u.Gpu)/100, float64(u.Memory)/100
 		} else if err := soft(err); err != nil {
@@ -201,14 +205,13 @@ func (p *Probe) Telemetry(ctx context.Context, full bool) (Telemetry, error) {
 			t.HasUtil = false
 		}
 	}
-	var mw uint32
-	if err := soft(p.call(ctx, "GetPowerUsage", func(d gonvml.Device) (r gonvml.Return) { mw, r = d.GetPowerUsage(); return })); err != nil {
+	mw, err := onDevice(ctx, p, "GetPowerUsage", gonvml.Device.GetPowerUsage)
+	if err := soft(err); err != nil {
 		return t, err
 	}
 	t.PowerW = float64(mw) / 1000
 	if full || t.HasEnergy {
-		var mj uint64
-		err := p.call(ctx, "GetTotalEnergyConsumption", func(d gonvml.Device) (r gonvml.Return) { mj, r = d.GetTotalEnergyConsumption(); return })
+		mj, err := onDevice(ctx, p, "GetTotalEnergyConsumption", gonvml.Device.GetTotalEnergyConsumption)
 		if err == nil {
 			t.HasEnergy, t.EnergyJ = true, float64(mj)/1000
 		} else if err := soft(err); err != nil {
@@ -217,22 +220,23 @@ func (p *Probe) Telemetry(ctx context.Context, full bool) (Telemetry, error) {
 			t.HasEnergy = false
 		}
 	}
-	var c uint32
-	if err := soft(p.call(ctx, "GetTemperature", func(d gonvml.Device) (r gonvml.Return) { c, r = d.GetTemperature(gonvml.TEMPERATURE_GPU); return })); err != nil {
+	c, err := onDevice(ctx, p, "GetTemperature", func(d gonvml.Device) (uint32, gonvml.Return) { return d.GetTemperature(gonvml.TEMPERATURE_GPU) })
+	if err := soft(err); err != nil {
 		return t, err
 	}
 	t.TemperatureC = float64(c)
 	if full {
-		var limit uint32
-		if err := soft(p.call(ctx, "GetEnforcedPowerLimit", func(d gonvml.Device) (r gonvml.Return) { limit, r = d.GetEnforcedPowerLimit(); return })); err != nil {
+		limit, err := onDevice(ctx, p, "GetEnforcedPowerLimit", gonvml.Device.GetEnforcedPowerLimit)
+		if err := soft(err); err != nil {
 			return t, err
 		}
 		t.PowerLimitW = float64(limit) / 1000
-		if err := soft(p.call(ctx, "GetMaxClockInfo", func(d gonvml.Device) (r gonvml.Return) { t.SMMaxMHz, r = d.GetMaxClockInfo(gonvml.CLOCK_SM); return })); err != nil {
+		t.SMMaxMHz, err = onDevice(ctx, p, "GetMaxClockInfo", func(d gonvml.Device) (uint32, gonvml.Return) { return d.GetMaxClockInfo(gonvml.CLOCK_SM) })
+		if err := soft(err); err != nil {
 			return t, err
 		}
-		var m gonvml.Memory
-		if err := soft(p.call(ctx, "GetMemoryInfo", func(d gonvml.Device) (r gonvml.Return) { m, r = d.GetMemoryInfo(); return })); err != nil {
+		m, err := onDevice(ctx, p, "GetMemoryInfo", gonvml.Device.GetMemoryInfo)
+		if err := soft(err); err != nil {
 			return t, err
 		}
 		t.MemTotal, t.MemUse = m.Total, m.Used
@@ -250,10 +254,12 @@ type MIGActivity struct {
 }
 
 // migSamples are one GPU instance's two GPM samples, reused: the last
-// one taken and a spare for the next.
+// one taken and a spare for the next. A sample that a call abandoned at
+// its deadline may still use is dropped (set to nil), never reused nor
+// freed.
 type migSamples struct {
 	last, spare gonvml.GpmSample
-	have        bool
+	have        bool // last holds a sample
 }
 
 // MIGActivity samples the GPU instances gis with GPM and returns, for
@@ -268,8 +274,8 @@ func (p *Probe) MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity
 	checked, supported := p.gpmChecked, p.gpmSupported
 	p.mu.Unlock()
 	if !checked {
-		var sup gonvml.GpmSupport
-		if err := p.b.do(ctx, "GpmQueryDeviceSupport", func() (r gonvml.Return) { sup, r = p.b.lib.GpmQueryDeviceSupport(d); return }); err != nil {
+		sup, err := call(ctx, p.b, "GpmQueryDeviceSupport", func() (gonvml.GpmSupport, gonvml.Return) { return p.b.lib.GpmQueryDeviceSupport(d) })
+		if err != nil {
 			return nil, fmt.Errorf("GPU %s: GPM: %w", p.uuid, err)
 		}
 		supported = sup.IsSupportedDevice != 0
@@ -291,14 +297,16 @@ func (p *Probe) MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity
 			p.gpm[gi] = ms
 		}
 		p.mu.Unlock()
-		for _, s := range []*gonvml.GpmSample{&ms.last, &ms.spare} {
-			if *s == nil {
-				if err := p.b.do(ctx, "GpmSampleAlloc", func() (r gonvml.Return) { *s, r = p.b.lib.GpmSampleAlloc(); return }); err != nil {
-					return nil, fmt.Errorf("GPU %s: GPM sample: %w", p.uuid, err)
-				}
+		if ms.spare == nil {
+			s, err := call(ctx, p.b, "GpmSampleAlloc", p.b.lib.GpmSampleAlloc)
+			if err != nil {
+				return nil, fmt.Errorf("GPU %s: GPM sample: %w", p.uuid, err)
 			}
+			ms.spare = s
 		}
-		if err := p.b.do(ctx, "GpmMigSampleGet", func() gonvml.Return { return p.b.lib.GpmMigSampleGet(d, gi, ms.spare) }); err != nil {
+		s, err := p.gpmMigSampleGet(ctx, d, gi, ms.spare)
+		ms.spare = s // nil when the call did not return in time
+		if err != nil {
 			if errors.Is(err, gpu.ErrInvalid) || errors.Is(err, gpu.ErrNotFound) {
 				ms.have = false
 				continue // the GPU instance went away
@@ -306,14 +314,26 @@ func (p *Probe) MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity
 			return nil, fmt.Errorf("GPU %s: GPM sample of GI %d: %w", p.uuid, gi, err)
 		}
 		prev, had := ms.last, ms.have
-		ms.last, ms.spare, ms.have = ms.spare, ms.last, true
+		ms.last, ms.spare, ms.have = s, prev, true
 		if !had {
 			continue
 		}
-		m := gonvml.GpmMetricsGetType{Version: gonvml.GPM_METRICS_GET_VERSION, NumMetrics: 2, Sample1: prev, Sample2: ms.last}
-		m.Metrics[0].MetricId = uint32(gonvml.GPM_METRIC_SM_UTIL)
-		m.Metrics[1].MetricId = uint32(gonvml.GPM_METRIC_DRAM_BW_UTIL)
-		if err := p.b.do(ctx, "GpmMetricsGet", func() gonvml.Return { return p.b.lib.GpmMetricsGet(&m) }); err != nil {
+		p.mu.Lock()
+		m := p.metrics
+		p.metrics = nil
+		p.mu.Unlock()
+		if m == nil {
+			m = new(gonvml.GpmMetricsGetType)
+		}
+		m.Version, m.NumMetrics, m.Sample1, m.Sample2 = gonvml.GPM_METRICS_GET_VERSION, 2, prev, s
+		m.Metrics[0] = gonvml.GpmMetric{MetricId: uint32(gonvml.GPM_METRIC_SM_UTIL)}
+		m.Metrics[1] = gonvml.GpmMetric{MetricId: uint32(gonvml.GPM_METRIC_DRAM_BW_UTIL)}
+		m, err = p.gpmMetricsGet(ctx, m)
+		if m == nil {
+			// The call may still read both samples and write into m.
+			ms.last, ms.spare, ms.have = nil, nil, false
+		}
+		if err != nil {
 			return nil, fmt.Errorf("GPU %s: GPM metrics of GI %d: %w", p.uuid, gi, err)
 		}
 		a := MIGActivity{}
@@ -324,6 +344,9 @@ func (p *Probe) MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity
 			a.DRAM = m.Metrics[1].Value / 100
 		}
 		out[gi] = a
+		p.mu.Lock()
+		p.metrics = m
+		p.mu.Unlock()
 	}
 	p.mu.Lock()
 	for gi, ms := range p.gpm {
@@ -340,32 +363,51 @@ func (p *Probe) MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity
 	return out, nil
 }
 
+// gpmMigSampleGet takes a GPM sample of GPU instance gi into s and hands s
+// back, unless the call did not return in time: it may still write into
+// s, so s is then the call's, and the result nil.
+func (p *Probe) gpmMigSampleGet(ctx context.Context, d gonvml.Device, gi int, s gonvml.GpmSample) (gonvml.GpmSample, error) {
+	if err := ctx.Err(); err != nil {
+		return s, err // not called: s is still the caller's
+	}
+	return call(ctx, p.b, "GpmMigSampleGet", func() (gonvml.GpmSample, gonvml.Return) { return s, p.b.lib.GpmMigSampleGet(d, gi, s) })
+}
+
+// gpmMetricsGet runs GpmMetricsGet on m and hands m back, unless the call
+// did not return in time: it may still write into m and read m's samples,
+// so they are then the call's, and the result nil.
+func (p *Probe) gpmMetricsGet(ctx context.Context, m *gonvml.GpmMetricsGetType) (*gonvml.GpmMetricsGetType, error) {
+	if err := ctx.Err(); err != nil {
+		return m, err // not called: m is still the caller's
+	}
+	return call(ctx, p.b, "GpmMetricsGet", func() (*gonvml.GpmMetricsGetType, gonvml.Return) { return m, p.b.lib.GpmMetricsGet(m) })
+}
+
 // MIGMemory returns, per GPU instance id, the memory of its MIG devices
 // (total, used) as NVML's MIG device handles report it.
 func (p *Probe) MIGMemory(ctx context.Context) (map[int][2]uint64, error) {
-	var n int
-	if err := p.call(ctx, "GetMaxMigDeviceCount", func(d gonvml.Device) (r gonvml.Return) { n, r = d.GetMaxMigDeviceCount(); return }); err != nil {
+	n, err := onDevice(ctx, p, "GetMaxMigDeviceCount", gonvml.Device.GetMaxMigDeviceCount)
+	if err != nil {
 		return nil, err
 	}
 	out := map[int][2]uint64{}
 	for i := 0; i < n; i++ {
-		var md gonvml.Device
-		err := p.call(ctx, "GetMigDeviceHandleByIndex", func(d gonvml.Device) (r gonvml.Return) { md, r = d.GetMigDeviceHandleByIndex(i); return })
+		md, err := onDevice(ctx, p, "GetMigDeviceHandleByIndex", func(d gonvml.Device) (gonvml.Device, gonvml.Return) { return d.GetMigDeviceHandleByIndex(i) })
 		if errors.Is(err, gpu.ErrNotFound) {
 			break
 		}
 		if err != nil {
 			return nil, err
 		}
-		var gi int
-		if err := p.b.do(ctx, "GetGpuInstanceId", func() (r gonvml.Return) { gi, r = md.GetGpuInstanceId(); return }); err != nil {
+		gi, err := call(ctx, p.b, "GetGpuInstanceId", md.GetGpuInstanceId)
+		if err != nil {
 			return nil, fmt.Errorf("GPU %s: MIG device %d: %w", p.uuid, i, err)
 		}
 		if _, seen := out[gi]; seen {
 			continue // another compute instance of the same GPU instance
 		}
-		var m gonvml.Memory
-		if err := p.b.do(ctx, "GetMemoryInfo", func() (r gonvml.Return) { m, r = md.GetMemoryInfo(); return }); err != nil {
+		m, err := call(ctx, p.b, "GetMemoryInfo", md.GetMemoryInfo)
+		if err != nil {
 			return nil, fmt.Errorf("GPU %s: MIG device %d memory: %w", p.uuid, i, err)
 		}
 		out[gi] = [2]uint64{m.Total, m.Used}
