@@ -52,14 +52,11 @@ const undoTimeout = 2 * time.Minute
 // with an intent, before the admission lock is released. A failure at any
 // step undoes the finished ones; the host is left as it was.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance, error) {
-	done, err := m.begin()
+	done, err := m.beginCarving()
 	if err != nil {
 		return store.Instance{}, err
 	}
 	defer done()
-	if why := m.Degraded(); why != "" {
-		return store.Instance{}, fail(ErrBusy, nil, "carving is disabled: %s; reads still work", why)
-	}
 	if err := tenant.ValidateName(req.Tenant); err != nil {
 		return store.Instance{}, classify(err, "tenant")
 	}

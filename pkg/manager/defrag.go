@@ -42,16 +42,15 @@ type movePayload struct {
 // placement with the same identity, and the config of a VM it is attached
 // to is updated. A failure moves the instances back, in reverse order.
 func (m *Manager) Defragment(ctx context.Context, req CreateRequest, apply bool) (DefragResult, error) {
-	done, err := m.begin()
+	begin := m.begin
+	if apply {
+		begin = m.beginCarving
+	}
+	done, err := begin()
 	if err != nil {
 		return DefragResult{}, err
 	}
 	defer done()
-	if apply {
-		if why := m.Degraded(); why != "" {
-			return DefragResult{}, fail(ErrBusy, nil, "carving is disabled: %s", why)
-		}
-	}
 	offers, err := m.resolve(req.Profile)
 	if err != nil {
 		return DefragResult{}, err

@@ -17,6 +17,20 @@ func (m *Manager) begin() (done func(), err error) {
 	return m.ops.Done, nil
 }
 
+// beginCarving is begin for an operation that changes the host: it is
+// also refused while the manager is degraded (the driver never came).
+func (m *Manager) beginCarving() (done func(), err error) {
+	done, err = m.begin()
+	if err != nil {
+		return nil, err
+	}
+	if why := m.Degraded(); why != "" {
+		done()
+		return nil, fail(ErrBusy, nil, "carving is disabled: %s; reads still work", why)
+	}
+	return done, nil
+}
+
 // background runs fn (an undo that waits for the host) as an operation
 // Shutdown waits for; the caller already holds one, so it cannot be late.
 func (m *Manager) background(fn func()) {

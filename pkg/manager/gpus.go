@@ -77,14 +77,11 @@ func (m *Manager) GPU(id string) (GPUView, error) {
 // instances live on the GPU. When the driver leaves the change pending the
 // error is ErrBusy and says how to commit it.
 func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
-	done, err := m.begin()
+	done, err := m.beginCarving()
 	if err != nil {
 		return err
 	}
 	defer done()
-	if why := m.Degraded(); why != "" {
-		return fail(ErrBusy, nil, "carving is disabled: %s", why)
-	}
 	g, err := m.gpuByAnyID(id)
 	if err != nil {
 		return err
@@ -126,14 +123,11 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 // The choice is kept in the store and applied again after a host reboot,
 // which resets the mode, before reconcile re-creates the GPU's vGPUs.
 func (m *Manager) SetHeterogeneous(ctx context.Context, id string, on bool) error {
-	done, err := m.begin()
+	done, err := m.beginCarving()
 	if err != nil {
 		return err
 	}
 	defer done()
-	if why := m.Degraded(); why != "" {
-		return fail(ErrBusy, nil, "carving is disabled: %s", why)
-	}
 	g, err := m.gpuByAnyID(id)
 	if err != nil {
 		return err

@@ -794,6 +794,17 @@ func fragmented(t *testing.T, e *env) manager.CreateRequest {
 	return manager.CreateRequest{Tenant: "acme", Profile: "2g.20gb", GPU: h100MIG}
 }
 
+// defragmentAndFit checks the host is consistent, then that defragment
+// works and the fragmented request fits after it.
+func defragmentAndFit(t *testing.T, e *env, req manager.CreateRequest) {
+	t.Helper()
+	assertConsistent(t, e)
+	if _, err := e.m.Defragment(context.Background(), req, true); err != nil {
+		t.Fatalf("defragment: %v", err)
+	}
+	e.mustCreate("acme", req.Profile, req.GPU)
+}
+
 func placements(t *testing.T, e *env) string {
 	t.Helper()
 	insts, err := e.m.Instances("")
@@ -845,11 +856,7 @@ func TestFailedMoveIsUndone(t *testing.T) {
 			if got := e.discovered(); got != host {
 				t.Fatalf("host after a failed move:\n%s\nwas\n%s", got, host)
 			}
-			assertConsistent(t, e)
-			if _, err := e.m.Defragment(context.Background(), req, true); err != nil {
-				t.Fatalf("defragment once the fault is gone: %v", err)
-			}
-			e.mustCreate("acme", "2g.20gb", h100MIG)
+			defragmentAndFit(t, e, req)
 		})
 	}
 }
@@ -878,11 +885,7 @@ func TestCrashedMoveIsSettled(t *testing.T) {
 			if got := len(strings.Split(placements(t, e), "\n")); got != n {
 				t.Fatalf("%d instances after the crash, want %d", got, n)
 			}
-			assertConsistent(t, e)
-			if _, err := e.m.Defragment(context.Background(), req, true); err != nil {
-				t.Fatalf("defragment after the crash: %v", err)
-			}
-			e.mustCreate("acme", "2g.20gb", h100MIG)
+			defragmentAndFit(t, e, req)
 		})
 	}
 }
