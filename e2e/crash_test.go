@@ -58,7 +58,7 @@ func startCrashDaemon(t *testing.T, state, bus, lvSocket, crashAt string) *crash
 		t.Fatal(err)
 	}
 	cmd := exec.Command(vgpudBin, "--sim", "--state-dir", state, "--bus-address", bus, "--metrics-listen", "",
-		"--libvirt-socket", lvSocket, "--log-level", "warn", "--config", "/dev/null")
+		"--libvirt-socket", lvSocket, "--log-level", "info", "--config", "/dev/null")
 	cmd.Env = append(os.Environ(), "VGPUD_CRASH_AT="+crashAt)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

@@ -77,3 +77,10 @@ func (l *liveSet) busy(instance string) bool {
 	}
 	return false
 }
+
+// idle reports whether no operation is in flight.
+func (l *liveSet) idle() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.ids) == 0
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -765,7 +766,7 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 		}
 		forget(a, fmt.Sprintf("VM %s no longer holds it", a.Domain))
 	}
-	m.reconcileDomains(ctx, recs, rep)
+	m.reconcileDomains(ctx, rep)
 	for _, id := range release {
 		if err := m.Destroy(ctx, id, DestroyOptions{}); err != nil && !errors.Is(err, ErrNotFound) {
 			m.log.Warn("release instance of a VM undefined while vgpud did not watch", "instance", id, "err", err)
@@ -782,17 +783,27 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 // record back; a stopped VM that names an instance vgpud no longer has is
 // cleared of it (the device is gone, and the VM would not start); anything
 // else is reported, not touched.
-func (m *Manager) reconcileDomains(ctx context.Context, recs map[string]store.Instance, rep *ReconcileReport) {
+func (m *Manager) reconcileDomains(ctx context.Context, rep *ReconcileReport) {
 	doms, err := m.lv().Domains(ctx)
 	if err != nil {
 		m.log.Warn("list VMs", "err", err)
 		return
 	}
+	// Read after the forward pass, which changed records; operations that
+	// end meanwhile are checked again before anything is taken away.
 	atts := map[string]store.Attachment{}
+	recs := map[string]store.Instance{}
 	if err := m.db.View(func(tx *store.Tx) error {
 		all, err := tx.Attachments()
+		if err != nil {
+			return err
+		}
 		for _, a := range all {
 			atts[a.Instance] = a
+		}
+		rs, err := tx.Instances()
+		for _, r := range rs {
+			recs[r.UUID] = r
 		}
 		return err
 	}); err != nil {
@@ -803,6 +814,16 @@ func (m *Manager) reconcileDomains(ctx context.Context, recs map[string]store.In
 		if ctx.Err() != nil {
 			rep.Pending = append(rep.Pending, "VMs: libvirt pass ran out of time")
 			return
+		}
+		// The devices vgpud's records give this VM: never taken away here,
+		// whatever stale metadata names them.
+		var mine []virt.Hostdev
+		for id, a := range atts {
+			if a.DomainUUID == d.UUID || a.Domain == d.Name {
+				if h, err := m.hostdevOf(recs[id], false, false); err == nil {
+					mine = append(mine, h)
+				}
+			}
 		}
 		held, err := m.lv().Attached(ctx, d.Name)
 		if err != nil {
@@ -835,7 +856,14 @@ func (m *Manager) reconcileDomains(ctx context.Context, recs map[string]store.In
 				atts[r.UUID] = a
 				rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: VM %s holds it; attachment recorded", r.UUID, d.Name))
 				m.emit(Event{Kind: EventInstanceChanged, ID: r.UUID})
+			case !exists && slices.ContainsFunc(mine, func(h virt.Hostdev) bool { return sameDevice(h, x.Hostdev) }):
+				rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: gone; VM %s names it on a device another instance holds; left alone", x.Instance, d.Name))
 			case !exists:
+				// Only while nothing else runs: an attach in flight may be
+				// giving this very device to another instance.
+				if _, err := m.Instance(x.Instance); !errors.Is(err, ErrNotFound) || !m.live.idle() {
+					continue
+				}
 				dom, err := m.lv().Domain(ctx, d.Name)
 				if err != nil || dom.Running {
 					rep.Attachments = append(rep.Attachments, fmt.Sprintf("%s: running VM %s names an instance vgpud does not have; left alone", x.Instance, d.Name))

@@ -213,6 +213,11 @@ func TestMetadataRoundTrip(t *testing.T) {
 	if again := got.with(entryFor("a", Hostdev{Kind: Mdev, MdevUUID: "4b20d080-1b54-4048-85b3-a6a62d165c01"})); !equalMeta(again, metadata{m[1], m[0]}) {
 		t.Fatalf("with() of an existing instance = %+v", again)
 	}
+	// A device belongs to one instance: an entry left for an earlier one
+	// on the same VF is replaced.
+	if moved := got.with(entryFor("c", Hostdev{Kind: VF, PCI: "0000:41:00.4"})); !equalMeta(moved, metadata{m[0], entryFor("c", Hostdev{Kind: VF, PCI: "0000:41:00.4"})}) {
+		t.Fatalf("with() of another instance on a recorded device = %+v", moved)
+	}
 	if rest := got.without("a", Hostdev{Kind: VF, PCI: "0000:41:00.4"}); len(rest) != 0 {
 		t.Fatalf("without() left %+v", rest)
 	}

@@ -91,13 +91,20 @@ func readMetadata(def *libvirtxml.Domain) (metadata, error) {
 // has reports whether e is recorded exactly.
 func (m metadata) has(e metaEntry) bool { return slices.Contains(m, e) }
 
-// with returns m with e recorded, replacing an entry for the same instance.
+// with returns m with e recorded, replacing an entry for the same instance
+// or the same device: a device belongs to one instance, and an entry a
+// crash left for an earlier instance on it is stale.
 func (m metadata) with(e metaEntry) metadata {
+	eh, eok := e.hostdev()
 	out := make(metadata, 0, len(m)+1)
 	for _, x := range m {
-		if x.ID != e.ID {
-			out = append(out, x)
+		if x.ID == e.ID {
+			continue
 		}
+		if xh, ok := x.hostdev(); ok && eok && xh.key() == eh.key() {
+			continue
+		}
+		out = append(out, x)
 	}
 	return append(out, e)
 }
