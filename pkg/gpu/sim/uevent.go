@@ -17,7 +17,7 @@ type Uevent struct {
 }
 
 // maxUevents bounds the uevent ring kept in state.json.
-const maxUevents = 4096
+const maxUevents = 1024
 
 func (st *state) uevent(action, devpath, subsystem string, env map[string]string) {
 	st.NextUevent++
