@@ -77,21 +77,15 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 		letGo := m.live.add(intent, rec.UUID)
 		m.background(func() {
 			defer letGo()
-			m.undoDestroy(context.Background(), rec, intent)
+			m.putBack(context.Background(), rec, intent, "destroy")
 		})
 	default:
 		// The caller is told the destroy failed, so the instance must stay:
 		// put back what the release took and drop the intent (a crash in
 		// between is rolled forward by reconcile instead).
-		m.undoDestroy(context.WithoutCancel(ctx), rec, intent)
+		m.putBack(context.WithoutCancel(ctx), rec, intent, "destroy")
 	}
 	return err
-}
-
-// undoDestroy brings an instance whose destroy failed half-way back to
-// ready (putBack).
-func (m *Manager) undoDestroy(ctx context.Context, rec store.Instance, intent string) {
-	m.putBack(ctx, rec, intent, "destroy")
 }
 
 // putBack brings an instance back to ready after an operation (what) failed
