@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -237,11 +238,27 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	if !errors.Is(err, ErrNewerSchema) {
 		t.Fatalf("Open = %v, want ErrNewerSchema", err)
 	}
+	checkRefused(t, path, before, err)
+}
+
+// checkRefused checks what a refusal of the file at path for its content
+// leaves: the file as it was (before), and beside it one copy of it, named
+// in the error.
+func checkRefused(t *testing.T, path string, before []byte, err error) {
+	t.Helper()
 	if !bytes.Equal(readFile(t, path), before) {
 		t.Error("refused file was modified")
 	}
-	if names := dirNames(t, filepath.Dir(path)); !slices.Equal(names, []string{"state.db"}) {
-		t.Errorf("directory holds %v after refusal, want only state.db", names)
+	sum := sha256.Sum256(before)
+	cp := refusedPath(path, sum[:])
+	if names, want := dirNames(t, filepath.Dir(path)), []string{"state.db", filepath.Base(cp)}; !slices.Equal(names, want) {
+		t.Errorf("directory holds %v after refusal, want %v", names, want)
+	}
+	if got, err := os.ReadFile(cp); err != nil || !bytes.Equal(got, before) {
+		t.Errorf("copy %s of the refused file: %v, equal: %t", cp, err, bytes.Equal(got, before))
+	}
+	if msg := err.Error(); !strings.Contains(msg, path) || !strings.Contains(msg, "a copy is kept as "+cp) {
+		t.Errorf("message %q should name %s and its copy %s", msg, path, cp)
 	}
 }
 
@@ -251,6 +268,9 @@ func TestOpenRefusesCorrupt(t *testing.T) {
 		make func(t *testing.T, path string) // writes the bad file
 		want error
 	}{
+		// vgpud never leaves an empty file (create), so one is a database
+		// that lost its content, not a new one.
+		{"empty file", func(t *testing.T, path string) { writeFile(t, path, nil) }, ErrCorrupt},
 		{"random bytes", func(t *testing.T, path string) {
 			b := make([]byte, 64<<10)
 			r := rand.New(rand.NewPCG(1, 2))
@@ -345,13 +365,68 @@ func TestOpenRefusesCorrupt(t *testing.T) {
 				t.Fatalf("Open = %v, want %v", err, tc.want)
 			}
 			t.Logf("refused: %v", err)
-			if !bytes.Equal(readFile(t, path), before) {
-				t.Error("refused file was modified")
-			}
-			if names := dirNames(t, filepath.Dir(path)); !slices.Equal(names, []string{"state.db"}) {
-				t.Errorf("directory holds %v after refusal, want only state.db", names)
-			}
+			checkRefused(t, path, before, err)
 		})
+	}
+}
+
+func TestOpenRefusesEmptyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	writeFile(t, path, nil)
+	for range 2 {
+		db, err := Open(path, Options{})
+		if err == nil {
+			db.Close()
+			t.Fatal("Open initialised an empty file, want ErrCorrupt")
+		}
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open = %v, want ErrCorrupt", err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, "empty") || !strings.Contains(msg, "restore a backup") || !strings.Contains(msg, "remove it") {
+			t.Errorf("message %q should say the file is empty and how to go on", msg)
+		}
+		// A daemon restarted after each refusal keeps one copy.
+		checkRefused(t, path, nil, err)
+	}
+}
+
+// A refused file is copied once per content: a file that changed between
+// two refusals is copied again, and the copies are kept.
+func TestOpenRefusedCopies(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.db")
+	for i, content := range []string{"not a database\n", "not a database\n", "still not one\n"} {
+		writeFile(t, path, []byte(content))
+		if _, err := Open(path, Options{}); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open %d = %v, want ErrCorrupt", i, err)
+		}
+	}
+	names := dirNames(t, dir)
+	if len(names) != 3 {
+		t.Fatalf("directory holds %v, want state.db and two copies", names)
+	}
+	for _, content := range []string{"not a database\n", "still not one\n"} {
+		sum := sha256.Sum256([]byte(content))
+		if got := string(readFile(t, refusedPath(path, sum[:]))); got != content {
+			t.Errorf("copy holds %q, want %q", got, content)
+		}
+	}
+}
+
+// A refusal for anything but the content makes no copy: a file another
+// process holds is live, and one that others could write is not trusted.
+func TestOpenRefusedLockedNotCopied(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	db, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := Open(path, Options{Timeout: 100 * time.Millisecond}); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second Open = %v, want ErrLocked", err)
+	}
+	if names := dirNames(t, filepath.Dir(path)); !slices.Equal(names, []string{"state.db"}) {
+		t.Errorf("directory holds %v, want only state.db", names)
 	}
 }
 
@@ -375,9 +450,15 @@ func pointBranchAt(t *testing.T, b []byte, id uint64) {
 }
 
 func TestOpenRefusesDirectory(t *testing.T) {
-	path := t.TempDir()
+	path := filepath.Join(t.TempDir(), "state.db")
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Open(path, Options{}); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Open(directory) = %v, want ErrCorrupt", err)
+	}
+	if names := dirNames(t, filepath.Dir(path)); !slices.Equal(names, []string{"state.db"}) {
+		t.Errorf("directory holds %v, want only state.db (a directory is not copied)", names)
 	}
 }
 
@@ -396,32 +477,55 @@ func writeFile(t *testing.T, path string, b []byte) {
 	}
 }
 
-// A file with nothing of ours in it yet (empty, or a bbolt file with no
-// bucket, as a crash during the first Open leaves) is initialised.
-func TestOpenInitialisesBlankFile(t *testing.T) {
-	tests := []struct {
-		name string
-		make func(t *testing.T, path string)
-	}{
-		{"empty file", func(t *testing.T, path string) { writeFile(t, path, nil) }},
-		{"bbolt file without buckets", func(t *testing.T, path string) {
-			rawUpdate(t, path, func(*bbolt.Tx) error { return nil })
-		}},
+// A bbolt file with no bucket is initialised: create links a file with
+// bbolt's initial pages into place and the first schema transaction adds
+// the buckets, so a crash between the two leaves one. It holds no record,
+// so nothing is lost by initialising it (an empty file, which could be a
+// database that lost its records, is refused: TestOpenRefusesEmptyFile).
+func TestOpenInitialisesBucketlessFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	rawUpdate(t, path, func(*bbolt.Tx) error { return nil })
+	db, err := Open(path, Options{})
+	if err != nil {
+		t.Fatalf("Open = %v", err)
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "state.db")
-			tc.make(t, path)
-			db, err := Open(path, Options{})
-			if err != nil {
-				t.Fatalf("Open = %v", err)
-			}
-			mustView(t, db, func(tx *Tx) error { _, err := tx.Instances(); return err })
-			db.Close()
-			if got, want := rawSchema(t, path), strconv.Itoa(SchemaVersion); got != want {
-				t.Errorf("meta/schema = %q, want %q", got, want)
-			}
-		})
+	mustView(t, db, func(tx *Tx) error { _, err := tx.Instances(); return err })
+	db.Close()
+	if got, want := rawSchema(t, path), strconv.Itoa(SchemaVersion); got != want {
+		t.Errorf("meta/schema = %q, want %q", got, want)
+	}
+	if names := dirNames(t, filepath.Dir(path)); !slices.Equal(names, []string{"state.db"}) {
+		t.Errorf("directory holds %v, want only state.db", names)
+	}
+}
+
+// create never leaves an empty file at path: the file appears with bbolt's
+// pages in it, and one that appeared meanwhile is left as it is.
+func TestCreate(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.db")
+	if err := create(path, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(path); err != nil || fi.Size() == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("created file: %v, %v", fi, err)
+	}
+	if names := dirNames(t, dir); !slices.Equal(names, []string{"state.db"}) {
+		t.Errorf("directory holds %v, want only state.db", names)
+	}
+	if got := dump(t, path); len(got) != 0 {
+		t.Errorf("created file holds %v, want no bucket", got)
+	}
+
+	before := populated(t, path, 3)
+	if err := create(path, time.Second); err != nil {
+		t.Fatalf("create over an existing file: %v", err)
+	}
+	if !bytes.Equal(readFile(t, path), before) {
+		t.Error("create changed an existing file")
+	}
+	if names := dirNames(t, dir); !slices.Equal(names, []string{"state.db"}) {
+		t.Errorf("directory holds %v, want only state.db", names)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"syscall"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -113,9 +114,17 @@ func readVersion(tx *bbolt.Tx) (int, error) {
 	return v, nil
 }
 
+// errAbsent is inspect's answer for a path with no file: the one case in
+// which Open creates a database.
+var errAbsent = errors.New("no state database")
+
 // inspect opens path read-only (a shared lock, no writes) and returns its
-// schema version, 0 for a file to be created: absent, empty, or a bbolt
-// file without any bucket (a crash during the first Open leaves one).
+// schema version, 0 for a bbolt file without any bucket (a crash between
+// create's link and the first schema transaction leaves one: it holds no
+// record, so initialising it loses nothing), errAbsent when there is no
+// file. An empty file is refused: bbolt would initialise it as new, and
+// vgpud never leaves one (create), so it is a database that lost its
+// content: truncated by a full disk, a bad restore or a stray redirect.
 //
 // bbolt trusts the file: a damaged page can make it panic, and a page
 // beyond the end of a truncated file faults in the mmap. So the meta
@@ -125,9 +134,9 @@ func readVersion(tx *bbolt.Tx) (int, error) {
 // closed (bbolt's own Close could wait on a lock the panic left held); the
 // read-only mapping is left to the process's exit, which a refusal leads to.
 func inspect(path string, timeout time.Duration) (version int, err error) {
-	fi, err := os.Stat(path)
+	fi, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
+		return 0, errAbsent
 	}
 	if err != nil {
 		return 0, fmt.Errorf("store: %w", err)
@@ -136,7 +145,8 @@ func inspect(path string, timeout time.Duration) (version int, err error) {
 		return 0, fmt.Errorf("%s: %w: not a regular file", path, ErrCorrupt)
 	}
 	if fi.Size() == 0 {
-		return 0, nil
+		return 0, fmt.Errorf("%s: %w: the file is empty (0 bytes), and vgpud never leaves an empty one: its records were lost; restore a backup (%s.v<N>.bak) over it, or remove it to start with no tenants and no records (the devices on the host then show as foreign)",
+			path, ErrCorrupt, path)
 	}
 
 	var file *os.File
@@ -153,7 +163,7 @@ func inspect(path string, timeout time.Duration) (version int, err error) {
 		ReadOnly: true,
 		Timeout:  timeout,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			f, err := os.OpenFile(name, flag, perm)
+			f, err := os.OpenFile(name, flag|syscall.O_NOFOLLOW, perm)
 			file = f
 			return f, err
 		},

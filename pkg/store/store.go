@@ -7,10 +7,12 @@
 // intent's step and the instance it produced, or admit an instance against
 // a tenant's usage and store it). Every commit is fsynced.
 //
-// Open refuses, without writing a byte, a file that is locked by another
-// process, corrupt, or written by a newer vgpud; it migrates an older one
-// after copying it aside. Only the manager and the daemon's wiring import
-// this package; it imports pkg/tenant and nothing else from vgpud.
+// Open refuses, without changing a byte of it, a file that is locked by
+// another process, corrupt or empty, written by a newer vgpud, or that a
+// user other than vgpud's could write; it keeps a copy of one refused for
+// its content, and migrates an older one after copying it aside. Only the
+// manager and the daemon's wiring import this package; it imports
+// pkg/tenant and nothing else from vgpud.
 package store
 
 import (
@@ -33,9 +35,13 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrLocked: another process holds the database file.
 	ErrLocked = errors.New("state database locked")
-	// ErrCorrupt: the file is not a readable vgpud state database, or a
-	// record in it does not decode.
+	// ErrCorrupt: the file is not a readable vgpud state database (an
+	// empty file included), or a record in it does not decode.
 	ErrCorrupt = errors.New("state database corrupt")
+	// ErrUnsafe: the state directory or the database file can be written
+	// by a user other than the one vgpud runs as, or the file is a
+	// symbolic link. The message gives the commands that fix it.
+	ErrUnsafe = errors.New("state database unsafe")
 	// ErrNewerSchema: the file was written by a newer vgpud.
 	ErrNewerSchema = errors.New("state database schema is newer than this vgpud")
 	// ErrSchema: the schema version is unreadable, a migration failed, or
@@ -78,11 +84,16 @@ type DB struct {
 }
 
 // Open opens the state database at path, creating it (schema
-// SchemaVersion) when the file is absent or empty. The directory must
-// exist. An older schema is migrated in one transaction after the file is
-// copied to path+".v<N>.bak". Errors wrap ErrLocked, ErrCorrupt,
-// ErrNewerSchema or ErrSchema as their doc comments say; a refused file is
-// left byte for byte as it was.
+// SchemaVersion) only when there is no file; an empty file is refused as
+// ErrCorrupt, never initialised, since it can only be a database that lost
+// its content (vgpud never leaves one: see create). The directory must
+// exist, and it and the file must be the daemon's user's and closed to
+// others' writes (ErrUnsafe). An older schema is migrated in one
+// transaction after the file is copied to path+".v<N>.bak". Errors wrap
+// ErrLocked, ErrCorrupt, ErrNewerSchema, ErrSchema or ErrUnsafe as their
+// doc comments say; a refused file is left byte for byte as it was, and
+// one refused for its content is also copied to path+".refused-<hash>"
+// (see keepRefused).
 func Open(path string, opts Options) (*DB, error) {
 	timeout := opts.Timeout
 	if timeout <= 0 {
@@ -101,27 +112,89 @@ func Open(path string, opts Options) (*DB, error) {
 		sch = *opts.schema
 	}
 
+	if err := checkAccess(path); err != nil {
+		return nil, err
+	}
 	// Read-only first: nothing is written to a file until it is known to
 	// be ours, readable and not newer.
 	found, err := inspect(path, timeout)
-	if err != nil {
-		return nil, err
+	if errors.Is(err, errAbsent) {
+		if err = create(path, timeout); err == nil {
+			// Whatever is at path now (ours, or another creator's that
+			// won the race) is inspected like any file.
+			found, err = inspect(path, timeout)
+		}
 	}
-	if found > sch.current() {
-		return nil, fmt.Errorf("%w: %s has schema version %d, this vgpud reads up to %d: run a newer vgpud, or restore a backup",
+	if err == nil && found > sch.current() {
+		err = fmt.Errorf("%w: %s has schema version %d, this vgpud reads up to %d: run a newer vgpud, or restore a backup",
 			ErrNewerSchema, path, found, sch.current())
 	}
+	if err != nil {
+		if refusedForContent(err) {
+			err = keepRefused(path, err)
+		}
+		return nil, err
+	}
 
-	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: timeout})
+	// Never O_CREATE: a file bbolt created here would be empty until its
+	// first write, and an empty file is refused (create makes new files).
+	// No link is followed, whatever replaced the file since checkAccess.
+	bdb, err := bbolt.Open(path, 0o600, &bbolt.Options{
+		Timeout: timeout,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			return os.OpenFile(name, flag&^os.O_CREATE|syscall.O_NOFOLLOW, perm)
+		},
+	})
 	if err != nil {
 		return nil, openError(path, timeout, err)
 	}
 	db := &DB{bolt: bdb, path: path, version: sch.current(), now: now}
 	if err := db.prepare(found, sch, log); err != nil {
 		_ = bdb.Close()
+		if found == sch.current() && refusedForContent(err) {
+			// Nothing was migrated, so the file is as it was found (a
+			// failed migration has its backup already).
+			err = keepRefused(path, err)
+		}
 		return nil, err
 	}
 	return db, nil
+}
+
+// create makes a new database file at path that already holds bbolt's
+// initial pages, so that no crash leaves an empty file there: bbolt
+// creates the file and only then writes its pages, so it is built under a
+// temporary name and linked into place. A link, unlike a rename, fails
+// when path appeared meanwhile (another vgpud created it), which is not an
+// error here: the caller inspects whatever is at path.
+//
+// A crash after the link and before Open's first transaction leaves a
+// bbolt file without buckets, which Open initialises (it holds no
+// record); one before the temporary name is removed leaves that name
+// behind, a link to state.db or a file no one reads.
+func create(path string, timeout time.Duration) error {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".new-*")
+	if err != nil {
+		return fmt.Errorf("store: create %s: %w", path, err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	err = f.Close()
+	if err == nil {
+		var bdb *bbolt.DB
+		if bdb, err = bbolt.Open(tmp, 0o600, &bbolt.Options{Timeout: timeout}); err == nil {
+			err = bdb.Close()
+		}
+	}
+	if err == nil {
+		if err = os.Link(tmp, path); errors.Is(err, fs.ErrExist) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("store: create %s: %w", path, err)
+	}
+	return nil
 }
 
 // openError turns bbolt.Open's error into the package's.
