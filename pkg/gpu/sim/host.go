@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -80,12 +81,6 @@ type OpenOptions struct {
 	// read goes through FS either way; the mirror costs a file write per
 	// changed attribute.
 	Mirror bool
-}
-
-type fileStamp struct {
-	ino   uint64
-	size  int64
-	mtime int64
 }
 
 // Open opens the simulated host in dir, creating it from spec when dir
@@ -277,11 +272,16 @@ func (h *Host) flock(how int) error {
 func (h *Host) funlock() { _ = unix.Flock(int(h.lock.Fd()), unix.LOCK_UN) }
 
 func (h *Host) load() error {
-	fi, err := os.Stat(h.statePath())
+	f, err := os.Open(h.statePath())
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBadState, err)
 	}
-	data, err := os.ReadFile(h.statePath())
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrBadState, err)
+	}
+	data, err := io.ReadAll(f)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBadState, err)
 	}
@@ -296,20 +296,12 @@ func (h *Host) load() error {
 	if err := h.attachModels(); err != nil {
 		return err
 	}
-	h.stamp = stampOf(fi)
+	h.stamp = stampOf(fi, st.Generation, tokenOf(f))
 	h.rendered = nil
 	h.setLatency(&st.Spec)
 	h.tree = nil
 	h.updateTree()
 	return nil
-}
-
-func stampOf(fi os.FileInfo) fileStamp {
-	s := fileStamp{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		s.ino = st.Ino
-	}
-	return s
 }
 
 // save writes state.json: temp file, then rename. A simulated mutation is
@@ -335,6 +327,7 @@ func (h *Host) save() error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("write simulated host state: %w", err)
 	}
+	token := tag(tmp)
 	if err := os.Rename(tmp, h.statePath()); err != nil {
 		return fmt.Errorf("write simulated host state: %w", err)
 	}
@@ -342,18 +335,14 @@ func (h *Host) save() error {
 	if err != nil {
 		return fmt.Errorf("stat simulated host state: %w", err)
 	}
-	h.stamp = stampOf(fi)
+	h.stamp = stampOf(fi, h.st.Generation, token)
 	return nil
 }
 
 // syncLocked reloads state.json when another process changed it. Callers
 // hold h.mu and the file lock.
 func (h *Host) syncLocked() error {
-	fi, err := os.Stat(h.statePath())
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrBadState, err)
-	}
-	if stampOf(fi) == h.stamp {
+	if h.current() {
 		return nil
 	}
 	return h.load()
@@ -363,11 +352,12 @@ func (h *Host) syncLocked() error {
 //
 // A writer replaces state.json by rename, so a state.json whose stamp is
 // the one this host last loaded or wrote is the committed state: the read
-// then needs no file lock (the NVML pollers read many times a second).
+// then needs no file lock (the NVML pollers read many times a second; see
+// stamp.go).
 func (h *Host) view(fn func(st *state) error) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if fi, err := os.Stat(h.statePath()); err == nil && stampOf(fi) == h.stamp {
+	if h.current() {
 		return fn(h.st)
 	}
 	if err := h.flock(unix.LOCK_SH); err != nil {
@@ -398,6 +388,10 @@ func (h *Host) mutate(fn func(st *state) (changed bool, err error)) error {
 	}
 	h.st.Generation++
 	if serr := h.save(); serr != nil {
+		// fn's change is in memory only: drop it (the next call reads the
+		// committed state again), so that this process neither sees a change
+		// no other one sees nor commits it with its next write.
+		h.stamp = fileStamp{}
 		return serr
 	}
 	defer h.changed()

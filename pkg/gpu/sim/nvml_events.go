@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"os"
 	"sync"
 	"time"
 
@@ -100,13 +99,9 @@ func (es *eventSet) next() (nvml.EventData, bool, nvml.Return) {
 	scanned := es.scanned
 	es.mu.Unlock()
 	// Events arrive only with a mutation, which rewrites state.json.
-	fi, err := os.Stat(es.l.h.statePath())
-	if err == nil && stampOf(fi) == scanned {
+	stamp, err := es.l.h.committed()
+	if err == nil && stamp.same(scanned) {
 		return nvml.EventData{}, false, nvml.SUCCESS
-	}
-	var stamp fileStamp
-	if err == nil {
-		stamp = stampOf(fi)
 	}
 
 	var out nvml.EventData
