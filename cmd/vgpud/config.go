@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
+
+	"github.com/vgpud/vgpud/pkg/apply"
 )
 
 // defaultConfigPath is read when --config is not given; absent is fine.
@@ -65,6 +67,9 @@ type Config struct {
 	// RecoverProbe is how often a failed or lost GPU is re-read to see
 	// whether it came back.
 	RecoverProbe Duration `json:"recoverProbe,omitempty"`
+	// ApplyMaxChanges bounds the changes one declarative apply document
+	// may make; a larger one is refused before its first change.
+	ApplyMaxChanges int `json:"applyMaxChanges,omitempty"`
 
 	file  string
 	flags *flagValues
@@ -79,6 +84,9 @@ type Live struct {
 	CriticalXIDs map[uint64]bool
 	UeventSettle time.Duration
 	RecoverProbe time.Duration
+	// LogLevel is the level a reload set (the logger holds it; it is kept
+	// here so the next reload compares with what is in force).
+	LogLevel string
 }
 
 // Live returns the settings in force now.
@@ -90,7 +98,7 @@ func (c *Config) Live() *Live {
 }
 
 func (c *Config) liveValues() *Live {
-	l := &Live{CriticalXIDs: map[uint64]bool{}, UeventSettle: c.UeventSettle.Duration, RecoverProbe: c.RecoverProbe.Duration}
+	l := &Live{CriticalXIDs: map[uint64]bool{}, UeventSettle: c.UeventSettle.Duration, RecoverProbe: c.RecoverProbe.Duration, LogLevel: c.LogLevel}
 	for _, x := range c.CriticalXIDs {
 		l.CriticalXIDs[uint64(x)] = true
 	}
@@ -144,6 +152,7 @@ func defaultConfig() *Config {
 		CriticalXIDs:    slices.Clone(defaultCriticalXIDs),
 		UeventSettle:    Duration{500 * time.Millisecond},
 		RecoverProbe:    Duration{5 * time.Second},
+		ApplyMaxChanges: apply.DefaultMaxChanges,
 	}
 }
 
@@ -151,11 +160,14 @@ func defaultConfig() *Config {
 type flagValues struct {
 	cfg  Config
 	file string
-	set  *pflag.FlagSet
+	// given names the flags the command line set, as the load at start
+	// found them; a reload applies the same ones, so a flag wins over the
+	// file at every reload as it did at start.
+	given []string
 }
 
 func (c *Config) bindFlags(fs *pflag.FlagSet) {
-	v := &flagValues{cfg: *c, set: fs}
+	v := &flagValues{cfg: *c}
 	c.flags = v
 	fs.StringVar(&v.file, "config", "", "configuration file (default "+defaultConfigPath+" when present)")
 	fs.StringVar(&v.cfg.StateDir, "state-dir", c.StateDir, "state directory (state.db; the simulated host under sim/)")
@@ -177,12 +189,16 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&v.cfg.RecoverProbe.Duration, "recover-probe", c.RecoverProbe.Duration, "how often a failed or lost GPU is re-read")
 }
 
-// load reads the configuration file, then applies the flags the user set
-// (fs nil: the flag set bindFlags saw, as on SIGHUP).
+// load reads the configuration file, then applies the flags the user set:
+// those fs saw parsed, or with fs nil (SIGHUP) those the load at start saw.
+// The names are kept rather than a flag set: the set bindFlags was given
+// is not always the one parsed (cobra parses a command's merged set, and
+// visiting its persistent set then finds nothing set).
 func (c *Config) load(fs *pflag.FlagSet) error {
 	v := c.flags
-	if fs == nil {
-		fs = v.set
+	if fs != nil {
+		v.given = nil
+		fs.Visit(func(f *pflag.Flag) { v.given = append(v.given, f.Name) })
 	}
 	file, explicit := v.file, v.file != ""
 	if !explicit {
@@ -200,8 +216,8 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 	default:
 		return fmt.Errorf("configuration: %w", err)
 	}
-	fs.Visit(func(f *pflag.Flag) {
-		switch f.Name {
+	for _, name := range v.given {
+		switch name {
 		case "state-dir":
 			next.StateDir = v.cfg.StateDir
 		case "sim":
@@ -237,7 +253,7 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 		case "recover-probe":
 			next.RecoverProbe = v.cfg.RecoverProbe
 		}
-	})
+	}
 	if err := next.validate(); err != nil {
 		where := "flags"
 		if next.file != "" {
@@ -316,8 +332,15 @@ func (c *Config) validate() error {
 	if c.RecoverProbe.Duration < 100*time.Millisecond || c.RecoverProbe.Duration > 10*time.Minute {
 		return fmt.Errorf("recoverProbe: %v must be 100ms..10m", c.RecoverProbe.Duration)
 	}
+	if c.ApplyMaxChanges < 1 || c.ApplyMaxChanges > maxApplyChanges {
+		return fmt.Errorf("applyMaxChanges: %d must be 1..%d", c.ApplyMaxChanges, maxApplyChanges)
+	}
 	return nil
 }
+
+// maxApplyChanges caps applyMaxChanges: every change is one manager
+// operation, and a document beyond this is better split.
+const maxApplyChanges = 65536
 
 func (c *Config) level() (slog.Level, error) {
 	var l slog.Level

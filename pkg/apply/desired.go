@@ -380,6 +380,12 @@ func (d *Desired) validate() error {
 	bad := func(field string, cause error, format string, args ...any) error {
 		return &FileError{File: d.Source, Config: d.Config, Field: field, Msg: fmt.Sprintf(format, args...), Err: cause}
 	}
+	if d.Prune && len(d.Tenants) == 0 {
+		// prune undefines the tenants the file does not list: with none
+		// listed that is every tenant, and a missing tenants key must not
+		// wipe the host.
+		return bad("prune", nil, "prune with no tenants listed would undefine every tenant; list the tenants to keep")
+	}
 	seen := map[string]int{}
 	for i, s := range d.Tenants {
 		f := fmt.Sprintf("tenants[%d]", i)
@@ -431,6 +437,14 @@ func (d *Desired) validate() error {
 		}
 		if strings.TrimSpace(e.GPU) != e.GPU {
 			return bad(f+".gpu", nil, "%q has surrounding spaces", e.GPU)
+		}
+		// An empty list given is not "no list": a filter or scope that is
+		// there but lists nothing would widen the entry to everything.
+		if e.DeviceIDs != nil && len(e.DeviceIDs) == 0 {
+			return bad(f+".deviceIDs", nil, "empty list; give PCI ids or leave deviceIDs out to match every GPU the entry selects")
+		}
+		if e.Scope != nil && len(e.Scope) == 0 {
+			return bad(f+".scope", nil, "empty list; give instance kinds (mig, mig-vgpu, vgpu, passthrough) or leave scope out to describe every kind")
 		}
 		if len(e.DeviceIDs) > 0 {
 			// Filters narrow a selection: entries differing only in their

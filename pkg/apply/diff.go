@@ -19,8 +19,8 @@ import (
 // sentinels (manager.ErrNotFound, ErrBusy, ...), which Execute keeps.
 type Manager interface {
 	GPUs() ([]manager.GPUView, error)
-	// Instances lists every instance when tenant is "".
-	Instances(tenant string) ([]manager.InstanceView, error)
+	// AllInstances lists every instance of the host.
+	AllInstances() ([]manager.InstanceView, error)
 	Tenants() ([]manager.TenantView, error)
 	// Profiles lists the profiles of the models present on the host.
 	Profiles() []manager.ProfileInfo
@@ -227,7 +227,7 @@ func readHost(m Manager) (*host, error) {
 		return nil, err
 	}
 	sort.Slice(h.gpus, func(i, j int) bool { return h.gpus[i].PCI < h.gpus[j].PCI })
-	if h.insts, err = m.Instances(""); err != nil {
+	if h.insts, err = m.AllInstances(); err != nil {
 		return nil, err
 	}
 	ts, err := m.Tenants()
@@ -363,8 +363,17 @@ func (df *differ) fail(kind error, field string, cause error, format string, arg
 // or profile the host lacks, a tenant neither in the file nor on the host,
 // a quota or allowed list the creates would break, an attached instance to
 // destroy, a pruned tenant left owning instances. Errors are *FileError
-// wrapping the manager's sentinel for the cause.
+// wrapping the manager's sentinel for the cause. A change set with more
+// changes than the limit (DefaultMaxChanges; DiffWith takes another), or
+// whose creates the GPUs cannot hold beside what stays (see preflight), is
+// refused with a *PreflightError; Execute checks both again before its
+// first change.
 func Diff(ctx context.Context, m Manager, d *Desired) (ChangeSet, error) {
+	return DiffWith(ctx, m, d, Limits{})
+}
+
+// DiffWith is Diff within lim.
+func DiffWith(ctx context.Context, m Manager, d *Desired, lim Limits) (ChangeSet, error) {
 	if d == nil {
 		return ChangeSet{}, fmt.Errorf("%w: no desired layout", manager.ErrInvalidArgument)
 	}
@@ -397,7 +406,13 @@ func Diff(ctx context.Context, m Manager, d *Desired) (ChangeSet, error) {
 			return ChangeSet{}, err
 		}
 	}
+	if err := checkSize(df.cs, lim); err != nil {
+		return ChangeSet{}, err
+	}
 	if err := df.check(final, destroyed); err != nil {
+		return ChangeSet{}, err
+	}
+	if err := preflight(h, df.cs); err != nil {
 		return ChangeSet{}, err
 	}
 	sortChanges(df.cs.Changes)
@@ -797,32 +812,7 @@ func sortedGroupKeys(m map[key][]manager.InstanceView) []key {
 // foreign warns about devices on a covered GPU that no vgpud record
 // explains: apply never touches them, and they hold room the layout may need.
 func (df *differ) foreign(g manager.GPUView, e *LayoutEntry) {
-	gis, vfs, mdevs := map[[2]int]bool{}, map[string]bool{}, map[string]bool{}
-	for _, in := range df.h.insts {
-		if in.GPUUUID != g.UUID {
-			continue
-		}
-		gis[[2]int{in.GIStart, in.GIProfileID}] = true
-		vfs[in.VF] = true
-		mdevs[in.MdevUUID] = true
-	}
-	n := 0
-	for _, gi := range g.MIG.Instances {
-		if !gis[[2]int{gi.Placement.Start, gi.ProfileID}] {
-			n++
-		}
-	}
-	for _, vf := range g.VGPU.VFs {
-		if vf.Type != 0 && !vfs[vf.PCI] {
-			n++
-		}
-	}
-	for _, md := range g.VGPU.Mdevs {
-		if !mdevs[md.UUID] {
-			n++
-		}
-	}
-	if n > 0 {
+	if n := foreignLeft(g, df.h.insts); n > 0 {
 		df.warn("%s: GPU %s holds %d devices vgpud did not create; apply leaves them, and they keep their room", e.Source, g.PCI, n)
 	}
 }

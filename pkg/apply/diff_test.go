@@ -140,8 +140,8 @@ type attachedView struct {
 	attached map[string]bool
 }
 
-func (a attachedView) Instances(tn string) ([]manager.InstanceView, error) {
-	list, err := a.Manager.Instances(tn)
+func (a attachedView) AllInstances() ([]manager.InstanceView, error) {
+	list, err := a.Manager.AllInstances()
 	for i := range list {
 		if a.attached[list[i].UUID] {
 			list[i].Attachment = &store.Attachment{Instance: list[i].UUID, Domain: "vm1"}

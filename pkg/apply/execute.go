@@ -29,13 +29,30 @@ type Result struct {
 // sentinel (errors.Is(err, manager.ErrNoCapacity) and so on); the Result
 // says the same. A destroy of an instance already gone counts as done.
 //
+// Before the first change the whole change set is checked, against the
+// host as it is now: its size, and whether what it creates fits the GPUs
+// and the tenants' quotas (see preflight). A change set that cannot be
+// carried out is refused with a *PreflightError, and nothing is done.
+//
 // Each step is one manager operation, which undoes itself on failure, so
 // the host is left with the steps before the failed one done. Diff again
 // to see what remains.
 func Execute(ctx context.Context, m Manager, cs ChangeSet) (Result, error) {
+	return ExecuteWith(ctx, m, cs, Limits{})
+}
+
+// ExecuteWith is Execute within lim.
+func ExecuteWith(ctx context.Context, m Manager, cs ChangeSet, lim Limits) (Result, error) {
 	changes := slices.Clone(cs.Changes)
 	sortChanges(changes)
 	res := Result{Done: []Change{}}
+	if len(changes) > 0 && ctx.Err() == nil {
+		if err := check(m, cs, lim); err != nil {
+			res.Error = manager.Message(err)
+			res.Remaining = len(changes)
+			return res, err
+		}
+	}
 	for i, c := range changes {
 		err := ctx.Err()
 		if err == nil {
@@ -51,6 +68,19 @@ func Execute(ctx context.Context, m Manager, cs ChangeSet) (Result, error) {
 		res.Done = append(res.Done, c)
 	}
 	return res, nil
+}
+
+// check is the pre-flight of a change set: its size, then the host as it
+// is now.
+func check(m Manager, cs ChangeSet, lim Limits) error {
+	if err := checkSize(cs, lim); err != nil {
+		return err
+	}
+	h, err := readHost(m)
+	if err != nil {
+		return fmt.Errorf("apply: read the host before the first change: %w", err)
+	}
+	return preflight(h, cs)
 }
 
 // wanted counts the creates still to come by profile name: placement keeps

@@ -103,7 +103,7 @@ func (e *env) summary() string {
 // layout is the host's instances as "GPU tenant profile×n" lines, sorted.
 func (e *env) layout() []string {
 	e.t.Helper()
-	insts, err := e.m.Instances("")
+	insts, err := e.m.AllInstances()
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func (e *env) layout() []string {
 
 func (e *env) uuids() map[string]bool {
 	e.t.Helper()
-	insts, err := e.m.Instances("")
+	insts, err := e.m.AllInstances()
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -109,6 +109,11 @@ func (im importer) selection(i int, devices, filter json.RawMessage) ([]LayoutEn
 		} else if err := json.Unmarshal(filter, &ids); err != nil {
 			return nil, im.bad(field+".device-filter", nil, "want a PCI id or a list of them (\"0x233010DE\")")
 		}
+		if len(ids) == 0 {
+			// An empty filter must not read as "no filter": that would
+			// widen the entry to every GPU.
+			return nil, im.bad(field+".device-filter", nil, "empty; give a PCI id (\"0x233010DE\") or leave device-filter out to match every GPU")
+		}
 		for j, id := range ids {
 			if _, err := parseDeviceID(id); err != nil {
 				return nil, im.bad(fmt.Sprintf("%s.device-filter[%d]", field, j), err, "bad PCI device id")
