@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/vgpud/vgpud/pkg/apply"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
 	"github.com/vgpud/vgpud/pkg/share"
 	"github.com/vgpud/vgpud/pkg/version"
@@ -30,12 +31,15 @@ func startDBus(ctx context.Context, d *daemon) (stop func(), err error) {
 		Address: addr,
 		Logger:  d.log.With("component", "dbus"),
 		Version: version.Version,
-		Apply:   dbusapi.NewApplier(d.mgr),
+		Apply:   dbusapi.NewApplier(d.mgr, apply.Limits{MaxChanges: d.cfg.ApplyMaxChanges}),
 		Shares:  d.shares,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("D-Bus API: %w", err)
 	}
+	// The stop cancels what is still in flight when its grace ends, so that
+	// every caller has an answer before the daemon leaves the bus.
+	d.bus = svc
 	return func() {
 		if err := svc.Close(); err != nil {
 			d.log.Debug("close D-Bus connection", "err", err)

@@ -199,7 +199,7 @@ func mustCreate(t *testing.T, m *manager.Manager, profile, gpu string) store.Ins
 
 func instanceStates(t *testing.T, m *manager.Manager) map[string]store.InstanceState {
 	t.Helper()
-	views, err := m.Instances("")
+	views, err := m.AllInstances()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,6 +535,9 @@ func TestFaultCriticalXIDOnAnsweringGPU(t *testing.T) {
 	if !errors.Is(err, manager.ErrNoCapacity) || !strings.Contains(err.Error(), "XID 48") {
 		t.Fatalf("create on the failed GPU: %v, want ErrNoCapacity naming XID 48", err)
 	}
+	// Events reach the collector goroutine on their own schedule: the GPU
+	// may read failed before the XID event is in the list.
+	waitFor(t, "XID 48 to be published", 10*time.Second, func() bool { return len(evs(manager.EventXID)) >= 2 })
 	xids := evs(manager.EventXID)
 	if len(xids) != 2 || xids[1].Detail != "48" || xids[1].ID != v.UUID {
 		t.Fatalf("XID events %+v", xids)
@@ -707,7 +710,7 @@ func TestFaultUeventStorm(t *testing.T) {
 				t.Errorf("read during the storm: %v", err)
 				return
 			}
-			if _, err := m.Instances(""); err != nil {
+			if _, err := m.AllInstances(); err != nil {
 				t.Errorf("read during the storm: %v", err)
 				return
 			}

@@ -35,7 +35,13 @@ func (usageError) ExitCode() int { return 2 }
 func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	cfg := defaultConfig()
+	return rootCmd(defaultConfig(), serve).ExecuteContext(ctx)
+}
+
+// rootCmd is the command line: flags bound to cfg, and serve run with the
+// loaded configuration when no subcommand is given (tests pass their own
+// serve to see what the command line loaded).
+func rootCmd(cfg *Config, serve func(context.Context, *Config) error) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "vgpud",
 		Short:         "vgpud carves NVIDIA GPUs into MIG instances and vGPUs for libvirt VMs",
@@ -54,5 +60,5 @@ func run() error {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cfg.bindFlags(root.PersistentFlags())
 	root.AddCommand(inventoryCmd(cfg), simCmd(cfg), genDocsCmd())
-	return root.ExecuteContext(ctx)
+	return root
 }

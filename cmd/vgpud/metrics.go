@@ -218,7 +218,7 @@ func (s managerSource) Inventory(ctx context.Context) (share.Inventory, error) {
 	if err != nil {
 		return share.Inventory{}, err
 	}
-	insts, err := m.Instances("")
+	insts, err := m.AllInstances()
 	if err != nil {
 		return share.Inventory{}, err
 	}

@@ -77,6 +77,8 @@ func (d *daemon) catalog() *profile.Catalog {
 
 // changedSettings compares two configurations key by key (the file's
 // keys), split into those reload applies and those needing a restart.
+// Both are effective values (file and flags together), so a key is named
+// only when what would be in force differs from what is.
 func changedSettings(old, next *Config) (applied, restart []string) {
 	a, b := settingsMap(old), settingsMap(next)
 	keys := map[string]bool{}
@@ -86,6 +88,8 @@ func changedSettings(old, next *Config) (applied, restart []string) {
 	for k := range b {
 		keys[k] = true
 	}
+	// The file format's version is not a setting: nothing changes with it.
+	delete(keys, "version")
 	for k := range keys {
 		if reflect.DeepEqual(a[k], b[k]) {
 			continue
@@ -111,6 +115,7 @@ func running(c *Config) *Config {
 		cur.CriticalXIDs = append(cur.CriticalXIDs, uint(x))
 	}
 	cur.UeventSettle, cur.RecoverProbe = Duration{l.UeventSettle}, Duration{l.RecoverProbe}
+	cur.LogLevel = l.LogLevel
 	return &cur
 }
 

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -106,6 +110,76 @@ func TestReloadKeepsWatchdog(t *testing.T) {
 	}
 }
 
+// TestReloadKeepsFlags: flags given at start win over the file at every
+// reload, as they did at start, and a reload names only the settings whose
+// value in force would change. The configuration is loaded by the daemon's
+// own command line, which binds the flags to the root command's persistent
+// set and parses them in the command's merged one.
+func TestReloadKeepsFlags(t *testing.T) {
+	// The bus first: a dbus-daemon started with $NOTIFY_SOCKET set sends
+	// its own READY=1 there.
+	bus := testbus.Start(t)
+	notify := listenNotify(t)
+	file := filepath.Join(t.TempDir(), "vgpud.yaml")
+	// Every flag below disagrees with the file.
+	fileYAML := "logLevel: warn\ncriticalXIDs: [48]\nstateDir: /var/lib/elsewhere\nmetricsListen: 127.0.0.1:9835\n" +
+		"busAddress: unix:path=/run/elsewhere\nueventSettle: 50ms\nrecoverProbe: 100ms\n"
+	if err := os.WriteFile(file, []byte(fileYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaultConfig()
+	root := rootCmd(cfg, func(context.Context, *Config) error { return nil })
+	root.SetArgs([]string{"--config", file, "--state-dir", t.TempDir(), "--sim", "--bus-address", bus.Address(),
+		"--metrics-listen", "", "--libvirt-socket", "", "--profiles-dir", "", "--driver-wait", "2s",
+		"--log-level", "debug", "--critical-xids", "79,94"})
+	if err := root.Execute(); err != nil {
+		t.Fatalf("command line: %v", err)
+	}
+	td := launch(t, cfg, nil, true)
+	notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	td.waitStarted()
+	flagsWin := func(t *testing.T) {
+		t.Helper()
+		l := td.d.cfg.Live()
+		if l.LogLevel != "debug" || !reflect.DeepEqual(l.CriticalXIDs, map[uint64]bool{79: true, 94: true}) {
+			t.Fatalf("after the reload: log level %q, critical XIDs %v; want the flags' debug and [79 94]", l.LogLevel, l.CriticalXIDs)
+		}
+	}
+	flagsWin(t)
+
+	tests := []struct {
+		name, yaml string
+		// want is in the reload's log, and never is not.
+		want, never string
+	}{
+		{name: "file-unchanged", yaml: fileYAML, want: `configuration reloaded`, never: "take effect at the next start"},
+		{name: "only-the-real-change-named", yaml: fileYAML + "undefinePolicy: keep\n", want: `settings=[undefinePolicy]`},
+		{name: "file-changes-what-a-flag-sets", yaml: strings.Replace(fileYAML, "logLevel: warn", "logLevel: error", 1) + "undefinePolicy: keep\n",
+			want: `settings=[undefinePolicy]`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := os.WriteFile(file, []byte(tt.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			logMark, mark := len(td.logs.String()), len(notify.all())
+			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			_, rl := notify.awaitFrom(mark, "RELOADING=1", 10*time.Second, func(m notifyMsg) bool { return m.has("RELOADING=1") })
+			notify.awaitFrom(rl, "READY=1 after the reload", 10*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+			logs := td.logs.String()[logMark:]
+			if !strings.Contains(logs, tt.want) || tt.never != "" && strings.Contains(logs, tt.never) {
+				t.Fatalf("reload log, want %q and not %q:\n%s", tt.want, tt.never, logs)
+			}
+			if strings.Contains(logs, "applied=[logLevel") || strings.Contains(logs, "criticalXIDs") {
+				t.Fatalf("a setting the flags hold was reported as changed:\n%s", logs)
+			}
+			flagsWin(t)
+		})
+	}
+}
+
 func TestChangedSettings(t *testing.T) {
 	base := defaultConfig()
 	tests := []struct {
@@ -119,6 +193,7 @@ func TestChangedSettings(t *testing.T) {
 		}, applied: "[]", restart: "[]"},
 		{name: "live", change: func(c *Config) { c.UeventSettle = Duration{time.Second} }, applied: "[ueventSettle]", restart: "[]"},
 		{name: "restart", change: func(c *Config) { c.StateDir = "/srv"; c.LogLevel = "debug" }, applied: "[logLevel]", restart: "[stateDir]"},
+		{name: "version-is-not-a-setting", change: func(c *Config) { c.Version = "v1" }, applied: "[]", restart: "[]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,5 +204,23 @@ func TestChangedSettings(t *testing.T) {
 				t.Fatalf("applied %v restart %v, want %s %s", a, r, tt.applied, tt.restart)
 			}
 		})
+	}
+}
+
+// TestRunningFollowsReload: what a reload applied is what the next reload
+// compares with, so a change is named once, not again at every reload.
+func TestRunningFollowsReload(t *testing.T) {
+	c, err := loadWith(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := defaultConfig()
+	next.LogLevel, next.UeventSettle = "debug", Duration{time.Second}
+	if a, r := changedSettings(running(c), next); fmt.Sprint(a) != "[logLevel ueventSettle]" || len(r) != 0 {
+		t.Fatalf("first reload: applied %v restart %v", a, r)
+	}
+	c.applyLive(next)
+	if a, r := changedSettings(running(c), next); len(a) != 0 || len(r) != 0 {
+		t.Fatalf("the same file again: applied %v restart %v, want nothing", a, r)
 	}
 }

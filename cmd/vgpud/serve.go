@@ -21,9 +21,15 @@ import (
 	"github.com/vgpud/vgpud/pkg/virt"
 )
 
-// stopTimeout bounds how long SIGTERM waits for operations in flight; the
-// unit's TimeoutStopSec is longer.
-const stopTimeout = 60 * time.Second
+// stopTimeout bounds a stop (SIGTERM): operations in flight get
+// stopTimeout-stopUndo to finish; what is left then is cancelled and has
+// stopUndo to answer its callers and undo what it did (the next start
+// reconciles what it could not). The unit's TimeoutStopSec is longer, so
+// systemd never kills a stop that keeps to this.
+const (
+	stopTimeout = 70 * time.Second
+	stopUndo    = 10 * time.Second
+)
 
 // daemon is the running daemon's wiring, one typed struct.
 type daemon struct {
@@ -37,6 +43,8 @@ type daemon struct {
 	notify notifier
 	// shares is the share loop's view for D-Bus (set by startMetrics).
 	shares dbusapi.SharesSource
+	// bus is the D-Bus service (set by startDBus; nil without a bus).
+	bus *dbusapi.Service
 	// reloadedCat is the catalog the last reload applied (nil: none yet,
 	// host.cat is in force); read it with catalog().
 	reloadedCat atomic.Pointer[profile.Catalog]
@@ -171,10 +179,12 @@ func (d *daemon) run(ctx context.Context) error {
 	}
 	go d.watchHost(wctx)
 
-	d.notify.Ready(d.statusLine())
+	// SIGHUP is caught before READY=1: a reload asked for as soon as the
+	// unit is up must not meet the default action, which ends the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	d.notify.Ready(d.statusLine())
 	interval, watchdog := d.notify.WatchdogInterval()
 	tick := time.NewTicker(max(interval/2, 100*time.Millisecond))
 	if !watchdog {
@@ -199,14 +209,7 @@ func (d *daemon) run(ctx context.Context) error {
 			if reloading {
 				<-reloaded // cut short by ctx
 			}
-			d.notify.Stopping()
-			d.log.Info("stopping: finishing operations in flight")
-			sctx, scancel := context.WithTimeout(context.Background(), stopTimeout)
-			err := d.mgr.Shutdown(sctx)
-			scancel()
-			if err != nil {
-				d.log.Error("stop", "err", err)
-			}
+			d.stop()
 			return nil
 		case <-hup:
 			if reloading {
@@ -229,10 +232,37 @@ func (d *daemon) run(ctx context.Context) error {
 	}
 }
 
+// stop finishes the operations in flight (new ones are refused) within
+// the grace; then it cancels what is left, so each caller is answered with
+// a named error while the daemon is still on the bus (run closes the bus
+// after stop returns), and waits up to stopUndo for the undos.
+func (d *daemon) stop() {
+	d.notify.Stopping()
+	grace := stopTimeout - stopUndo
+	d.log.Info("stopping: finishing operations in flight", "grace", grace)
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	err := d.mgr.Shutdown(ctx)
+	cancel()
+	if err == nil {
+		return
+	}
+	d.log.Warn("stopping: operations still in flight after the grace; cancelling them", "grace", grace)
+	ctx, cancel = context.WithTimeout(context.Background(), stopUndo)
+	defer cancel()
+	if d.bus != nil {
+		if _, err := d.bus.CancelAll(ctx, "vgpud is stopping"); err != nil {
+			d.log.Error("stopping: callers left without an answer", "err", err)
+		}
+	}
+	if err := d.mgr.Shutdown(ctx); err != nil {
+		d.log.Error("stopping with undos unfinished; the next start reconciles them", "err", err)
+	}
+}
+
 // statusLine is the short STATUS= summary systemctl shows.
 func (d *daemon) statusLine() string {
 	gpus, _ := d.mgr.GPUs()
-	insts, _ := d.mgr.Instances("")
+	insts, _ := d.mgr.AllInstances()
 	lost := 0
 	for _, g := range gpus {
 		if g.State != "ok" && g.State != "passthrough" {

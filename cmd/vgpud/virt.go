@@ -81,12 +81,24 @@ func (l *lazyVirt) Ready() bool {
 	}
 }
 
+// get returns the connection. Before the first one exists a call waits
+// no longer than the connection's ReconnectWait: at boot libvirtd starts
+// a moment after vgpud, but a libvirtd that is not running at all is
+// refused at once rather than at the caller's timeout.
 func (l *lazyVirt) get(ctx context.Context) (*virt.Conn, error) {
+	wait := l.cfg.ReconnectWait
+	if wait <= 0 {
+		wait = virt.DefaultReconnectWait
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	select {
 	case <-l.ready:
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.conn, nil
+	case <-t.C:
+		return nil, fmt.Errorf("connecting to libvirtd at %s: not connected yet (vgpud keeps trying): %w", l.cfg.Socket, virt.ErrUnreachable)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("connecting to libvirtd at %s: %w", l.cfg.Socket, virt.ErrUnreachable)
 	}
@@ -151,10 +163,15 @@ func (l *lazyVirt) Events(ctx context.Context) <-chan virt.Event {
 	out := make(chan virt.Event)
 	go func() {
 		defer close(out)
-		c, err := l.get(ctx)
-		if err != nil {
+		// Events wait for the first connection as long as it takes.
+		select {
+		case <-l.ready:
+		case <-ctx.Done():
 			return
 		}
+		l.mu.Lock()
+		c := l.conn
+		l.mu.Unlock()
 		for ev := range c.Events(ctx) {
 			select {
 			case out <- ev:
