@@ -193,7 +193,7 @@ func TestLiveAttachRollback(t *testing.T) {
 	if hostAfter, _ := e.sim.Summary(); hostAfter != hostBefore {
 		t.Fatalf("instance not released:\n%s", hostAfter)
 	}
-	if insts, _ := e.m.Instances(""); len(insts) != 0 {
+	if insts, _ := e.m.AllInstances(); len(insts) != 0 {
 		t.Fatalf("records left: %+v", insts)
 	}
 }
@@ -274,7 +274,7 @@ func TestReconcileCrossChecksLibvirt(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("attachments: %q", rep.Attachments)
-			views, _ := e.m.Instances("")
+			views, _ := e.m.AllInstances()
 			byID := map[string]manager.InstanceView{}
 			for _, v := range views {
 				byID[v.UUID] = v
@@ -355,4 +355,44 @@ func BenchmarkAttachVsVirsh(b *testing.B) {
 	b.ReportMetric(float64(mo.Microseconds())/1000, "ms-manager")
 	b.ReportMetric(float64(mt.Microseconds())/1000, "ms-virsh")
 	b.ReportMetric(float64(mo)/float64(mt), "manager/virsh")
+}
+
+// TestVMNamesWithXMLMetacharacters: a domain whose name holds every XML
+// metacharacter libvirt allows in a name is attached to and detached from
+// like any other (vgpud writes every document with libvirtxml, which
+// escapes them); names libvirt can never hold are refused before libvirt
+// is asked, and leave every domain as it was.
+func TestVMNamesWithXMLMetacharacters(t *testing.T) {
+	e := newAttachEnv(t)
+	ctx := context.Background()
+	name := `vm<&'">]]>x`
+	e.lv.DefineDomain(t, name)
+	before := e.lv.Virsh(t, "dumpxml", "--inactive", name)
+	r := e.create(t, "L4-4Q")
+	for _, bad := range []string{"", " ", name + "\n", strings.Repeat("v", 1<<20), "a<b\x00"} {
+		if _, err := e.m.Attach(ctx, r.UUID, bad, manager.AttachOptions{}); !errors.Is(err, manager.ErrInvalidArgument) {
+			t.Fatalf("attach to %s: %v, want InvalidArgument", manager.QuoteArg(bad), err)
+		}
+	}
+	if after := e.lv.Virsh(t, "dumpxml", "--inactive", name); after != before {
+		t.Fatalf("a refused attach changed the domain:\n%s", after)
+	}
+	a, err := e.m.Attach(ctx, r.UUID, name, manager.AttachOptions{})
+	if err != nil {
+		t.Fatalf("attach to %q: %v", name, err)
+	}
+	if a.Domain != name {
+		t.Fatalf("attachment names VM %q, want %q", a.Domain, name)
+	}
+	xml := e.lv.Virsh(t, "dumpxml", "--inactive", name)
+	if !strings.Contains(xml, r.UUID) || !strings.Contains(xml, "<hostdev") {
+		t.Fatalf("dumpxml lacks the device or its metadata:\n%s", xml)
+	}
+	validateDomainXML(t, xml)
+	if err := e.m.Detach(ctx, r.UUID); err != nil {
+		t.Fatalf("detach from %q: %v", name, err)
+	}
+	if after := e.lv.Virsh(t, "dumpxml", "--inactive", name); strings.Contains(after, "<hostdev") || strings.Contains(after, r.UUID) {
+		t.Fatalf("detach left the device or its metadata:\n%s", after)
+	}
 }

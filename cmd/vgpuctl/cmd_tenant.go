@@ -161,6 +161,9 @@ func (a *app) tenantShowCmd() *cobra.Command {
 					{"Instances", fmt.Sprint(t.Usage.Instances) + " of " + limitCount(t.Quota.MaxInstances)},
 					{"Allowed models", anyOf(t.AllowedModels)}, {"Allowed profiles", anyOf(t.AllowedProfiles)},
 				})
+				if len(t.NotInCatalog) > 0 {
+					fmt.Fprintf(w, "Not in this host's catalog (allow nothing here): %s\n", strings.Join(t.NotInCatalog, ", "))
+				}
 				for _, id := range t.Instances {
 					fmt.Fprintf(w, "  instance %s\n", id)
 				}

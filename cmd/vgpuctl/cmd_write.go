@@ -268,9 +268,10 @@ func (a *app) defragCmd() *cobra.Command {
 			})
 		}),
 	}
-	cmd.Flags().StringVar(&tenantName, "tenant", "", "tenant of the request")
+	cmd.Flags().StringVar(&tenantName, "tenant", "", "tenant of the request (required)")
 	cmd.Flags().StringVar(&gpu, "gpu", "", "pin the GPU")
 	cmd.Flags().BoolVar(&apply, "apply", false, "perform the moves")
+	_ = cmd.MarkFlagRequired("tenant")
 	_ = cmd.RegisterFlagCompletionFunc("tenant", a.completeTenants)
 	_ = cmd.RegisterFlagCompletionFunc("gpu", a.completeGPUs)
 	return cmd

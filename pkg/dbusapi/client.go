@@ -819,7 +819,15 @@ func tenantFrom(p map[string]dbus.Variant) Tenant {
 		Usage:         Usage{VRAMBytes: u64(p, "VRAMUsed"), ComputeMilli: u64(p, "ComputeUsed"), Instances: u64(p, "InstancesUsed")},
 		AllowedModels: strs(p, "AllowedModels"), AllowedProfiles: strs(p, "AllowedProfiles"),
 		Instances: instanceIDs(p, "Instances"), Created: fromUsec(u64(p, "CreatedTimestamp")),
+		NotInCatalog: nilIfEmpty(strs(p, "NotInCatalog")),
 	}
+}
+
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
 }
 
 // validLabel reports whether name can be a tenant name (and so an object

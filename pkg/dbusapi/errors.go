@@ -40,8 +40,9 @@ var ErrorNames = []string{
 
 // toDBusError is the one place an error becomes a D-Bus error: the name
 // from its manager sentinel (manager.Name), the body its user-facing
-// message (what failed and what to do next). The internal cause stays in
-// the daemon's log. Errors this package makes itself (apiError) carry a
+// message (what failed and what to do next; for a backend failure also
+// its cause, see manager.Message). Other internal causes stay in the
+// daemon's log. Errors this package makes itself (apiError) carry a
 // sentinel too, so every name comes from here.
 func toDBusError(err error) *dbus.Error {
 	var de *dbus.Error

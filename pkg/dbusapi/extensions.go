@@ -50,10 +50,14 @@ type Applier interface {
 	Apply(ctx context.Context, req ApplyRequest) (ApplyOutcome, error)
 }
 
-// NewApplier is the Applier of pkg/apply over m (*manager.Manager).
-func NewApplier(m apply.Manager) Applier { return applier{m: m} }
+// NewApplier is the Applier of pkg/apply over m (*manager.Manager),
+// within lim (the zero Limits are pkg/apply's defaults).
+func NewApplier(m apply.Manager, lim apply.Limits) Applier { return applier{m: m, lim: lim} }
 
-type applier struct{ m apply.Manager }
+type applier struct {
+	m   apply.Manager
+	lim apply.Limits
+}
 
 func (a applier) Apply(ctx context.Context, req ApplyRequest) (ApplyOutcome, error) {
 	name := req.Name
@@ -64,7 +68,7 @@ func (a applier) Apply(ctx context.Context, req ApplyRequest) (ApplyOutcome, err
 	if err != nil {
 		return ApplyOutcome{}, err
 	}
-	cs, err := apply.Diff(ctx, a.m, d)
+	cs, err := apply.DiffWith(ctx, a.m, d, a.lim)
 	if err != nil {
 		return ApplyOutcome{}, err
 	}
@@ -76,7 +80,7 @@ func (a applier) Apply(ctx context.Context, req ApplyRequest) (ApplyOutcome, err
 	if req.DryRun {
 		return out, nil
 	}
-	res, err := apply.Execute(ctx, a.m, cs)
+	res, err := apply.ExecuteWith(ctx, a.m, cs, a.lim)
 	if b, merr := json.Marshal(res); merr == nil {
 		out.Result = b
 	}

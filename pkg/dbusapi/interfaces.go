@@ -5,8 +5,8 @@ package dbusapi
 // are in methods.go and standard.go.
 func (s *Service) interfaces() map[string]*ifaceDef {
 	optsArg := arg{name: "options", doc: "Options (a{sv}): " + OptTimeout + " (t, the caller's timeout in milliseconds; the operation is cancelled and undone when it passes), " + OptOperationID + " (s, a name Cancel can stop it by), and the method's own, listed in its documentation. Unknown keys are refused."}
-	instArg := arg{name: "instance", doc: "Instance UUID."}
-	gpuArg := arg{name: "gpu", doc: "GPU by PCI address, UUID or NVML index."}
+	instArg := arg{name: "instance", doc: "Instance UUID.", max: maxID}
+	gpuArg := arg{name: "gpu", doc: "GPU by PCI address, UUID or NVML index.", max: maxID}
 	vmArg := arg{name: "vm", doc: "libvirt domain name, or URI/name for a domain of this host's libvirt."}
 
 	mgr := &ifaceDef{
@@ -93,7 +93,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 			{name: "Apply", access: accessManage, fn: s.apply,
 				readIf: func(args []any) bool { dry, _ := args[2].(bool); return dry }, readIfDoc: "dry_run",
 				doc: "Make the host match a declarative configuration (vgpud's own format, or NVIDIA mig-parted and vgpu-device-manager files). Options: name (s), the file name, for format detection and messages.",
-				in:  []arg{{name: "data", doc: "The configuration file's content."}, {name: "select", doc: "Which named configuration of the file to apply; empty for the file's default."}, {name: "dry_run", doc: "Only compute the changes."}, optsArg},
+				in:  []arg{{name: "data", doc: "The configuration file's content (at most 4 MiB).", max: maxDocument}, {name: "select", doc: "Which named configuration of the file to apply; empty for the file's default."}, {name: "dry_run", doc: "Only compute the changes."}, optsArg},
 				out: []arg{{name: "changes", doc: "The change set as JSON (docs/dbus-api.md)."}, {name: "result", doc: "What was done, as JSON; \"null\" for a dry run."}, {name: "summary", doc: "The changes as text, one per line."}}},
 			{name: "Reconcile", access: accessManage, fn: s.reconcile,
 				doc: "Compare the records with the host now: finish or undo interrupted operations, re-create instances a reboot lost, report devices vgpud did not create.",
@@ -127,7 +127,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 				out: []arg{{name: "shares", doc: "(instance, entitled milli-GPU, achieved milli-GPU, demand milli-GPU, interference); negative values are unknown."}}},
 			{name: "Cancel", access: accessManage, fn: s.cancelOp,
 				doc: "Cancel the operation started with that operation-id option; it undoes what it did. Only the user who started it, or root, may. It takes no options: it answers at once.",
-				in:  []arg{{name: "operation_id", doc: "The operation-id the operation was started with."}}},
+				in:  []arg{{name: "operation_id", doc: "The operation-id the operation was started with.", max: maxID}}},
 		},
 		props: defsOf(managerProps),
 		signals: []signalDef{

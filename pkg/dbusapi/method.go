@@ -36,6 +36,8 @@ type arg struct {
 	// sig is only set for signals (method argument types come from the
 	// Go function).
 	sig string
+	// max bounds a string argument in bytes; 0 is maxName (see bounds.go).
+	max int
 }
 
 // methodDef is one D-Bus method: its documentation, what it needs of the
@@ -149,6 +151,11 @@ func (b boundMethod) Call(args ...any) ([]any, error) {
 		return nil, invalidArg("internal: call context missing")
 	}
 	if err := c.require(b.def.needs(args[1:])); err != nil {
+		return nil, err
+	}
+	// Bounds after authorization: a caller without rights learns nothing
+	// from which of its arguments would have been refused.
+	if err := checkArgs(c.member, b.def, args[1:]); err != nil {
 		return nil, err
 	}
 	in := make([]reflect.Value, len(args))

@@ -34,7 +34,13 @@ func (s *Service) listGPUs(c *call) ([]gpuEntry, error) {
 }
 
 func (s *Service) listInstances(c *call, tenantName string) ([]instanceEntry, error) {
-	insts, err := s.m.Instances(tenantName)
+	// The one place an empty tenant means every tenant: a read, and
+	// documented so. Mutations never take "all" from an empty name.
+	list := s.m.AllInstances
+	if tenantName != "" {
+		list = func() ([]manager.InstanceView, error) { return s.m.TenantInstances(tenantName) }
+	}
+	insts, err := list()
 	if err != nil {
 		return nil, err
 	}
@@ -120,10 +126,14 @@ func (s *Service) plan(c *call, tenantName, profile string, options map[string]d
 	quotaOK bool, quotaMsg string, moves []moveEntry, freeAfter []capacityEntry, err error) {
 	o := newOpts(c.member, options)
 	pin := o.str("gpu")
-	if err = o.check(); err != nil {
+	// A read, but with the options every long operation takes (timeout,
+	// operation id), checked the same way.
+	ctx, end, err := c.begin(o)
+	if err != nil {
 		return
 	}
-	p, err := s.m.Plan(c.ctx, manager.CreateRequest{Tenant: tenantName, Profile: profile, GPU: pin})
+	defer end()
+	p, err := s.m.Plan(ctx, manager.CreateRequest{Tenant: tenantName, Profile: profile, GPU: pin})
 	if err != nil {
 		return
 	}
@@ -186,6 +196,11 @@ func cancelled(ctx context.Context, err error) error {
 	}
 	de := toDBusError(err)
 	msg, _ := de.Body[0].(string)
+	if errors.Is(context.Cause(ctx), errStopping) {
+		// Not the caller's doing nor the host's: say so, and name it as
+		// the manager names a refusal while it shuts down.
+		return &dbus.Error{Name: ErrorPrefix + NameBusy, Body: []any{fmt.Sprintf("%s (the operation was cancelled because vgpud is stopping; what it did is undone: retry when vgpud is back)", msg)}}
+	}
 	return &dbus.Error{Name: de.Name, Body: []any{fmt.Sprintf("%s (the operation was %s; what it did is undone)", msg, why)}}
 }
 
@@ -419,7 +434,7 @@ func (s *Service) objClear(c *call, options map[string]dbus.Variant) error {
 }
 
 func (s *Service) getShares(c *call) ([]shareEntry, error) {
-	insts, err := s.m.Instances("")
+	insts, err := s.m.AllInstances()
 	if err != nil {
 		return nil, err
 	}

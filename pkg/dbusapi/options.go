@@ -2,6 +2,8 @@ package dbusapi
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,6 +45,9 @@ func (o *opts) bad(key, want string, v dbus.Variant) {
 	}
 }
 
+// str reads a string option; "" when it is absent. A given option must
+// say something: an empty or blank value is refused, never read as "not
+// given" (which may mean "any").
 func (o *opts) str(key string) string {
 	o.known = append(o.known, key)
 	v, ok := o.m[key]
@@ -52,6 +57,10 @@ func (o *opts) str(key string) string {
 	s, ok := v.Value().(string)
 	if !ok {
 		o.bad(key, "s", v)
+		return ""
+	}
+	if strings.TrimSpace(s) == "" && o.err == nil {
+		o.err = invalidArg("%s: option %q is empty; give a value or leave the option out", o.member, key)
 	}
 	return s
 }
@@ -78,6 +87,10 @@ func (o *opts) strings(key string) []string {
 	s, ok := v.Value().([]string)
 	if !ok {
 		o.bad(key, "as", v)
+		return nil
+	}
+	if len(s) == 0 && o.err == nil {
+		o.err = invalidArg("%s: option %q is an empty list; give at least one value or leave the option out", o.member, key)
 	}
 	return s
 }
@@ -121,14 +134,12 @@ func (o *opts) check() error {
 		return o.err
 	}
 	for k := range o.m {
-		found := false
-		for _, n := range o.known {
-			found = found || n == k
-		}
-		if !found {
-			known := append([]string(nil), o.known...)
+		if !slices.Contains(o.known, k) {
+			// Options are read more than once (begin reads the operation
+			// id again): list each name once.
+			known := slices.Clone(o.known)
 			sort.Strings(known)
-			return invalidArg("%s: unknown option %q (known: %s)", o.member, k, strings.Join(known, ", "))
+			return invalidArg("%s: unknown option %s (known: %s)", o.member, manager.QuoteArg(k), strings.Join(slices.Compact(known), ", "))
 		}
 	}
 	return nil
@@ -139,7 +150,14 @@ type op struct {
 	id, sender, member string
 	uid                uint32
 	cancel             context.CancelFunc
+	// stop cancels it because the daemon is stopping (errStopping is the
+	// context's cause), so the reply says so.
+	stop func()
 }
+
+// errStopping is the cause of the contexts of operations cancelled because
+// the daemon stops.
+var errStopping = errors.New("vgpud is stopping")
 
 // opTracker holds the operations in flight, by id and by caller, so that
 // Cancel can stop one and a caller that leaves the bus stops its own.
@@ -236,10 +254,13 @@ func (c *call) begin(o *opts) (ctx context.Context, end func(), err error) {
 	if err := o.check(); err != nil {
 		return nil, nil, err
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+	base, cancelCause := context.WithCancelCause(c.ctx)
+	ctx, cancelTimeout := context.WithTimeout(base, timeout)
+	cancel := func() { cancelTimeout(); cancelCause(nil) }
 	// The uid is the one authorization checked, not a cache look-up that
 	// could miss (and read as root) if the cache started over meanwhile.
-	cur := &op{id: id, sender: c.sender, member: c.member, uid: c.caller.UID, cancel: cancel}
+	cur := &op{id: id, sender: c.sender, member: c.member, uid: c.caller.UID, cancel: cancel,
+		stop: func() { cancelCause(errStopping) }}
 	if err := c.svc.ops.add(cur); err != nil {
 		cancel()
 		return nil, nil, err

@@ -186,6 +186,7 @@ var tenantProps = []prop[tenantState]{
 	{name: "InstancesUsed", doc: "Number of its instances.", get: func(t *tenantState) any { return t.Usage.Instances }},
 	{name: "AllowedModels", doc: "GPU models it may use; empty allows any.", get: func(t *tenantState) any { return nonNilStrings(t.AllowedModels) }},
 	{name: "AllowedProfiles", doc: "Profiles it may use; empty allows any.", get: func(t *tenantState) any { return nonNilStrings(t.AllowedProfiles) }},
+	{name: "NotInCatalog", doc: "Allowed models and profiles this host's catalog does not have (\"model NAME\", \"profile NAME\"): kept for fleet-wide tenant definitions, but they allow nothing here.", get: func(t *tenantState) any { return nonNilStrings(t.NotInCatalog) }},
 	{name: "Instances", doc: "Objects of its instances.", get: func(t *tenantState) any { return nonNilPaths(t.instances) }},
 	{name: "CreatedTimestamp", doc: "When it was defined, in microseconds since the epoch.", get: func(t *tenantState) any { return usec(t.Created) }},
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
+	"github.com/vgpud/vgpud/pkg/apply"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 )
@@ -529,7 +530,7 @@ func waitNoInstances(t *testing.T, e *env) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		insts, err := e.m.Instances("")
+		insts, err := e.m.AllInstances()
 		if err == nil && len(insts) == 0 {
 			return
 		}
@@ -606,7 +607,7 @@ func TestDBusCallerLeavingCancels(t *testing.T) {
 	// nothing before; its record is what the daemon holds).
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if insts, _ := e.m.Instances("acme"); len(insts) == 1 {
+		if insts, _ := e.m.TenantInstances("acme"); len(insts) == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -670,7 +671,7 @@ func TestDBusSharesFromTheEngine(t *testing.T) {
 // error, so when a step of Apply fails the error's message says how far it
 // got; the name stays that of the failed step.
 func TestDBusApplyReportsProgress(t *testing.T) {
-	e := newEnv(t, testbus.Options{}, func(e *env, o *Options) { o.Apply = NewApplier(e.m) })
+	e := newEnv(t, testbus.Options{}, func(e *env, o *Options) { o.Apply = NewApplier(e.m, apply.Limits{}) })
 	// The second GPU instance creation fails: changes are define gamma,
 	// then three creates; the fourth is not attempted.
 	if err := e.sim.AddFault(sim.Fault{Op: "CreateGpuInstanceWithPlacement", Return: 2, Skip: 1, Count: 1}); err != nil {
@@ -689,7 +690,7 @@ func TestDBusApplyReportsProgress(t *testing.T) {
 	if ErrorName(err) == NameBackendFailure && strings.Contains(err.Error(), "apply not available") {
 		t.Fatalf("no Applier: %v", err)
 	}
-	if insts, _ := e.m.Instances("gamma"); len(insts) != 1 {
+	if insts, _ := e.m.TenantInstances("gamma"); len(insts) != 1 {
 		t.Fatalf("gamma holds %d instances after the failed apply, want the 1 done before it", len(insts))
 	}
 }

@@ -41,7 +41,7 @@ func (s *Service) build() (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list GPUs: %w", err)
 	}
-	insts, err := s.m.Instances("")
+	insts, err := s.m.AllInstances()
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}

@@ -150,14 +150,17 @@ type Attachment struct {
 
 // Tenant is one tenant with its quota and usage.
 type Tenant struct {
-	Name            string    `json:"name"`
-	Class           string    `json:"class"`
-	Quota           Quota     `json:"quota"`
-	Usage           Usage     `json:"usage"`
-	AllowedModels   []string  `json:"allowedModels"`
-	AllowedProfiles []string  `json:"allowedProfiles"`
-	Instances       []string  `json:"instances"`
-	Created         time.Time `json:"created"`
+	Name            string   `json:"name"`
+	Class           string   `json:"class"`
+	Quota           Quota    `json:"quota"`
+	Usage           Usage    `json:"usage"`
+	AllowedModels   []string `json:"allowedModels"`
+	AllowedProfiles []string `json:"allowedProfiles"`
+	// NotInCatalog: allowed models and profiles this host's catalog does
+	// not have ("model NAME", "profile NAME").
+	NotInCatalog []string  `json:"notInCatalog,omitempty"`
+	Instances    []string  `json:"instances"`
+	Created      time.Time `json:"created"`
 }
 
 // Quota bounds a tenant's instances together; null is unlimited.

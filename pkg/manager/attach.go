@@ -114,6 +114,14 @@ func newAttachPayload(domain string, opts AttachOptions) attachPayload {
 // VM is ErrConflict. A live attach the VM refuses leaves its config as it
 // was (ErrBackendFailure).
 func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOptions) (store.Attachment, error) {
+	if err := checkVMRef(domain); err != nil {
+		return store.Attachment{}, err
+	}
+	if opts.Tenant != "" {
+		if err := m.knownTenant(opts.Tenant); err != nil {
+			return store.Attachment{}, err
+		}
+	}
 	done, err := m.begin()
 	if err != nil {
 		return store.Attachment{}, err
@@ -362,6 +370,16 @@ func busy(tx *store.Tx, instance string) error {
 // spans both). A retry with the UUID of an instance that already exists
 // attaches it and never destroys it: that instance is not this call's.
 func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain string, opts AttachOptions) (store.Instance, store.Attachment, error) {
+	// Every argument is checked before libvirt is asked.
+	if err := checkVMRef(domain); err != nil {
+		return store.Instance{}, store.Attachment{}, err
+	}
+	if err := m.knownTenant(req.Tenant); err != nil {
+		return store.Instance{}, store.Attachment{}, err
+	}
+	if _, err := m.resolve(req.Profile); err != nil {
+		return store.Instance{}, store.Attachment{}, err
+	}
 	done, err := m.begin()
 	if err != nil {
 		return store.Instance{}, store.Attachment{}, err

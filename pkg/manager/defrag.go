@@ -51,6 +51,17 @@ func (m *Manager) Defragment(ctx context.Context, req CreateRequest, apply bool)
 		return DefragResult{}, err
 	}
 	defer done()
+	// The same checks as Create: moves made for a request that could
+	// never be admitted (a tenant or GPU that does not exist) would be
+	// churn for nothing.
+	if err := m.knownTenant(req.Tenant); err != nil {
+		return DefragResult{}, err
+	}
+	if req.GPU != "" {
+		if _, err := m.gpuByAnyID(req.GPU); err != nil {
+			return DefragResult{}, err
+		}
+	}
 	offers, err := m.resolve(req.Profile)
 	if err != nil {
 		return DefragResult{}, err

@@ -170,8 +170,13 @@ func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent 
 
 func (m *Manager) instanceAndAttachment(id string) (store.Instance, *store.Attachment, error) {
 	var rec store.Instance
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return rec, nil, fail(ErrInvalidArgument, err, "instance %s is not an instance UUID (run `vgpuctl list`)", QuoteArg(id))
+	}
+	id = u.String()
 	var att *store.Attachment
-	err := m.db.View(func(tx *store.Tx) error {
+	err = m.db.View(func(tx *store.Tx) error {
 		r, err := tx.Instance(id)
 		if err != nil {
 			return err
@@ -198,47 +203,4 @@ func (m *Manager) instanceAndAttachment(id string) (store.Instance, *store.Attac
 func (m *Manager) Instance(id string) (store.Instance, error) {
 	rec, _, err := m.instanceAndAttachment(id)
 	return rec, err
-}
-
-// InstanceView is an instance with its attachment.
-type InstanceView struct {
-	store.Instance
-	Attachment *store.Attachment `json:"attachment,omitempty"`
-}
-
-// Instances lists instances, of one tenant when tenant is not "".
-func (m *Manager) Instances(tenantName string) ([]InstanceView, error) {
-	var out []InstanceView
-	err := m.db.View(func(tx *store.Tx) error {
-		var recs []store.Instance
-		var err error
-		if tenantName == "" {
-			recs, err = tx.Instances()
-		} else {
-			recs, err = tx.InstancesOf(tenantName)
-		}
-		if err != nil {
-			return err
-		}
-		atts, err := tx.Attachments()
-		if err != nil {
-			return err
-		}
-		byInst := map[string]store.Attachment{}
-		for _, a := range atts {
-			byInst[a.Instance] = a
-		}
-		for _, r := range recs {
-			v := InstanceView{Instance: r}
-			if a, ok := byInst[r.UUID]; ok {
-				v.Attachment = &a
-			}
-			out = append(out, v)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, classify(err, "list instances")
-	}
-	return out, nil
 }

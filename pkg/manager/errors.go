@@ -1,8 +1,11 @@
 package manager
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"syscall"
+	"unicode/utf8"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/placement"
@@ -77,12 +80,47 @@ func (e *opError) Unwrap() []error {
 
 // Message is the part meant for users: what failed and what to do next,
 // without the internal cause.
+//
+// A backend failure also carries its cause (the file system is full, the
+// driver answered ERROR_UNKNOWN, libvirt's reason): for those the cause is
+// what the operator acts on, so it is part of the message, cut to a
+// readable length.
 func Message(err error) string {
 	var oe *opError
 	if errors.As(err, &oe) {
+		if errors.Is(oe.kind, ErrBackendFailure) && oe.cause != nil && !oe.shown {
+			return oe.msg + ": " + causeText(oe.cause)
+		}
 		return oe.msg
 	}
 	return err.Error()
+}
+
+// maxCause bounds the cause's text in a message.
+const maxCause = 512
+
+// causeText is a backend failure's cause as users read it: its text, and
+// for the system errors an operator fixes on the host, what to do.
+func causeText(err error) string {
+	msg := err.Error()
+	if len(msg) > maxCause {
+		cut := maxCause
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "…"
+	}
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		msg += " (the file system is full: free space on it, then retry)"
+	case errors.Is(err, syscall.EROFS):
+		msg += " (the file system is read-only: remount it read-write, then retry)"
+	case errors.Is(err, syscall.EIO):
+		msg += " (an I/O error: check the disk and the kernel log)"
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		msg += " (permission denied: vgpud runs as root with CAP_SYS_ADMIN; check the unit's sandboxing)"
+	}
+	return msg
 }
 
 func fail(kind error, cause error, format string, args ...any) error {
@@ -117,6 +155,8 @@ func classify(err error, format string, args ...any) error {
 		return fail(ErrBusy, err, "%s: the change is pending until the GPU is reset (stop its clients, disable its VFs, then nvidia-smi -r)", msg)
 	case errors.Is(err, gpu.ErrNotSupported):
 		return fail(ErrInvalidArgument, err, "%s: not supported by this GPU in its current mode", msg)
+	case errors.Is(err, gpu.ErrTimeout) && errors.Is(err, context.Canceled):
+		return fail(ErrBackendFailure, err, "%s: cancelled before the driver answered; vgpud reconciles the device on its next pass", msg)
 	case errors.Is(err, gpu.ErrTimeout):
 		return fail(ErrBackendFailure, err, "%s: the driver did not answer in time; vgpud reconciles the device on its next pass", msg)
 	case errors.Is(err, gpu.ErrDriverNotLoaded):

@@ -270,7 +270,7 @@ func TestRefusalsChangeNothing(t *testing.T) {
 			}
 		})
 	}
-	insts, _ := e.m.Instances("")
+	insts, _ := e.m.AllInstances()
 	if len(insts) != 2 {
 		t.Fatalf("%d records, want 2", len(insts))
 	}
@@ -315,7 +315,7 @@ func TestFailedStepIsUndone(t *testing.T) {
 					t.Fatalf("create past its deadline: %v, want ErrBackendFailure", err)
 				}
 				// The caller is answered at once; the undo waits for the driver.
-				if insts, _ := e.m.Instances(""); len(insts) != 1 || insts[0].State != store.StateCreating {
+				if insts, _ := e.m.AllInstances(); len(insts) != 1 || insts[0].State != store.StateCreating {
 					t.Fatalf("records right after the timeout: %+v (%+v), want the one being undone", insts, r)
 				}
 			}
@@ -323,7 +323,7 @@ func TestFailedStepIsUndone(t *testing.T) {
 			if got := e.discovered(); got != before {
 				t.Fatalf("host not restored (as discovery sees it):\n%s\nwas\n%s", got, before)
 			}
-			insts, _ := e.m.Instances("")
+			insts, _ := e.m.AllInstances()
 			if len(insts) != 0 {
 				t.Fatalf("records left: %+v", insts)
 			}
@@ -488,7 +488,7 @@ func assertConsistent(t *testing.T, e *env) {
 	if len(rep.Foreign) != 0 || len(rep.Recreated) != 0 || len(rep.Failed) != 0 || len(rep.Finished)+len(rep.Undone) != 0 {
 		t.Fatalf("second reconcile not clean: %+v\n%s", rep, e.summary())
 	}
-	insts, _ := e.m.Instances("")
+	insts, _ := e.m.AllInstances()
 	for _, in := range insts {
 		if in.State != store.StateReady {
 			t.Fatalf("instance %s is %s", in.UUID, in.State)
@@ -783,7 +783,7 @@ func defragmentAndFit(t *testing.T, e *env, req manager.CreateRequest) {
 
 func placements(t *testing.T, e *env) string {
 	t.Helper()
-	insts, err := e.m.Instances("")
+	insts, err := e.m.AllInstances()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,13 @@ type Capacity struct {
 
 // Plan answers "where would this go, and what would stay free".
 func (m *Manager) Plan(ctx context.Context, req CreateRequest) (Plan, error) {
+	// No tenant skips the quota check (a capacity question); a tenant
+	// that is given must be one the host has.
+	if req.Tenant != "" {
+		if err := m.knownTenant(req.Tenant); err != nil {
+			return Plan{}, err
+		}
+	}
 	offers, err := m.resolve(req.Profile)
 	if err != nil {
 		return Plan{}, err
@@ -203,9 +210,12 @@ func (m *Manager) defragPlan(s *snapshot, offers []offer, req CreateRequest) ([]
 	}
 	pin := ""
 	if req.GPU != "" {
-		if g, err := m.gpuByAnyID(req.GPU); err == nil {
-			pin = g.UUID
+		// A pin that names no GPU is an error, never "any GPU".
+		g, err := m.gpuByAnyID(req.GPU)
+		if err != nil {
+			return nil, placement.Decision{}, err
 		}
+		pin = g.UUID
 	}
 	return placement.Defragment(m.migFleet(s), placement.Request{Profile: offers[0].gi.Name, GPU: pin, Models: names, Tenant: req.Tenant, Affinity: req.Affinity})
 }

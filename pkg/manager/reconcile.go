@@ -861,7 +861,7 @@ func (m *Manager) reconcileDomains(ctx context.Context, rep *ReconcileReport) {
 			case !exists:
 				// Only while nothing else runs: an attach in flight may be
 				// giving this very device to another instance.
-				if _, err := m.Instance(x.Instance); !errors.Is(err, ErrNotFound) || !m.live.idle() {
+				if _, err := m.Instance(x.Instance); !(errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidArgument)) || !m.live.idle() {
 					continue
 				}
 				dom, err := m.lv().Domain(ctx, d.Name)

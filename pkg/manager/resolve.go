@@ -69,6 +69,11 @@ func (m *Manager) resolve(name string) ([]offer, error) {
 	if raw == "" {
 		return nil, fail(ErrInvalidArgument, nil, "no profile given (run `vgpuctl profiles` for the list)")
 	}
+	if raw != name {
+		// The name is recorded as given: " 3g.40gb" must not become a
+		// profile of its own in records and metrics.
+		return nil, fail(ErrInvalidArgument, nil, "profile %s has surrounding spaces", QuoteArg(name))
+	}
 	models := m.catalog().Models()
 	want := raw
 	if mod, rest, ok := strings.Cut(raw, "/"); ok {

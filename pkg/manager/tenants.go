@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
 )
@@ -13,6 +14,10 @@ import (
 type TenantView struct {
 	store.Tenant
 	Usage tenant.Usage `json:"usage"`
+	// NotInCatalog lists the allowed models and profiles this host's
+	// catalog does not have: kept (a tenant file may serve a whole
+	// fleet), but they allow nothing here, and may be typos.
+	NotInCatalog []string `json:"notInCatalog,omitempty"`
 }
 
 // DefineTenant creates a tenant. Defining the same tenant again with the
@@ -24,6 +29,9 @@ func (m *Manager) DefineTenant(ctx context.Context, t tenant.Tenant) (store.Tena
 	}
 	if err := t.Validate(); err != nil {
 		return store.Tenant{}, classify(err, "define tenant %q", t.Name)
+	}
+	if err := m.checkAllowed(t); err != nil {
+		return store.Tenant{}, err
 	}
 	var out store.Tenant
 	added := false
@@ -54,6 +62,42 @@ func (m *Manager) DefineTenant(ctx context.Context, t tenant.Tenant) (store.Tena
 	return out, nil
 }
 
+// checkAllowed refuses allow-list entries that cannot be model or profile
+// names, and logs those this host's catalog does not have.
+func (m *Manager) checkAllowed(t tenant.Tenant) error {
+	for _, n := range t.AllowedModels {
+		if !profile.IsModelName(n) {
+			return fail(ErrInvalidArgument, nil, "tenant %s: allowed model %s is not a GPU model name like H100-SXM5-80GB (run `vgpuctl profiles`)", t.Name, QuoteArg(n))
+		}
+	}
+	for _, n := range t.AllowedProfiles {
+		if !profile.IsProfileName(n) {
+			return fail(ErrInvalidArgument, nil, "tenant %s: allowed profile %s is not a MIG profile (3g.40gb), vGPU type (L4-4Q) or passthrough (run `vgpuctl profiles`)", t.Name, QuoteArg(n))
+		}
+	}
+	if unknown := m.notInCatalog(t); len(unknown) > 0 {
+		m.log.Warn("tenant allows models or profiles this host's catalog does not have; they allow nothing here", "tenant", t.Name, "names", unknown)
+	}
+	return nil
+}
+
+// notInCatalog lists t's allowed names the catalog does not have.
+func (m *Manager) notInCatalog(t tenant.Tenant) []string {
+	cat := m.catalog()
+	var out []string
+	for _, n := range t.AllowedModels {
+		if !cat.HasModel(n) {
+			out = append(out, "model "+n)
+		}
+	}
+	for _, n := range t.AllowedProfiles {
+		if !cat.HasProfile(n) {
+			out = append(out, "profile "+n)
+		}
+	}
+	return out
+}
+
 func sameTenant(a, b tenant.Tenant) bool {
 	return a.Quota == b.Quota && a.Class == b.Class && slices.Equal(a.AllowedModels, b.AllowedModels) && slices.Equal(a.AllowedProfiles, b.AllowedProfiles)
 }
@@ -67,6 +111,9 @@ func (m *Manager) UpdateTenant(ctx context.Context, t tenant.Tenant) (store.Tena
 	}
 	if err := t.Validate(); err != nil {
 		return store.Tenant{}, classify(err, "update tenant %q", t.Name)
+	}
+	if err := m.checkAllowed(t); err != nil {
+		return store.Tenant{}, err
 	}
 	m.admit.Lock()
 	defer m.admit.Unlock()
@@ -114,6 +161,9 @@ func (m *Manager) SetQuota(ctx context.Context, name string, q tenant.Quota) (st
 // races with new creates destroys those too, a few times, then gives up
 // with ErrBusy.
 func (m *Manager) UndefineTenant(ctx context.Context, name string, force bool) error {
+	if err := tenant.ValidateName(name); err != nil {
+		return classify(err, "undefine tenant")
+	}
 	done, err := m.begin()
 	if err != nil {
 		return err
@@ -121,7 +171,9 @@ func (m *Manager) UndefineTenant(ctx context.Context, name string, force bool) e
 	defer done()
 	destroyed := 0
 	for attempt := 0; ; attempt++ {
-		insts, err := m.Instances(name)
+		// Only this tenant's instances, and only while the tenant exists:
+		// an unknown name is NotFound before anything is destroyed.
+		insts, err := m.TenantInstances(name)
 		if err != nil {
 			return err
 		}
@@ -145,6 +197,10 @@ func (m *Manager) UndefineTenant(ctx context.Context, name string, force bool) e
 		if errors.Is(err, store.ErrInUse) && force && attempt < 3 {
 			continue
 		}
+		if errors.Is(err, store.ErrNotFound) {
+			// Undefined by another caller meanwhile.
+			return noTenant(name, err)
+		}
 		if err != nil {
 			return classify(err, "undefine tenant %s", name)
 		}
@@ -157,6 +213,9 @@ func (m *Manager) UndefineTenant(ctx context.Context, name string, force bool) e
 
 // Tenant returns one tenant with its usage.
 func (m *Manager) Tenant(name string) (TenantView, error) {
+	if err := tenant.ValidateName(name); err != nil {
+		return TenantView{}, classify(err, "tenant")
+	}
 	all, err := m.Tenants()
 	if err != nil {
 		return TenantView{}, err
@@ -166,7 +225,7 @@ func (m *Manager) Tenant(name string) (TenantView, error) {
 			return t, nil
 		}
 	}
-	return TenantView{}, fail(ErrNotFound, nil, "no tenant %s (run `vgpuctl tenant list`)", name)
+	return TenantView{}, noTenant(name, nil)
 }
 
 // Tenants lists tenants with their usage.
@@ -182,7 +241,7 @@ func (m *Manager) Tenants() ([]TenantView, error) {
 			return err
 		}
 		for _, t := range ts {
-			v := TenantView{Tenant: t}
+			v := TenantView{Tenant: t, NotInCatalog: m.notInCatalog(t.Tenant)}
 			for _, r := range recs {
 				if r.Tenant == t.Name {
 					v.Usage.VRAMBytes += r.VRAMBytes

@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/vgpud/vgpud/pkg/placement"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/tenant"
 )
 
 // snapshot is what an admission decision sees: the host as last
@@ -319,4 +321,83 @@ func (s *snapshot) freeDevices(g *gpu.GPU, typeID int) int {
 		}
 	}
 	return n
+}
+
+// InstanceView is an instance with its attachment.
+type InstanceView struct {
+	store.Instance
+	Attachment *store.Attachment `json:"attachment,omitempty"`
+}
+
+// AllInstances lists every instance on the host with its attachment.
+// Listing everything has a method of its own, so that no caller can reach
+// every instance by passing an empty or missing tenant name.
+func (m *Manager) AllInstances() ([]InstanceView, error) {
+	out, err := m.instanceViews(func(tx *store.Tx) ([]store.Instance, error) { return tx.Instances() })
+	if err != nil {
+		return nil, classify(err, "list instances")
+	}
+	return out, nil
+}
+
+// TenantInstances lists the instances of one tenant. An invalid name is
+// ErrInvalidArgument and a tenant the host does not have ErrNotFound:
+// never all instances.
+func (m *Manager) TenantInstances(name string) ([]InstanceView, error) {
+	if err := tenant.ValidateName(name); err != nil {
+		return nil, classify(err, "tenant")
+	}
+	out, err := m.instanceViews(func(tx *store.Tx) ([]store.Instance, error) { return tx.InstancesOf(name) })
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, noTenant(name, err)
+	}
+	if err != nil {
+		return nil, classify(err, "list the instances of tenant %s", name)
+	}
+	return out, nil
+}
+
+// knownTenant checks that name is a valid tenant name (ErrInvalidArgument)
+// of a tenant the host has (ErrNotFound).
+func (m *Manager) knownTenant(name string) error {
+	if err := tenant.ValidateName(name); err != nil {
+		return classify(err, "tenant")
+	}
+	err := m.db.View(func(tx *store.Tx) error { _, err := tx.Tenant(name); return err })
+	if errors.Is(err, store.ErrNotFound) {
+		return noTenant(name, err)
+	}
+	return classify(err, "read tenant %s", name)
+}
+
+// noTenant is the refusal for a tenant name the host does not know.
+func noTenant(name string, cause error) error {
+	return fail(ErrNotFound, cause, "no tenant %s on this host (run `vgpuctl tenant list`; define it with `vgpuctl tenant define %s`)", name, name)
+}
+
+func (m *Manager) instanceViews(read func(*store.Tx) ([]store.Instance, error)) ([]InstanceView, error) {
+	var out []InstanceView
+	err := m.db.View(func(tx *store.Tx) error {
+		recs, err := read(tx)
+		if err != nil {
+			return err
+		}
+		atts, err := tx.Attachments()
+		if err != nil {
+			return err
+		}
+		byInst := map[string]store.Attachment{}
+		for _, a := range atts {
+			byInst[a.Instance] = a
+		}
+		for _, r := range recs {
+			v := InstanceView{Instance: r}
+			if a, ok := byInst[r.UUID]; ok {
+				v.Attachment = &a
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	return out, err
 }

@@ -22,6 +22,7 @@ const (
 	DefaultDialTimeout   = 5 * time.Second
 	DefaultCallTimeout   = 30 * time.Second
 	DefaultDetachTimeout = 15 * time.Second
+	DefaultReconnectWait = 5 * time.Second
 	defaultMinBackoff    = 50 * time.Millisecond
 	defaultMaxBackoff    = 5 * time.Second
 )
@@ -43,6 +44,12 @@ type Config struct {
 	// a live detach (the guest has to let go of the device); it is also
 	// bounded by CallTimeout.
 	DetachTimeout time.Duration
+	// ReconnectWait is how long after the connection broke a call still
+	// waits for it to come back (libvirtd restarting takes a second or
+	// two). Once libvirtd has been gone for longer, calls are refused at
+	// once with ErrUnreachable instead of waiting out the caller's timeout;
+	// the supervisor keeps redialling meanwhile.
+	ReconnectWait time.Duration
 	// MinBackoff and MaxBackoff bound the pause between reconnect attempts
 	// (defaults 50 ms, 5 s); it doubles after each failure.
 	MinBackoff, MaxBackoff time.Duration
@@ -66,6 +73,9 @@ func (c Config) withDefaults() Config {
 	if c.DetachTimeout <= 0 {
 		c.DetachTimeout = DefaultDetachTimeout
 	}
+	if c.ReconnectWait <= 0 {
+		c.ReconnectWait = DefaultReconnectWait
+	}
 	if c.MinBackoff <= 0 {
 		c.MinBackoff = defaultMinBackoff
 	}
@@ -80,7 +90,8 @@ func (c Config) withDefaults() Config {
 
 // Conn is a connection to libvirtd that reconnects by itself. When
 // libvirtd goes away, a supervisor redials with backoff; calls made meanwhile
-// wait for the new connection (up to their timeout), and an operation that a
+// wait for the new connection (up to their timeout, and no longer than
+// ReconnectWait after the break), and an operation that a
 // broken connection interrupted is repeated from the start on the new one.
 // Every operation first reads what libvirt holds and only changes what is
 // missing, so a repeat neither loses nor doubles a change. Safe for
@@ -97,6 +108,8 @@ type Conn struct {
 	cur     *session      // nil while disconnected
 	changed chan struct{} // closed and replaced whenever cur changes
 	lastErr error         // why the last connection attempt failed
+	// downSince is when the connection broke; zero while connected.
+	downSince time.Time
 
 	life context.Context // cancelled by Close
 	stop context.CancelFunc
@@ -232,6 +245,12 @@ func (c *Conn) publish(s *session, lastErr error) {
 	defer c.mu.Unlock()
 	c.cur = s
 	c.lastErr = lastErr
+	switch {
+	case s != nil:
+		c.downSince = time.Time{}
+	case c.downSince.IsZero():
+		c.downSince = time.Now()
+	}
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
@@ -311,7 +330,7 @@ func (c *Conn) disconnect(s *session) {
 func (c *Conn) session(ctx context.Context) (*session, error) {
 	for {
 		c.mu.Lock()
-		s, ch := c.cur, c.changed
+		s, ch, lastErr, downSince := c.cur, c.changed, c.lastErr, c.downSince
 		c.mu.Unlock()
 		if s != nil && s.alive() {
 			return s, nil
@@ -319,19 +338,29 @@ func (c *Conn) session(ctx context.Context) (*session, error) {
 		if c.life.Err() != nil {
 			return nil, ErrClosed
 		}
+		if lastErr == nil {
+			lastErr = errors.New("connection lost")
+		}
+		if downSince.IsZero() {
+			// Broken, and the supervisor has not published it yet.
+			downSince = time.Now()
+		}
+		wait := time.Until(downSince.Add(c.cfg.ReconnectWait))
+		if wait <= 0 {
+			return nil, fmt.Errorf("%w: %s: down for %s: %w", ErrUnreachable, c.cfg.Socket, time.Since(downSince).Round(time.Second), lastErr)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ch:
+		case <-t.C:
 		case <-c.life.Done():
+			t.Stop()
 			return nil, ErrClosed
 		case <-ctx.Done():
-			c.mu.Lock()
-			lastErr := c.lastErr
-			c.mu.Unlock()
-			if lastErr == nil {
-				lastErr = errors.New("connection lost")
-			}
+			t.Stop()
 			return nil, fmt.Errorf("%w: %s: %w (%w)", ErrUnreachable, c.cfg.Socket, lastErr, ctx.Err())
 		}
+		t.Stop()
 	}
 }
 

@@ -1,0 +1,251 @@
+package dbusapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/godbus/dbus/v5"
+
+	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
+	"github.com/vgpud/vgpud/pkg/apply"
+)
+
+// hostileCall is the valid call a hostile one is made from: where it goes
+// and its arguments. Every method the API defines has one (TestDBusHostileInput
+// fails on a method without), so no method escapes the hostile-input test.
+type hostileCall struct {
+	path dbus.ObjectPath
+	args []any
+	// emptyOK lists the arguments (by index) whose empty value is valid and
+	// documented: a read's "all" or "no filter", a class's default;
+	// never a mutation's target.
+	emptyOK map[int]bool
+	// options are the method's own options with a valid value each.
+	options map[string]any
+}
+
+// hostileCalls returns the valid starting call of every method, by
+// "Interface.Method", on a host with tenant acme holding instance inst.
+func hostileCalls(inst, layout string) map[string]hostileCall {
+	mgr := ManagerPath
+	opts := map[string]dbus.Variant{}
+	create := map[string]any{"gpu": l4, "uuid": "6f1c2b9e-51d2-4a37-9a0e-0c3c0d6f7a11", "affinity": "spread"}
+	attach := map[string]any{"display": true, "ramfb": true, "tenant": "acme"}
+	both := map[string]any{"gpu": l4, "uuid": "6f1c2b9e-51d2-4a37-9a0e-0c3c0d6f7a11", "affinity": "spread", "display": true, "ramfb": true}
+	q := uint64(1 << 30)
+	return map[string]hostileCall{
+		ManagerInterface + ".ListGPUs":                {path: mgr},
+		ManagerInterface + ".ListInstances":           {path: mgr, args: []any{"acme"}, emptyOK: map[int]bool{0: true}},
+		ManagerInterface + ".ListTenants":             {path: mgr},
+		ManagerInterface + ".ListProfiles":            {path: mgr, args: []any{l4}, emptyOK: map[int]bool{0: true}},
+		ManagerInterface + ".GetCapacity":             {path: mgr},
+		ManagerInterface + ".Plan":                    {path: mgr, args: []any{"acme", "L4-4Q", opts}, emptyOK: map[int]bool{0: true}, options: map[string]any{"gpu": l4}},
+		ManagerInterface + ".CreateInstance":          {path: mgr, args: []any{"acme", "L4-4Q", opts}, options: create},
+		ManagerInterface + ".DestroyInstance":         {path: mgr, args: []any{inst, opts}, options: map[string]any{"detach": true}},
+		ManagerInterface + ".Attach":                  {path: mgr, args: []any{inst, "vm1", opts}, options: attach},
+		ManagerInterface + ".CreateAndAttach":         {path: mgr, args: []any{"acme", "L4-4Q", "vm1", opts}, options: both},
+		ManagerInterface + ".Detach":                  {path: mgr, args: []any{inst, opts}},
+		ManagerInterface + ".GetHostdevXML":           {path: mgr, args: []any{inst}},
+		ManagerInterface + ".DefineTenant":            {path: mgr, args: []any{"beta", q, q, uint64(4), "guaranteed", opts}, emptyOK: map[int]bool{4: true}, options: map[string]any{"allowed-models": []string{"L4-24GB"}, "allowed-profiles": []string{"L4-4Q"}}},
+		ManagerInterface + ".SetQuota":                {path: mgr, args: []any{"acme", q, q, uint64(4), opts}},
+		ManagerInterface + ".UndefineTenant":          {path: mgr, args: []any{"acme", true, opts}},
+		ManagerInterface + ".Apply":                   {path: mgr, args: []any{layout, "", false, opts}, emptyOK: map[int]bool{1: true}, options: map[string]any{"name": "layout.yaml"}},
+		ManagerInterface + ".Reconcile":               {path: mgr, args: []any{opts}},
+		ManagerInterface + ".Defragment":              {path: mgr, args: []any{"acme", "3g.40gb", true, opts}, options: map[string]any{"gpu": h100MIG}},
+		ManagerInterface + ".SetMIGMode":              {path: mgr, args: []any{h100TS, true, opts}},
+		ManagerInterface + ".SetHeterogeneous":        {path: mgr, args: []any{l4, true, opts}},
+		ManagerInterface + ".ClearGPU":                {path: mgr, args: []any{l4, opts}},
+		ManagerInterface + ".GetShares":               {path: mgr},
+		ManagerInterface + ".Cancel":                  {path: mgr, args: []any{"op-1"}},
+		GPUInterface + ".SetMIGMode":                  {path: GPUPath(h100TS), args: []any{true, opts}},
+		GPUInterface + ".SetHeterogeneous":            {path: GPUPath(l4), args: []any{true, opts}},
+		GPUInterface + ".Clear":                       {path: GPUPath(l4), args: []any{opts}},
+		InstanceInterface + ".Destroy":                {path: InstancePath(inst), args: []any{opts}, options: map[string]any{"detach": true}},
+		InstanceInterface + ".Attach":                 {path: InstancePath(inst), args: []any{"vm1", opts}, options: attach},
+		InstanceInterface + ".Detach":                 {path: InstancePath(inst), args: []any{opts}},
+		InstanceInterface + ".GetHostdevXML":          {path: InstancePath(inst)},
+		TenantInterface + ".SetQuota":                 {path: TenantPath("acme"), args: []any{q, q, uint64(4), opts}},
+		TenantInterface + ".Undefine":                 {path: TenantPath("acme"), args: []any{true, opts}},
+		propertiesInterface + ".Get":                  {path: mgr, args: []any{ManagerInterface, "Version"}},
+		propertiesInterface + ".GetAll":               {path: mgr, args: []any{ManagerInterface}},
+		propertiesInterface + ".Set":                  {path: mgr, args: []any{ManagerInterface, "Version", dbus.MakeVariant("x")}},
+		objectManagerInterface + ".GetManagedObjects": {path: mgr},
+		introspectInterface + ".Introspect":           {path: mgr},
+	}
+}
+
+// hostileVariant is one bad call made from a valid one.
+type hostileVariant struct {
+	name string
+	path dbus.ObjectPath
+	args []any
+}
+
+// variants makes every bad call of one method: each string argument
+// empty (unless documented as valid), blank, one byte too long, with a
+// control character; each option unknown, of the wrong type, empty or too
+// long; the object of a per-object method one that does not exist.
+func (c hostileCall) variants(def *methodDef) []hostileVariant {
+	var out []hostileVariant
+	with := func(i int, v any) []any {
+		args := append([]any(nil), c.args...)
+		args[i] = v
+		return args
+	}
+	for i, a := range c.args {
+		switch x := a.(type) {
+		case string:
+			lim := def.in[i].limit()
+			bad := map[string]string{
+				"blank":      "   ",
+				"too long":   strings.Repeat("a", lim+1),
+				"control":    x + "\x01",
+				"surrounded": " " + x + " ",
+			}
+			if !c.emptyOK[i] {
+				bad["empty"] = ""
+			}
+			for n, v := range bad {
+				if n == "surrounded" && def.in[i].max == maxDocument {
+					continue // a document may start with blank lines
+				}
+				out = append(out, hostileVariant{name: fmt.Sprintf("%s %s", def.in[i].name, n), path: c.path, args: with(i, v)})
+			}
+		case map[string]dbus.Variant:
+			opt := func(name string, o map[string]any) {
+				m := map[string]dbus.Variant{}
+				for k, v := range o {
+					m[k] = dbus.MakeVariant(v)
+				}
+				out = append(out, hostileVariant{name: name, path: c.path, args: with(i, m)})
+			}
+			opt("unknown option", map[string]any{"no-such-option": "x"})
+			opt("empty option name", map[string]any{"": "x"})
+			opt("timeout-ms of the wrong type", map[string]any{OptTimeout: "10"})
+			opt("timeout-ms zero", map[string]any{OptTimeout: uint64(0)})
+			opt("empty operation-id", map[string]any{OptOperationID: ""})
+			opt("too long operation-id", map[string]any{OptOperationID: strings.Repeat("o", maxName+1)})
+			for k, v := range c.options {
+				switch v.(type) {
+				case string:
+					opt(k+" empty", map[string]any{k: ""})
+					opt(k+" blank", map[string]any{k: "  "})
+					opt(k+" too long", map[string]any{k: strings.Repeat("a", maxName+1)})
+					opt(k+" of the wrong type", map[string]any{k: int32(1)})
+				case bool:
+					opt(k+" of the wrong type", map[string]any{k: "yes"})
+				case []string:
+					opt(k+" empty list", map[string]any{k: []string{}})
+					opt(k+" empty entry", map[string]any{k: []string{""}})
+					opt(k+" too long entry", map[string]any{k: []string{strings.Repeat("a", maxName+1)}})
+					opt(k+" of the wrong type", map[string]any{k: "L4-4Q"})
+				}
+			}
+		}
+	}
+	if len(c.args) > 0 {
+		out = append(out, hostileVariant{name: "no arguments", path: c.path})
+		out = append(out, hostileVariant{name: "wrong argument types", path: c.path, args: []any{int32(7)}})
+	} else {
+		out = append(out, hostileVariant{name: "an extra argument", path: c.path, args: []any{"x"}})
+	}
+	switch {
+	case strings.HasPrefix(string(c.path), string(tenantDir)+"/"):
+		out = append(out, hostileVariant{name: "unknown tenant object", path: TenantPath("nobody"), args: c.args})
+	case strings.HasPrefix(string(c.path), string(instanceDir)+"/"):
+		out = append(out, hostileVariant{name: "unknown instance object", path: InstancePath("0b0f2f4e-5d6c-4e8b-9a7d-1f2e3d4c5b6a"), args: c.args})
+	case strings.HasPrefix(string(c.path), string(gpuDir)+"/"):
+		out = append(out, hostileVariant{name: "unknown GPU object", path: GPUPath("0000:ff:00.0"), args: c.args})
+	}
+	return out
+}
+
+// TestDBusHostileInput calls every method of the API with every bad
+// argument variants makes: each call gets a named error with a short
+// message, and changes nothing on the host or in the store.
+func TestDBusHostileInput(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, func(e *env, o *Options) { o.Apply = NewApplier(e.m, apply.Limits{}) })
+	ctx := ctxT(t)
+	e.tenant("acme", unlimitedQuota())
+	e.tenant("beta-keep", unlimitedQuota())
+	inst := e.create("acme", "L4-4Q", "").UUID
+	e.create("beta-keep", "L4-4Q", "")
+	layout := "version: v1\ntenants:\n  - name: gamma\nlayout:\n  - gpu: \"" + h100MIG + "\"\n    instances:\n      - {profile: 1g.10gb, tenant: gamma, count: 1}\n"
+	calls := hostileCalls(inst, layout)
+
+	state := func() string {
+		t.Helper()
+		insts, err := e.m.AllInstances()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tenants, err := e.m.Tenants()
+		if err != nil {
+			t.Fatal(err)
+		}
+		summary, err := e.sim.Summary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal([]any{insts, tenants})
+		return string(b) + "\n" + summary
+	}
+	before := state()
+	tested := 0
+	for _, ifname := range []string{ManagerInterface, GPUInterface, InstanceInterface, TenantInterface, propertiesInterface, objectManagerInterface, introspectInterface} {
+		def := e.svc.ifaces[ifname]
+		for _, m := range def.methods {
+			if m.fn == nil {
+				continue
+			}
+			member := ifname + "." + m.name
+			c, ok := calls[member]
+			if !ok {
+				t.Errorf("%s has no entry in hostileCalls: add its valid call so the hostile-input test covers it", member)
+				continue
+			}
+			standard := !strings.HasPrefix(ifname, "dev.vgpud1.")
+			for _, v := range c.variants(m) {
+				tested++
+				call := e.client.conn.Object(BusName, v.path).CallWithContext(ctx, member, 0, v.args...)
+				var de dbus.Error
+				if !errors.As(call.Err, &de) {
+					t.Errorf("%s, %s: %v, want a named error", member, v.name, call.Err)
+					continue
+				}
+				named := strings.HasPrefix(de.Name, ErrorPrefix) || standard && strings.HasPrefix(de.Name, "org.freedesktop.DBus.Error.")
+				if !named {
+					t.Errorf("%s, %s: error %s is not one of the API's names", member, v.name, de.Name)
+				}
+				msg, _ := de.Body[0].(string)
+				if msg == "" || len(msg) > 1024 {
+					t.Errorf("%s, %s: message of %d bytes: %.200q", member, v.name, len(msg), msg)
+				}
+				if after := state(); after != before {
+					t.Fatalf("%s, %s changed the host or the store:\n%s\nwas\n%s", member, v.name, after, before)
+				}
+			}
+		}
+	}
+	t.Logf("%d hostile calls over %d methods: each refused with a named error, nothing changed", tested, len(calls))
+}
+
+// TestDBusUnknownOptionListsEachOnce: the refusal of an unknown option
+// lists the known ones, each once (the operation id is read twice).
+func TestDBusUnknownOptionListsEachOnce(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	call := e.client.mgr.CallWithContext(ctxT(t), ManagerInterface+".DestroyInstance", 0,
+		"9b2a6a3c-3a49-4c51-9d47-5d2a4b1f0c11", map[string]dbus.Variant{"detach-please": dbus.MakeVariant(true)})
+	var de dbus.Error
+	if !errors.As(call.Err, &de) || de.Name != ErrorPrefix+NameInvalidArgument {
+		t.Fatalf("unknown option: %v", call.Err)
+	}
+	msg, _ := de.Body[0].(string)
+	_, known, _ := strings.Cut(msg, "(known: ")
+	if got, want := known, "detach, operation-id, timeout-ms)"; got != want {
+		t.Errorf("%q lists %q, want %q", msg, got, want)
+	}
+}
