@@ -231,10 +231,13 @@ func (a *app) reconcileCmd() *cobra.Command {
 				return err
 			}
 			return a.emit(reconcileDoc{hdr("ReconcileReport"), r}, func(w io.Writer) error {
-				fmt.Fprintf(w, "reconciled in %.3fs: %d finished, %d undone, %d re-created, %d lost, %d failed, %d foreign devices\n",
-					r.DurationSeconds, len(r.Finished), len(r.Undone), len(r.Recreated), len(r.Lost), len(r.Failed), len(r.Foreign))
+				fmt.Fprintf(w, "reconciled in %.3fs: %d finished, %d undone, %d re-created, %d lost, %d failed, %d foreign, %d pending\n",
+					r.DurationSeconds, len(r.Finished), len(r.Undone), len(r.Recreated), len(r.Lost), len(r.Failed), len(r.Foreign), len(r.Pending))
 				for _, f := range r.Foreign {
 					fmt.Fprintf(w, "  foreign %s %s on %s: %s\n", f.Kind, f.ID, f.GPU, dash(f.Detail))
+				}
+				for _, p := range r.Pending {
+					fmt.Fprintf(w, "  pending %s\n", p)
 				}
 				return nil
 			})

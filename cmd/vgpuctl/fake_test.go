@@ -232,7 +232,7 @@ func (f *fake) Apply(_ context.Context, name string, data []byte, sel string, dr
 
 func (f *fake) Reconcile(context.Context) (dbusapi.ReconcileReport, error) {
 	return dbusapi.ReconcileReport{DurationSeconds: 0.012, Finished: []string{}, Undone: []string{}, Recreated: []string{"0b4f5c1e-9a3d-4e2b-8c7f-1a2b3c4d5e6f"},
-		Lost: []string{}, Failed: []string{}, Foreign: []dbusapi.Foreign{{GPU: "0000:41:00.0", Kind: "gpu-instance", ID: "3", Detail: "1g.10gb at slot 0"}}, Attachments: []string{}}, f.record("Reconcile")
+		Lost: []string{}, Failed: []string{}, Foreign: []dbusapi.Foreign{{GPU: "0000:41:00.0", Kind: "gpu-instance", ID: "3", Detail: "1g.10gb at slot 0"}}, Attachments: []string{}, Pending: []string{"5d2c9e61-0f4b-4f8e-9a51-3b7c2d1e0f9a: attach to VM vm1 not settled: libvirt not connected"}}, f.record("Reconcile")
 }
 
 func (f *fake) Defragment(_ context.Context, r dbusapi.PlanRequest, apply bool) (dbusapi.DefragResult, error) {

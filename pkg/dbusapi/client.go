@@ -514,7 +514,7 @@ func (c *Client) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	var usec uint64
 	var r ReconcileReport
 	var foreign []foreignEntry
-	if err := c.long(ctx, "reconcile", "Reconcile", nil, nil, &usec, &r.Finished, &r.Undone, &r.Recreated, &r.Lost, &r.Failed, &foreign, &r.Attachments); err != nil {
+	if err := c.long(ctx, "reconcile", "Reconcile", nil, nil, &usec, &r.Finished, &r.Undone, &r.Recreated, &r.Lost, &r.Failed, &foreign, &r.Attachments, &r.Pending); err != nil {
 		return ReconcileReport{}, err
 	}
 	r.DurationSeconds = float64(usec) / 1e6

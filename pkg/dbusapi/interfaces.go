@@ -107,6 +107,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 					{name: "failed", doc: "Instances vgpud could not restore."},
 					{name: "foreign", doc: "Devices vgpud did not create: (gpu, kind, id, detail)."},
 					{name: "attachments", doc: "Attachment records fixed to match libvirt."},
+					{name: "pending", doc: "Interrupted operations left for a later pass (libvirt not connected, a host call failing), each with why."},
 				}},
 			{name: "Defragment", access: accessManage, fn: s.defragment,
 				readIf: func(args []any) bool { apply, _ := args[2].(bool); return !apply }, readIfDoc: "not apply",

@@ -359,24 +359,24 @@ func (s *Service) apply(c *call, data, sel string, dryRun bool, options map[stri
 	return changes, result, out.Summary, nil
 }
 
-func (s *Service) reconcile(c *call, options map[string]dbus.Variant) (uint64, []string, []string, []string, []string, []string, []foreignEntry, []string, error) {
+func (s *Service) reconcile(c *call, options map[string]dbus.Variant) (uint64, []string, []string, []string, []string, []string, []foreignEntry, []string, []string, error) {
 	o := newOpts(c.member, options)
 	ctx, end, err := c.begin(o)
 	if err != nil {
-		return 0, nil, nil, nil, nil, nil, nil, nil, err
+		return 0, nil, nil, nil, nil, nil, nil, nil, nil, err
 	}
 	defer end()
 	rep, err := s.m.Reconcile(ctx)
 	s.sync()
 	if err != nil {
-		return 0, nil, nil, nil, nil, nil, nil, nil, cancelled(ctx, err)
+		return 0, nil, nil, nil, nil, nil, nil, nil, nil, cancelled(ctx, err)
 	}
 	foreign := []foreignEntry{}
 	for _, f := range rep.Foreign {
 		foreign = append(foreign, foreignEntry{GPU: s.pciOf(f.GPU), Kind: f.Kind, ID: f.ID, Detail: f.Detail})
 	}
 	return uint64(rep.Duration.Microseconds()), nonNilStrings(rep.Finished), nonNilStrings(rep.Undone), nonNilStrings(rep.Recreated),
-		nonNilStrings(rep.Lost), nonNilStrings(rep.Failed), foreign, nonNilStrings(rep.Attachments), nil
+		nonNilStrings(rep.Lost), nonNilStrings(rep.Failed), foreign, nonNilStrings(rep.Attachments), nonNilStrings(rep.Pending), nil
 }
 
 func (s *Service) defragment(c *call, tenantName, profile string, apply bool, options map[string]dbus.Variant) ([]moveEntry, string, int32, bool, error) {

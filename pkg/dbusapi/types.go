@@ -237,6 +237,7 @@ type ReconcileReport struct {
 	Failed          []string  `json:"failed"`
 	Foreign         []Foreign `json:"foreign"`
 	Attachments     []string  `json:"attachments"`
+	Pending         []string  `json:"pending"`
 }
 
 // Foreign is a device vgpud did not create.
