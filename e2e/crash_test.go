@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,11 +22,11 @@ import (
 	"github.com/google/uuid"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/vgpud/vgpud/internal/invariant"
 	"github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
 	"github.com/vgpud/vgpud/pkg/discover"
-	"github.com/vgpud/vgpud/pkg/gpu"
 	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
@@ -573,7 +572,7 @@ func (w *crashWorld) check(ctx context.Context, t *testing.T, it int, reported [
 			if in.Tenant != tn.Name {
 				continue
 			}
-			vram, compute, err := catalogCost(w.cat, in)
+			vram, compute, err := invariant.Cost(w.cat, in)
 			if err != nil {
 				t.Errorf("iteration %d: %v", it, err)
 			}
@@ -593,7 +592,7 @@ func (w *crashWorld) check(ctx context.Context, t *testing.T, it int, reported [
 	if err != nil {
 		t.Fatalf("iteration %d: discover the simulated host: %v", it, err)
 	}
-	extra, missing := hostDiff(inv, s.instances)
+	extra, missing := invariant.HostDiff(inv, s.instances)
 	for _, d := range extra {
 		leak("%s", d)
 	}
@@ -624,144 +623,6 @@ func (w *crashWorld) check(ctx context.Context, t *testing.T, it int, reported [
 		delete(w.uncertain, id)
 	}
 	return leaks, lost
-}
-
-// catalogCost is what an instance takes of its tenant's quota, from the
-// catalog (ARCHITECTURE.md, "Shares"), worked out here rather than taken
-// from the record.
-func catalogCost(cat *profile.Catalog, in store.Instance) (vram, compute uint64, err error) {
-	m, ok := cat.Model(in.Model)
-	if !ok {
-		return 0, 0, fmt.Errorf("instance %s: model %q not in the catalog", in.UUID, in.Model)
-	}
-	gi := func(match func(p *profile.GPUInstanceProfile) bool) *profile.GPUInstanceProfile {
-		if m.MIG == nil {
-			return nil
-		}
-		for i := range m.MIG.GPUInstanceProfiles {
-			if match(&m.MIG.GPUInstanceProfiles[i]) {
-				return &m.MIG.GPUInstanceProfiles[i]
-			}
-		}
-		return nil
-	}
-	var typ *profile.VGPUType
-	if m.VGPU != nil {
-		for i := range m.VGPU.Types {
-			if m.VGPU.Types[i].Name == in.Profile {
-				typ = &m.VGPU.Types[i]
-			}
-		}
-	}
-	switch in.Kind {
-	case store.KindMIG:
-		p := gi(func(p *profile.GPUInstanceProfile) bool { return p.Name == in.Profile })
-		if p == nil {
-			return 0, 0, fmt.Errorf("instance %s: no MIG profile %s on %s", in.UUID, in.Profile, m.Name)
-		}
-		return p.MemoryMiB << 20, uint64(p.ComputeSlices) * 1000 / uint64(m.MIG.ComputeSlices), nil
-	case store.KindMIGVGPU:
-		if typ == nil || typ.GPUInstanceProfile == nil {
-			return 0, 0, fmt.Errorf("instance %s: no MIG-backed vGPU type %s on %s", in.UUID, in.Profile, m.Name)
-		}
-		p := gi(func(p *profile.GPUInstanceProfile) bool { return p.ID == *typ.GPUInstanceProfile })
-		if p == nil {
-			return 0, 0, fmt.Errorf("instance %s: vGPU type %s names GPU-instance profile %d, not on %s", in.UUID, in.Profile, *typ.GPUInstanceProfile, m.Name)
-		}
-		return typ.FramebufferMiB << 20, uint64(p.ComputeSlices) * 1000 / uint64(m.MIG.ComputeSlices) / uint64(max(1, typ.MaxPerGPUInstance)), nil
-	case store.KindVGPU:
-		if typ == nil {
-			return 0, 0, fmt.Errorf("instance %s: no vGPU type %s on %s", in.UUID, in.Profile, m.Name)
-		}
-		return typ.FramebufferMiB << 20, 1000 / uint64(typ.MaxInstances), nil
-	}
-	return 0, 0, fmt.Errorf("instance %s: kind %s is not in the crash test's mix", in.UUID, in.Kind)
-}
-
-// hostDiff compares the instance records with the host: each record's
-// parts (GPU instance, compute instance, VF type or mdev) must be there,
-// and each device on the host must belong to a record. It returns the
-// devices no record explains and the record parts the host lacks.
-func hostDiff(inv gpu.Inventory, recs []store.Instance) (extra, missing []string) {
-	type giKey struct {
-		gpu string
-		id  int
-	}
-	ownedGI := map[giKey]*store.Instance{}
-	ownedVF := map[string]bool{}
-	ownedMdev := map[string]bool{}
-	for i := range recs {
-		r := &recs[i]
-		g, ok := inv.ByUUID(r.GPUUUID)
-		if !ok {
-			missing = append(missing, fmt.Sprintf("instance %s: its GPU %s is not on the host", r.UUID, r.GPUUUID))
-			continue
-		}
-		if r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU {
-			var gi *gpu.GPUInstance
-			for j := range g.MIG.Instances {
-				x := &g.MIG.Instances[j]
-				if x.Placement.Start == r.GIStart && x.ProfileID == r.GIProfileID {
-					gi = x
-				}
-			}
-			switch {
-			case gi == nil:
-				missing = append(missing, fmt.Sprintf("instance %s: no GPU instance of profile %d at slot %d on %s", r.UUID, r.GIProfileID, r.GIStart, g.PCI))
-			case gi.ID != r.GIID:
-				missing = append(missing, fmt.Sprintf("instance %s: the GPU instance at slot %d on %s has id %d, the record says %d", r.UUID, r.GIStart, g.PCI, gi.ID, r.GIID))
-			default:
-				ownedGI[giKey{g.UUID, gi.ID}] = r
-				if r.Kind == store.KindMIG && !slices.ContainsFunc(gi.Compute, func(ci gpu.ComputeInstance) bool { return ci.ID == r.CIID }) {
-					missing = append(missing, fmt.Sprintf("instance %s: no compute instance %d in GPU instance %d on %s", r.UUID, r.CIID, gi.ID, g.PCI))
-				}
-			}
-		}
-		if r.Kind != store.KindVGPU && r.Kind != store.KindMIGVGPU {
-			continue
-		}
-		switch r.Flow {
-		case store.FlowVFIO:
-			i := slices.IndexFunc(g.VGPU.VFs, func(vf gpu.VF) bool { return vf.PCI == r.VF })
-			if i < 0 || g.VGPU.VFs[i].Type != r.TypeID {
-				missing = append(missing, fmt.Sprintf("instance %s: VF %s on %s does not hold vGPU type %d", r.UUID, r.VF, g.PCI, r.TypeID))
-				continue
-			}
-			ownedVF[r.VF] = true
-		case store.FlowMdev:
-			i := slices.IndexFunc(g.VGPU.Mdevs, func(m gpu.Mdev) bool { return m.UUID == r.MdevUUID })
-			if i < 0 || g.VGPU.Mdevs[i].Type != r.TypeID {
-				missing = append(missing, fmt.Sprintf("instance %s: no mdev %s of type %d on %s", r.UUID, r.MdevUUID, r.TypeID, g.PCI))
-				continue
-			}
-			ownedMdev[r.MdevUUID] = true
-		}
-	}
-	for _, g := range inv.GPUs {
-		for _, gi := range g.MIG.Instances {
-			r := ownedGI[giKey{g.UUID, gi.ID}]
-			if r == nil {
-				extra = append(extra, fmt.Sprintf("GPU instance %d (profile %d, slot %d) on %s: no record", gi.ID, gi.ProfileID, gi.Placement.Start, g.PCI))
-				continue
-			}
-			for _, ci := range gi.Compute {
-				if r.Kind != store.KindMIG || ci.ID != r.CIID {
-					extra = append(extra, fmt.Sprintf("compute instance %d in GPU instance %d on %s: no record", ci.ID, gi.ID, g.PCI))
-				}
-			}
-		}
-		for _, vf := range g.VGPU.VFs {
-			if vf.Type != 0 && !ownedVF[vf.PCI] {
-				extra = append(extra, fmt.Sprintf("VF %s on %s holds vGPU type %d: no record", vf.PCI, g.PCI, vf.Type))
-			}
-		}
-		for _, m := range g.VGPU.Mdevs {
-			if !ownedMdev[m.UUID] {
-				extra = append(extra, fmt.Sprintf("mdev %s on %s: no record", m.UUID, g.PCI))
-			}
-		}
-	}
-	return extra, missing
 }
 
 // libvirtDiff compares the attachment records with each VM's persistent
@@ -810,14 +671,14 @@ func (w *crashWorld) libvirtDiff(t *testing.T, recs []store.Instance, atts []sto
 		if err != nil {
 			t.Fatalf("%s: %v", vm, err)
 		}
-		e, m := setDiff(devs, wantDevs)
+		e, m := invariant.SetDiff(devs, wantDevs)
 		for _, d := range e {
 			extra = append(extra, fmt.Sprintf("%s's config holds hostdev %s: no attachment record", vm, d))
 		}
 		for _, d := range m {
 			missing = append(missing, fmt.Sprintf("%s's config lacks hostdev %s of a recorded attachment", vm, d))
 		}
-		e, m = setDiff(ids, wantIDs)
+		e, m = invariant.SetDiff(ids, wantIDs)
 		for _, id := range e {
 			extra = append(extra, fmt.Sprintf("%s's vgpud metadata names instance %s: no attachment record", vm, id))
 		}
@@ -881,17 +742,3 @@ func metadataIDs(def *libvirtxml.Domain) ([]string, error) {
 	}
 }
 
-// setDiff returns what got holds beyond want, and what it lacks of want.
-func setDiff(got, want []string) (extra, missing []string) {
-	for _, g := range got {
-		if !slices.Contains(want, g) {
-			extra = append(extra, g)
-		}
-	}
-	for _, x := range want {
-		if !slices.Contains(got, x) {
-			missing = append(missing, x)
-		}
-	}
-	return extra, missing
-}
