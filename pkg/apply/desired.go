@@ -377,117 +377,139 @@ func (d *Desired) VgpudYAML() ([]byte, error) {
 
 // validate checks what does not depend on the host.
 func (d *Desired) validate() error {
-	bad := func(field string, cause error, format string, args ...any) error {
-		return &FileError{File: d.Source, Config: d.Config, Field: field, Msg: fmt.Sprintf(format, args...), Err: cause}
-	}
 	if d.Prune && len(d.Tenants) == 0 {
 		// prune undefines the tenants the file does not list: with none
 		// listed that is every tenant, and a missing tenants key must not
 		// wipe the host.
-		return bad("prune", nil, "prune with no tenants listed would undefine every tenant; list the tenants to keep")
+		return d.bad("prune", nil, "prune with no tenants listed would undefine every tenant; list the tenants to keep")
 	}
+	if err := d.validateTenants(); err != nil {
+		return err
+	}
+	selectors := map[string]string{}
+	for _, e := range d.Layout {
+		if err := d.validateEntry(e, selectors); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bad is a validation error at field of the file.
+func (d *Desired) bad(field string, cause error, format string, args ...any) error {
+	return &FileError{File: d.Source, Config: d.Config, Field: field, Msg: fmt.Sprintf(format, args...), Err: cause}
+}
+
+func (d *Desired) validateTenants() error {
 	seen := map[string]int{}
 	for i, s := range d.Tenants {
 		f := fmt.Sprintf("tenants[%d]", i)
 		if err := tenant.ValidateName(s.Name); err != nil {
-			return bad(f+".name", err, "bad tenant name")
+			return d.bad(f+".name", err, "bad tenant name")
 		}
 		if j, dup := seen[s.Name]; dup {
-			return bad(f+".name", nil, "tenant %s is already defined at tenants[%d]", s.Name, j)
+			return d.bad(f+".name", nil, "tenant %s is already defined at tenants[%d]", s.Name, j)
 		}
 		seen[s.Name] = i
 		if s.VRAM != "" {
 			if _, err := tenant.ParseBytes(s.VRAM); err != nil {
-				return bad(f+".vram", err, "bad VRAM quota")
+				return d.bad(f+".vram", err, "bad VRAM quota")
 			}
 		}
 		if s.Compute != "" {
 			if _, err := tenant.ParseCompute(s.Compute); err != nil {
-				return bad(f+".compute", err, "bad compute quota")
+				return d.bad(f+".compute", err, "bad compute quota")
 			}
 		}
 		if _, err := s.MaxInstances.Value(); err != nil {
-			return bad(f+".maxInstances", err, "bad instance quota")
+			return d.bad(f+".maxInstances", err, "bad instance quota")
 		}
 		if s.Class != "" {
 			if _, err := tenant.ParseClass(s.Class); err != nil {
-				return bad(f+".class", err, "bad class")
+				return d.bad(f+".class", err, "bad class")
 			}
 		}
 		if _, err := s.Tenant(); err != nil {
-			return bad(f, err, "bad tenant")
+			return d.bad(f, err, "bad tenant")
 		}
 	}
-	selectors := map[string]string{}
-	for _, e := range d.Layout {
-		f := e.Source
-		n := 0
-		var key string
-		if e.GPU != "" {
-			n, key = n+1, "gpu "+strings.TrimSpace(e.GPU)
+	return nil
+}
+
+// validateEntry checks one layout entry; selectors maps the GPUs each
+// entry before it selects to that entry's source.
+func (d *Desired) validateEntry(e LayoutEntry, selectors map[string]string) error {
+	f := e.Source
+	n := 0
+	var key string
+	if e.GPU != "" {
+		n, key = n+1, "gpu "+strings.TrimSpace(e.GPU)
+	}
+	if e.Model != "" {
+		n, key = n+1, "model "+e.Model
+	}
+	if e.All {
+		n, key = n+1, "all"
+	}
+	if n != 1 {
+		return d.bad(f, nil, "give exactly one of gpu (PCI address, UUID or index), model (a catalog model name) and all: true; got %d", n)
+	}
+	if strings.TrimSpace(e.GPU) != e.GPU {
+		return d.bad(f+".gpu", nil, "%q has surrounding spaces", e.GPU)
+	}
+	// An empty list given is not "no list": a filter or scope that is
+	// there but lists nothing would widen the entry to everything.
+	if e.DeviceIDs != nil && len(e.DeviceIDs) == 0 {
+		return d.bad(f+".deviceIDs", nil, "empty list; give PCI ids or leave deviceIDs out to match every GPU the entry selects")
+	}
+	if e.Scope != nil && len(e.Scope) == 0 {
+		return d.bad(f+".scope", nil, "empty list; give instance kinds (mig, mig-vgpu, vgpu, passthrough) or leave scope out to describe every kind")
+	}
+	if len(e.DeviceIDs) > 0 {
+		// Filters narrow a selection: entries differing only in their
+		// filters do not collide here (Diff refuses a GPU two select).
+		key += " filtered by " + strings.Join(e.DeviceIDs, ",")
+	}
+	if prev, dup := selectors[key]; dup {
+		return d.bad(f, nil, "selects the same GPUs (%s) as %s; merge the two entries", key, prev)
+	}
+	selectors[key] = f
+	for j, id := range e.DeviceIDs {
+		if _, err := parseDeviceID(id); err != nil {
+			return d.bad(fmt.Sprintf("%s.deviceIDs[%d]", f, j), err, "bad PCI device id")
 		}
-		if e.Model != "" {
-			n, key = n+1, "model "+e.Model
+	}
+	for j, k := range e.Scope {
+		switch k {
+		case store.KindMIG, store.KindMIGVGPU, store.KindVGPU, store.KindPassthrough:
+		default:
+			return d.bad(fmt.Sprintf("%s.scope[%d]", f, j), nil, "unknown instance kind %q (want mig, mig-vgpu, vgpu or passthrough)", k)
 		}
-		if e.All {
-			n, key = n+1, "all"
+	}
+	return d.validateInstances(e)
+}
+
+func (d *Desired) validateInstances(e LayoutEntry) error {
+	wanted := map[[2]string]int{}
+	for j, in := range e.Instances {
+		fi := fmt.Sprintf("%s.instances[%d]", e.Source, j)
+		if strings.TrimSpace(in.Profile) == "" {
+			return d.bad(fi+".profile", nil, "no profile given (run `vgpuctl profiles` for the list)")
 		}
-		if n != 1 {
-			return bad(f, nil, "give exactly one of gpu (PCI address, UUID or index), model (a catalog model name) and all: true; got %d", n)
+		if err := tenant.ValidateName(in.Tenant); err != nil {
+			return d.bad(fi+".tenant", err, "bad tenant name")
 		}
-		if strings.TrimSpace(e.GPU) != e.GPU {
-			return bad(f+".gpu", nil, "%q has surrounding spaces", e.GPU)
+		if in.N() < 0 {
+			return d.bad(fi+".count", nil, "%d is negative", in.N())
 		}
-		// An empty list given is not "no list": a filter or scope that is
-		// there but lists nothing would widen the entry to everything.
-		if e.DeviceIDs != nil && len(e.DeviceIDs) == 0 {
-			return bad(f+".deviceIDs", nil, "empty list; give PCI ids or leave deviceIDs out to match every GPU the entry selects")
+		if in.N() > maxCount {
+			return d.bad(fi+".count", nil, "%d is more instances than any GPU holds (at most %d)", in.N(), maxCount)
 		}
-		if e.Scope != nil && len(e.Scope) == 0 {
-			return bad(f+".scope", nil, "empty list; give instance kinds (mig, mig-vgpu, vgpu, passthrough) or leave scope out to describe every kind")
+		k := [2]string{in.Profile, in.Tenant}
+		if prev, dup := wanted[k]; dup {
+			return d.bad(fi, nil, "profile %s for tenant %s is already asked for at instances[%d]; give one count", in.Profile, in.Tenant, prev)
 		}
-		if len(e.DeviceIDs) > 0 {
-			// Filters narrow a selection: entries differing only in their
-			// filters do not collide here (Diff refuses a GPU two select).
-			key += " filtered by " + strings.Join(e.DeviceIDs, ",")
-		}
-		if prev, dup := selectors[key]; dup {
-			return bad(f, nil, "selects the same GPUs (%s) as %s; merge the two entries", key, prev)
-		}
-		selectors[key] = f
-		for j, id := range e.DeviceIDs {
-			if _, err := parseDeviceID(id); err != nil {
-				return bad(fmt.Sprintf("%s.deviceIDs[%d]", f, j), err, "bad PCI device id")
-			}
-		}
-		for j, k := range e.Scope {
-			switch k {
-			case store.KindMIG, store.KindMIGVGPU, store.KindVGPU, store.KindPassthrough:
-			default:
-				return bad(fmt.Sprintf("%s.scope[%d]", f, j), nil, "unknown instance kind %q (want mig, mig-vgpu, vgpu or passthrough)", k)
-			}
-		}
-		wanted := map[[2]string]int{}
-		for j, in := range e.Instances {
-			fi := fmt.Sprintf("%s.instances[%d]", f, j)
-			if strings.TrimSpace(in.Profile) == "" {
-				return bad(fi+".profile", nil, "no profile given (run `vgpuctl profiles` for the list)")
-			}
-			if err := tenant.ValidateName(in.Tenant); err != nil {
-				return bad(fi+".tenant", err, "bad tenant name")
-			}
-			if in.N() < 0 {
-				return bad(fi+".count", nil, "%d is negative", in.N())
-			}
-			if in.N() > maxCount {
-				return bad(fi+".count", nil, "%d is more instances than any GPU holds (at most %d)", in.N(), maxCount)
-			}
-			k := [2]string{in.Profile, in.Tenant}
-			if prev, dup := wanted[k]; dup {
-				return bad(fi, nil, "profile %s for tenant %s is already asked for at instances[%d]; give one count", in.Profile, in.Tenant, prev)
-			}
-			wanted[k] = j
-		}
+		wanted[k] = j
 	}
 	return nil
 }

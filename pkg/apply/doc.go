@@ -6,6 +6,8 @@
 // operations in a safe order (Execute). docs/apply.md describes the formats.
 //
 // It owns no state: everything it knows of the host comes through the
-// Manager interface, which *manager.Manager satisfies. The D-Bus layer and
-// the CLI import it; it imports pkg/manager, pkg/store and pkg/tenant.
+// Manager interface, which *manager.Manager satisfies. The D-Bus layer
+// imports it (vgpuctl sends files to the daemon over D-Bus).
+//
+// Imports: pkg/gpu, pkg/manager, pkg/store, pkg/tenant.
 package apply

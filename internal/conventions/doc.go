@@ -1,0 +1,12 @@
+// Package conventions holds the tests that keep the tree's conventions:
+// every package states in its doc comment which of the module's packages it
+// may import, in a line
+//
+//	Imports: pkg/gpu, pkg/profile.
+//
+// ("nothing from vgpud." when none; a path ending in /... allows the
+// subtree), and its imports keep to it; os/exec is imported only by test
+// harnesses. It has no code of its own.
+//
+// Imports: nothing from vgpud.
+package conventions

@@ -1,0 +1,158 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/tenant"
+)
+
+// Manager is what apply needs of *manager.Manager: reads of the host and
+// the operations a change set is made of. Errors carry the manager's
+// sentinels (manager.ErrNotFound, ErrBusy, ...), which Execute keeps.
+type Manager interface {
+	GPUs() ([]manager.GPUView, error)
+	// AllInstances lists every instance of the host.
+	AllInstances() ([]manager.InstanceView, error)
+	Tenants() ([]manager.TenantView, error)
+	// Profiles lists the profiles of the models present on the host.
+	Profiles() []manager.ProfileInfo
+	DefineTenant(ctx context.Context, t tenant.Tenant) (store.Tenant, error)
+	UpdateTenant(ctx context.Context, t tenant.Tenant) (store.Tenant, error)
+	UndefineTenant(ctx context.Context, name string, force bool) error
+	SetMIGMode(ctx context.Context, id string, on bool) error
+	Create(ctx context.Context, req manager.CreateRequest) (store.Instance, error)
+	// Destroy of an unknown instance is manager.ErrNotFound.
+	Destroy(ctx context.Context, id string, opts manager.DestroyOptions) error
+}
+
+// host is what Diff read of the host.
+type host struct {
+	gpus     []manager.GPUView
+	insts    []manager.InstanceView
+	tenants  map[string]manager.TenantView
+	profiles map[string][]manager.ProfileInfo // by model
+}
+
+func readHost(m Manager) (*host, error) {
+	h := &host{tenants: map[string]manager.TenantView{}, profiles: map[string][]manager.ProfileInfo{}}
+	var err error
+	if h.gpus, err = m.GPUs(); err != nil {
+		return nil, err
+	}
+	sort.Slice(h.gpus, func(i, j int) bool { return h.gpus[i].PCI < h.gpus[j].PCI })
+	if h.insts, err = m.AllInstances(); err != nil {
+		return nil, err
+	}
+	ts, err := m.Tenants()
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		h.tenants[t.Name] = t
+	}
+	for _, p := range m.Profiles() {
+		h.profiles[p.Model] = append(h.profiles[p.Model], p)
+	}
+	return h, nil
+}
+
+// resolve finds a profile name on a model, accepting what the manager
+// accepts: "3g.40gb", "H100-SXM5-80GB/3g.40gb", "H100-3g.40gb",
+// "NVIDIA L4-4Q", "passthrough". why says what did not match.
+func (h *host) resolve(model, name string) (p manager.ProfileInfo, why string, ok bool) {
+	raw := strings.TrimSpace(name)
+	want := raw
+	if mod, rest, found := strings.Cut(raw, "/"); found {
+		if mod != model {
+			return p, fmt.Sprintf("%q is a profile of model %s, not of %s", raw, mod, model), false
+		}
+		want = rest
+	}
+	want = strings.TrimPrefix(strings.TrimPrefix(want, "NVIDIA "), "GRID ")
+	list := h.profiles[model]
+	for _, q := range list {
+		if q.Name == want {
+			return q, "", true
+		}
+	}
+	for _, q := range list {
+		if strings.EqualFold(q.Name, want) {
+			return q, "", true
+		}
+	}
+	// "H100-3g.40gb": a model-name prefix and a MIG profile.
+	if i := strings.Index(want, "-"); i > 0 && strings.HasPrefix(strings.ToLower(model), strings.ToLower(want[:i])) {
+		for _, q := range list {
+			if q.Kind == string(store.KindMIG) && strings.EqualFold(q.Name, want[i+1:]) {
+				return q, "", true
+			}
+		}
+	}
+	return p, fmt.Sprintf("%q is not a MIG profile, vGPU type or %q of %s (run `vgpuctl profiles`)", raw, manager.ProfilePassthrough, model), false
+}
+
+// profileOf is the canonical profile name of an existing instance.
+func (h *host) profileOf(r store.Instance) string {
+	if p, _, ok := h.resolve(r.Model, r.Profile); ok && p.Kind == string(r.Kind) {
+		return p.Name
+	}
+	switch {
+	case r.TypeName != "":
+		return r.TypeName
+	case r.Kind == store.KindPassthrough:
+		return manager.ProfilePassthrough
+	}
+	return r.Profile
+}
+
+func (h *host) findGPU(id string) (manager.GPUView, bool) {
+	for _, g := range h.gpus {
+		if g.UUID == id || g.PCI == id || fmt.Sprint(g.Index) == id {
+			return g, true
+		}
+	}
+	if norm, err := gpu.NormalizePCI(id); err == nil {
+		for _, g := range h.gpus {
+			if g.PCI == norm {
+				return g, true
+			}
+		}
+	}
+	return manager.GPUView{}, false
+}
+
+// foreignLeft counts the devices on g that no record explains.
+func foreignLeft(g manager.GPUView, insts []manager.InstanceView) int {
+	gis, vfs, mdevs := map[[2]int]bool{}, map[string]bool{}, map[string]bool{}
+	for _, in := range insts {
+		if in.GPUUUID != g.UUID {
+			continue
+		}
+		gis[[2]int{in.GIStart, in.GIProfileID}] = true
+		vfs[in.VF] = true
+		mdevs[in.MdevUUID] = true
+	}
+	n := 0
+	for _, gi := range g.MIG.Instances {
+		if !gis[[2]int{gi.Placement.Start, gi.ProfileID}] {
+			n++
+		}
+	}
+	for _, vf := range g.VGPU.VFs {
+		if vf.Type != 0 && !vfs[vf.PCI] {
+			n++
+		}
+	}
+	for _, md := range g.VGPU.Mdevs {
+		if !mdevs[md.UUID] {
+			n++
+		}
+	}
+	return n
+}
