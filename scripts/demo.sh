@@ -39,31 +39,9 @@ instance() {
 
 # --- a private system bus with vgpud's shipped policy -----------------------
 say "private D-Bus system bus"
-cat > "$work/bus.conf" <<EOF
-<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path=$work/bus.sock</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <deny own="*"/>
-    <deny send_type="method_call"/>
-    <allow send_type="signal"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Properties"/>
-  </policy>
-  <include>$root/systemd/dbus-1/dev.vgpud1.conf</include>
-</busconfig>
-EOF
+# The same configuration as every private bus of the tests.
+sed -e "s|@SOCKET@|$work/bus.sock|" -e "s|@POLICY@|$root/systemd/dbus-1/dev.vgpud1.conf|" -e "s|@EXTRA@||" \
+  "$root/internal/testenv/dbus/bus.conf.in" >"$work/bus.conf"
 dbus-daemon --config-file="$work/bus.conf" --nofork --nopidfile 2>"$work/dbus.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -S "$work/bus.sock" ] && break; sleep 0.05; done

@@ -12,13 +12,15 @@
 // Tests skip, with the reason printed, when dbus-daemon is not installed;
 // VGPUD_TEST_REQUIRE_DBUS=1 turns that skip into a failure, for CI machines
 // that install the packages.
+//
+// Imports: internal/testenv.
 package dbus
 
 import (
 	"bufio"
+	_ "embed"
 	"errors"
 	"fmt"
-	"github.com/vgpud/vgpud/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +28,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vgpud/vgpud/internal/testenv"
 )
 
 const (
@@ -204,35 +208,16 @@ const busconfigHeader = `<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus B
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
 `
 
+// busConf is the configuration of every private bus, shared with
+// scripts/demo.sh, which fills in the same placeholders.
+//
+//go:embed bus.conf.in
+var busConf string
+
 // config is the bus configuration: Debian's system bus defaults, a private
 // socket, and the policy under test.
 func config(socket, policy, extra string) string {
-	return busconfigHeader + `<busconfig>
-  <type>system</type>
-  <listen>unix:path=` + socket + `</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <deny own="*"/>
-    <deny send_type="method_call"/>
-    <allow send_type="signal"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Properties"/>
-    <deny send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus" send_member="UpdateActivationEnvironment"/>
-  </policy>
-  <policy user="root">
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Monitoring"/>
-  </policy>
-  <include>` + policy + `</include>
-` + extra + `</busconfig>
-`
+	return strings.NewReplacer("@SOCKET@", socket, "@POLICY@", policy, "@EXTRA@", extra).Replace(busConf)
 }
 
 func skip(t testing.TB, reason string) {
