@@ -821,28 +821,10 @@ func (n *notifySock) count() int {
 	return len(n.msgs)
 }
 
-// lockedBuf is a log buffer several goroutines write.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // daemonProc is a vgpud process started as systemd would start it.
 type daemonProc struct {
 	cmd    *exec.Cmd
-	logs   *lockedBuf
+	logs   *testenv.Buffer
 	exited chan struct{}
 	err    error
 	notify *notifySock
@@ -852,7 +834,7 @@ type daemonProc struct {
 // with $NOTIFY_SOCKET (and extra environment) set.
 func startVgpud(t *testing.T, stateDir string, env []string, args ...string) *daemonProc {
 	t.Helper()
-	p := &daemonProc{logs: &lockedBuf{}, exited: make(chan struct{}), notify: newNotifySock(t)}
+	p := &daemonProc{logs: &testenv.Buffer{}, exited: make(chan struct{}), notify: newNotifySock(t)}
 	cfg := filepath.Join(t.TempDir(), "vgpud.yaml")
 	if err := os.WriteFile(cfg, []byte("version: v1\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"log/slog"
 	"strings"
 	"sync"
@@ -32,4 +33,23 @@ func (w *testWriter) Write(p []byte) (int, error) {
 		w.t.Log(strings.TrimRight(string(p), "\n"))
 	}
 	return len(p), nil
+}
+
+// Buffer is a log sink that tests read while goroutines write to it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *Buffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *Buffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

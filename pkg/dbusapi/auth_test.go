@@ -13,6 +13,7 @@ import (
 
 	"github.com/godbus/dbus/v5"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 )
 
@@ -256,7 +257,7 @@ func TestDBusGroupAndPolkitGrant(t *testing.T) {
 // authorization found, not by a credential cache that may have started
 // over meanwhile (a miss there read as uid 0, root, who may cancel all).
 func TestCancelUsesTheAuthorizedCaller(t *testing.T) {
-	log := &syncBuffer{}
+	log := &testenv.Buffer{}
 	s := newService(nil, Options{Logger: slog.New(slog.NewTextHandler(log, nil))})
 	cancelled := false
 	if err := s.ops.add(&op{id: "op-1", sender: ":1.5", uid: 1000, member: ManagerInterface + ".CreateInstance", cancel: func() { cancelled = true }}); err != nil {

@@ -1,14 +1,13 @@
 package dbusapi
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/pkg/discover"
 	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
@@ -28,24 +27,6 @@ const (
 	a10     = "0000:a1:00.0"
 )
 
-// syncBuffer is a log sink tests read while the service writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // env is a private bus, a manager on the simulated host, the service on
 // the bus and a client.
 type env struct {
@@ -55,14 +36,14 @@ type env struct {
 	m      *manager.Manager
 	svc    *Service
 	client *Client
-	log    *syncBuffer
+	log    *testenv.Buffer
 }
 
 // configure, when not nil, changes the service's options; it gets the env
 // with its manager already made.
 func newEnv(t testing.TB, busOpts testbus.Options, configure func(*env, *Options)) *env {
 	t.Helper()
-	e := &env{t: t, log: &syncBuffer{}}
+	e := &env{t: t, log: &testenv.Buffer{}}
 	e.bus = testbus.StartWith(t, busOpts)
 	dir := t.TempDir()
 	cat, err := profile.Load(profiles.FS)
