@@ -11,6 +11,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/tenant"
 	"github.com/vgpud/vgpud/pkg/virt"
 )
 
@@ -76,6 +77,9 @@ func (m *Manager) hostdevOf(r store.Instance, display, ramfb bool) (virt.Hostdev
 	case r.Flow == store.FlowMdev:
 		h := virt.Hostdev{Kind: virt.Mdev, MdevUUID: r.MdevUUID}
 		if display {
+			// ok is not checked: a record's model was in the catalog it
+			// was admitted with; only a reload that dropped the model
+			// leaves md nil.
 			md, _ := m.catalog().Model(r.Model)
 			t, ok := md.VGPUTypeByID(r.TypeID)
 			if !ok || t.Series == profile.SeriesC {
@@ -86,6 +90,18 @@ func (m *Manager) hostdevOf(r store.Instance, display, ramfb bool) (virt.Hostdev
 		return h, nil
 	}
 	return virt.Hostdev{}, fail(ErrBackendFailure, nil, "instance %s has no device to attach", r.UUID)
+}
+
+// sameDevice reports whether two hostdevs name one device (an mdev by its
+// UUID, a VF or GPU by its PCI address), whatever their display options.
+func sameDevice(a, b virt.Hostdev) bool {
+	if a.Kind != b.Kind {
+		return false
+	}
+	if a.Kind == virt.Mdev {
+		return a.MdevUUID == b.MdevUUID
+	}
+	return a.PCI == b.PCI
 }
 
 // Hostdev returns the libvirt device an instance is attached as.
@@ -118,8 +134,10 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 		return store.Attachment{}, err
 	}
 	if opts.Tenant != "" {
-		if err := m.knownTenant(opts.Tenant); err != nil {
-			return store.Attachment{}, err
+		// Only the name's form: a tenant that does not own the instance,
+		// defined or not, is refused below as any other owner is.
+		if err := tenant.ValidateName(opts.Tenant); err != nil {
+			return store.Attachment{}, classify(err, "tenant")
 		}
 	}
 	done, err := m.begin()
@@ -158,27 +176,8 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	intent := uuid.NewString()
 	defer m.live.add(intent, rec.UUID)()
 	started := m.now()
-	payload, _ := json.Marshal(p)
-	var prior *store.Attachment
-	if err := m.db.Update(func(tx *store.Tx) error {
-		// Checked again with the intent written in one transaction: a
-		// destroy or another attach that came in meanwhile is refused.
-		r, err := tx.Instance(rec.UUID)
-		if err != nil {
-			return fail(ErrNotFound, err, "instance %s was destroyed meanwhile", rec.UUID)
-		}
-		if r.State != store.StateReady {
-			return fail(ErrBusy, nil, "instance %s is %s; only a ready instance can be attached", r.UUID, r.State)
-		}
-		if a, err := tx.Attachment(r.UUID); err == nil {
-			prior = &a
-			return nil
-		}
-		if err := busy(tx, r.UUID); err != nil {
-			return err
-		}
-		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpAttach, Instance: rec.UUID, Payload: payload, Started: m.now()})
-	}); err != nil {
+	prior, err := m.writeAttachIntent(rec, p, intent)
+	if err != nil {
 		return store.Attachment{}, classify(err, "attach %s", rec.UUID)
 	}
 	if prior != nil {
@@ -190,24 +189,14 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	m.crash(CrashAttachIntent)
 	live, err := m.lv().Attach(ctx, dom.Name, h, rec.UUID)
 	if err != nil && !refused(err) {
-		// The outcome is unknown (a timeout, a cancel, a broken connection):
-		// ask libvirt what it holds now and record that.
-		a, held, serr := m.settleUnknown(ctx, rec, p, intent, true)
-		if serr == nil && held {
-			m.log.Info("attached (settled after an unclear answer)", "instance", rec.UUID, "vm", dom.Name, "err", err)
-			m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
-			m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "attach", Took: m.now().Sub(started)})
-			return a, nil
-		}
-		cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, dom.Name)
-		if serr != nil {
-			cerr = fail(ErrBackendFailure, err, "attach %s to VM %s: libvirt gave no clear answer and could not be asked again; vgpud settles it when libvirtd answers", rec.UUID, dom.Name)
-		}
-		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "attach", Detail: Message(cerr), Took: m.now().Sub(started)})
-		return store.Attachment{}, cerr
+		return m.attachUnclear(ctx, rec, p, dom.Name, intent, started, err)
 	}
 	if err != nil {
-		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
+		if derr := m.dropIntent(intent); derr != nil {
+			// libvirt refused: the domain is as it was, and reconcile
+			// settles the intent left behind against it.
+			m.log.Error("drop the intent of a refused attach", "instance", rec.UUID, "vm", dom.Name, "err", derr)
+		}
 		cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, dom.Name)
 		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "attach", Detail: Message(cerr), Took: m.now().Sub(started)})
 		return store.Attachment{}, cerr
@@ -226,6 +215,52 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "attach", Took: m.now().Sub(started)})
 	return a, nil
+}
+
+// attachUnclear finishes an attach whose libvirt call (err) gave no clear
+// answer (a timeout, a cancel, a broken connection): libvirt is asked what
+// it holds now and that is recorded.
+func (m *Manager) attachUnclear(ctx context.Context, rec store.Instance, p attachPayload, domain, intent string, started time.Time, err error) (store.Attachment, error) {
+	a, held, serr := m.settleUnknown(ctx, rec, p, intent, true)
+	if serr == nil && held {
+		m.log.Info("attached (settled after an unclear answer)", "instance", rec.UUID, "vm", domain, "err", err)
+		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
+		m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "attach", Took: m.now().Sub(started)})
+		return a, nil
+	}
+	cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, domain)
+	if serr != nil {
+		cerr = fail(ErrBackendFailure, err, "attach %s to VM %s: libvirt gave no clear answer and could not be asked again; vgpud settles it when libvirtd answers", rec.UUID, domain)
+	}
+	m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "attach", Detail: Message(cerr), Took: m.now().Sub(started)})
+	return store.Attachment{}, cerr
+}
+
+// writeAttachIntent writes an attach's intent, checking again in the same
+// transaction that the instance is still there and ready and that no other
+// operation holds it: a destroy or another attach that came in meanwhile
+// is refused. An attachment made meanwhile is returned (prior) instead,
+// with no intent written.
+func (m *Manager) writeAttachIntent(rec store.Instance, p attachPayload, intent string) (prior *store.Attachment, err error) {
+	payload, _ := json.Marshal(p) // strings and bools: cannot fail
+	err = m.db.Update(func(tx *store.Tx) error {
+		r, err := tx.Instance(rec.UUID)
+		if err != nil {
+			return fail(ErrNotFound, err, "instance %s was destroyed meanwhile", rec.UUID)
+		}
+		if r.State != store.StateReady {
+			return fail(ErrBusy, nil, "instance %s is %s; only a ready instance can be attached", r.UUID, r.State)
+		}
+		if a, err := tx.Attachment(r.UUID); err == nil {
+			prior = &a
+			return nil
+		}
+		if err := busy(tx, r.UUID); err != nil {
+			return err
+		}
+		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpAttach, Instance: rec.UUID, Payload: payload, Started: m.now()})
+	})
+	return prior, err
 }
 
 // Detach removes an instance from its VM (live, waiting for the guest to
@@ -253,7 +288,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	intent := uuid.NewString()
 	defer m.live.add(intent, rec.UUID)()
 	started := m.now()
-	payload, _ := json.Marshal(attachPayload{Domain: att.Domain})
+	payload, _ := json.Marshal(attachPayload{Domain: att.Domain}) // strings and bools: cannot fail
 	if err := m.db.Update(func(tx *store.Tx) error {
 		a, err := tx.Attachment(rec.UUID)
 		if err != nil || a.Domain != att.Domain {
@@ -286,7 +321,11 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		return nil
 	}
 	if err != nil {
-		_ = m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(intent) })
+		if derr := m.dropIntent(intent); derr != nil {
+			// libvirt refused: the domain is as it was, and reconcile
+			// settles the intent left behind against it.
+			m.log.Error("drop the intent of a refused detach", "instance", rec.UUID, "vm", att.Domain, "err", derr)
+		}
 		cerr := classifyVirt(err, "detach %s from VM %s", rec.UUID, att.Domain)
 		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "detach", Detail: Message(cerr), Took: m.now().Sub(started)})
 		return cerr
@@ -377,7 +416,7 @@ func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain
 	if err := m.knownTenant(req.Tenant); err != nil {
 		return store.Instance{}, store.Attachment{}, err
 	}
-	if _, err := m.resolve(req.Profile); err != nil {
+	if _, err := m.offersFor(req.Profile); err != nil {
 		return store.Instance{}, store.Attachment{}, err
 	}
 	done, err := m.begin()
@@ -414,7 +453,7 @@ func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain
 	}
 	span := uuid.NewString()
 	defer m.live.add(span, req.UUID)()
-	payload, _ := json.Marshal(newAttachPayload(domain, opts))
+	payload, _ := json.Marshal(newAttachPayload(domain, opts)) // strings and bools: cannot fail
 	if err := m.db.Update(func(tx *store.Tx) error {
 		return tx.PutIntent(store.Intent{ID: span, Op: store.OpCreateAttach, Instance: req.UUID, Payload: payload, Started: m.now()})
 	}); err != nil {
@@ -499,9 +538,11 @@ func (m *Manager) domainStopped(ev virt.Event) {
 	}
 }
 
+// domainUndefined drops the attachments of an undefined VM and, under the
+// "release" policy, destroys their instances.
 func (m *Manager) domainUndefined(ctx context.Context, ev virt.Event, policy string) {
 	var atts []store.Attachment
-	_ = m.db.View(func(tx *store.Tx) error {
+	if err := m.db.View(func(tx *store.Tx) error {
 		all, err := tx.Attachments()
 		for _, a := range all {
 			if a.DomainUUID == ev.UUID || (ev.UUID == "" && strings.EqualFold(a.Domain, ev.Domain)) {
@@ -509,7 +550,11 @@ func (m *Manager) domainUndefined(ctx context.Context, ev virt.Event, policy str
 			}
 		}
 		return err
-	})
+	}); err != nil {
+		// Attachments not read here are the libvirt pass's: the next
+		// reconcile finds their VM gone and applies the policy.
+		m.log.Error("read attachments of undefined VM", "vm", ev.Domain, "err", err)
+	}
 	for _, a := range atts {
 		if err := m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) }); err != nil {
 			m.log.Error("forget attachment of undefined VM", "instance", a.Instance, "err", err)

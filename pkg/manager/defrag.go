@@ -62,7 +62,7 @@ func (m *Manager) Defragment(ctx context.Context, req CreateRequest, apply bool)
 			return DefragResult{}, err
 		}
 	}
-	offers, err := m.resolve(req.Profile)
+	offers, err := m.offersFor(req.Profile)
 	if err != nil {
 		return DefragResult{}, err
 	}
@@ -133,6 +133,7 @@ func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 	}
 	intent := uuid.NewString()
 	defer m.live.add(intent, rec.UUID)()
+	// Marshal cannot fail: the plan is strings and ints.
 	payload, _ := json.Marshal(movePayload{FromGPU: old.GPUUUID, FromPCI: old.GPUPCI, FromStart: old.GIStart, FromVF: old.VF,
 		ToGPU: next.GPUUUID, ToPCI: next.GPUPCI, ToStart: next.GIStart, ToVF: next.VF})
 	if err := m.db.Update(func(tx *store.Tx) error {
@@ -259,10 +260,15 @@ func (m *Manager) unmove(ctx context.Context, att *store.Attachment, old, next s
 		return
 	}
 	if att != nil && m.lv() != nil {
+		// Errors are dropped: a plain MIG instance has no device (both
+		// fail, the empty devices compare equal, and nothing is
+		// re-pointed), and a MIG-backed vGPU always has one.
 		oldH, _ := m.hostdevOf(old, false, false)
-		newH, _ := m.hostdevOf(next, false, false)
+		newH, _ := m.hostdevOf(next, false, false) // dropped as above
 		if !sameDevice(oldH, newH) {
-			_ = m.lv().Detach(uctx, att.Domain, newH, next.UUID)
+			if err := m.lv().Detach(uctx, att.Domain, newH, next.UUID); err != nil && !errors.Is(err, virt.ErrDomainNotFound) {
+				m.log.Warn("take the new device out of VM after a failed move", "vm", att.Domain, "instance", old.UUID, "err", err)
+			}
 			if _, err := m.lv().Attach(uctx, att.Domain, oldH, old.UUID); err != nil && !errors.Is(err, virt.ErrDomainNotFound) {
 				m.log.Warn("point VM back at the unmoved device; reconcile re-points it", "vm", att.Domain, "instance", old.UUID, "err", err)
 			}

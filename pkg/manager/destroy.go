@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -166,41 +165,4 @@ func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent 
 	m.emit(Event{Kind: EventInstanceRemoved, ID: rec.UUID})
 	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "destroy", Took: m.now().Sub(started)})
 	return nil
-}
-
-func (m *Manager) instanceAndAttachment(id string) (store.Instance, *store.Attachment, error) {
-	var rec store.Instance
-	u, err := uuid.Parse(id)
-	if err != nil {
-		return rec, nil, fail(ErrInvalidArgument, err, "instance %s is not an instance UUID (run `vgpuctl list`)", QuoteArg(id))
-	}
-	id = u.String()
-	var att *store.Attachment
-	err = m.db.View(func(tx *store.Tx) error {
-		r, err := tx.Instance(id)
-		if err != nil {
-			return err
-		}
-		rec = r
-		a, err := tx.Attachment(id)
-		if err == nil {
-			att = &a
-		} else if !errors.Is(err, store.ErrNotFound) {
-			return err
-		}
-		return nil
-	})
-	if errors.Is(err, store.ErrNotFound) {
-		return rec, nil, fail(ErrNotFound, err, "no instance %s (run `vgpuctl list`)", id)
-	}
-	if err != nil {
-		return rec, nil, classify(err, "read instance %s", id)
-	}
-	return rec, att, nil
-}
-
-// Instance returns one instance record.
-func (m *Manager) Instance(id string) (store.Instance, error) {
-	rec, _, err := m.instanceAndAttachment(id)
-	return rec, err
 }

@@ -3,158 +3,18 @@ package manager_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 
-	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
-	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/virt"
 )
 
 // What FuzzManagerOperations checks against: the catalog's cost of an
-// instance, the host as discovered, and libvirt (a fake that keeps each
-// VM's config in memory). The first two are the crash test's checks
-// (e2e/crash_test.go), written again here: another package's test files
-// cannot be imported.
-
-// fuzzCost is what an instance takes of its tenant's quota, worked out
-// from the catalog as the crash test does (ARCHITECTURE.md, "Shares").
-func fuzzCost(cat *profile.Catalog, in store.Instance) (vram, compute uint64, err error) {
-	m, ok := cat.Model(in.Model)
-	if !ok {
-		return 0, 0, fmt.Errorf("instance %s: model %q not in the catalog", in.UUID, in.Model)
-	}
-	gi := func(match func(p *profile.GPUInstanceProfile) bool) *profile.GPUInstanceProfile {
-		if m.MIG == nil {
-			return nil
-		}
-		for i := range m.MIG.GPUInstanceProfiles {
-			if match(&m.MIG.GPUInstanceProfiles[i]) {
-				return &m.MIG.GPUInstanceProfiles[i]
-			}
-		}
-		return nil
-	}
-	var typ *profile.VGPUType
-	if m.VGPU != nil {
-		for i := range m.VGPU.Types {
-			if m.VGPU.Types[i].Name == in.Profile || m.VGPU.Types[i].Name == in.TypeName {
-				typ = &m.VGPU.Types[i]
-			}
-		}
-	}
-	switch in.Kind {
-	case store.KindMIG:
-		p := gi(func(p *profile.GPUInstanceProfile) bool { return p.ID == in.GIProfileID })
-		if p == nil {
-			return 0, 0, fmt.Errorf("instance %s: no MIG profile %d on %s", in.UUID, in.GIProfileID, m.Name)
-		}
-		return p.MemoryMiB << 20, uint64(p.ComputeSlices) * 1000 / uint64(m.MIG.ComputeSlices), nil
-	case store.KindMIGVGPU:
-		if typ == nil || typ.GPUInstanceProfile == nil {
-			return 0, 0, fmt.Errorf("instance %s: no MIG-backed vGPU type %s on %s", in.UUID, in.Profile, m.Name)
-		}
-		p := gi(func(p *profile.GPUInstanceProfile) bool { return p.ID == *typ.GPUInstanceProfile })
-		if p == nil {
-			return 0, 0, fmt.Errorf("instance %s: vGPU type %s names GPU-instance profile %d, not on %s", in.UUID, in.Profile, *typ.GPUInstanceProfile, m.Name)
-		}
-		return typ.FramebufferMiB << 20, uint64(p.ComputeSlices) * 1000 / uint64(m.MIG.ComputeSlices) / uint64(max(1, typ.MaxPerGPUInstance)), nil
-	case store.KindVGPU:
-		if typ == nil {
-			return 0, 0, fmt.Errorf("instance %s: no vGPU type %s on %s", in.UUID, in.Profile, m.Name)
-		}
-		return typ.FramebufferMiB << 20, 1000 / uint64(typ.MaxInstances), nil
-	case store.KindPassthrough:
-		return m.MemoryMiB << 20, 1000, nil
-	}
-	return 0, 0, fmt.Errorf("instance %s: unknown kind %s", in.UUID, in.Kind)
-}
-
-// fuzzHostDiff compares instance records with the host as discovered: each
-// record's parts (GPU instance, compute instance, VF type or mdev) must be
-// there, and each device on the host must belong to a record. It returns
-// the devices no record explains and the record parts the host lacks.
-func fuzzHostDiff(inv gpu.Inventory, recs []store.Instance) (extra, missing []string) {
-	type giKey struct {
-		gpu string
-		id  int
-	}
-	ownedGI := map[giKey]*store.Instance{}
-	ownedVF := map[string]bool{}
-	ownedMdev := map[string]bool{}
-	for i := range recs {
-		r := &recs[i]
-		g, ok := inv.ByUUID(r.GPUUUID)
-		if !ok {
-			missing = append(missing, fmt.Sprintf("instance %s: its GPU %s is not on the host", r.UUID, r.GPUUUID))
-			continue
-		}
-		if r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU {
-			i := slices.IndexFunc(g.MIG.Instances, func(x gpu.GPUInstance) bool {
-				return x.Placement.Start == r.GIStart && x.ProfileID == r.GIProfileID
-			})
-			switch {
-			case i < 0:
-				missing = append(missing, fmt.Sprintf("instance %s: no GPU instance of profile %d at slot %d on %s", r.UUID, r.GIProfileID, r.GIStart, g.PCI))
-			case g.MIG.Instances[i].ID != r.GIID:
-				missing = append(missing, fmt.Sprintf("instance %s: the GPU instance at slot %d on %s has id %d, the record says %d", r.UUID, r.GIStart, g.PCI, g.MIG.Instances[i].ID, r.GIID))
-			default:
-				gi := g.MIG.Instances[i]
-				ownedGI[giKey{g.UUID, gi.ID}] = r
-				if r.Kind == store.KindMIG && !slices.ContainsFunc(gi.Compute, func(ci gpu.ComputeInstance) bool { return ci.ID == r.CIID }) {
-					missing = append(missing, fmt.Sprintf("instance %s: no compute instance %d in GPU instance %d on %s", r.UUID, r.CIID, gi.ID, g.PCI))
-				}
-			}
-		}
-		if r.Kind != store.KindVGPU && r.Kind != store.KindMIGVGPU {
-			continue
-		}
-		switch r.Flow {
-		case store.FlowVFIO:
-			i := slices.IndexFunc(g.VGPU.VFs, func(vf gpu.VF) bool { return vf.PCI == r.VF })
-			if i < 0 || g.VGPU.VFs[i].Type != r.TypeID {
-				missing = append(missing, fmt.Sprintf("instance %s: VF %s on %s does not hold vGPU type %d", r.UUID, r.VF, g.PCI, r.TypeID))
-				continue
-			}
-			ownedVF[r.VF] = true
-		case store.FlowMdev:
-			i := slices.IndexFunc(g.VGPU.Mdevs, func(m gpu.Mdev) bool { return m.UUID == r.MdevUUID })
-			if i < 0 || g.VGPU.Mdevs[i].Type != r.TypeID {
-				missing = append(missing, fmt.Sprintf("instance %s: no mdev %s of type %d on %s", r.UUID, r.MdevUUID, r.TypeID, g.PCI))
-				continue
-			}
-			ownedMdev[r.MdevUUID] = true
-		}
-	}
-	for _, g := range inv.GPUs {
-		for _, gi := range g.MIG.Instances {
-			r := ownedGI[giKey{g.UUID, gi.ID}]
-			if r == nil {
-				extra = append(extra, fmt.Sprintf("GPU instance %d (profile %d, slot %d) on %s", gi.ID, gi.ProfileID, gi.Placement.Start, g.PCI))
-				continue
-			}
-			for _, ci := range gi.Compute {
-				if r.Kind != store.KindMIG || ci.ID != r.CIID {
-					extra = append(extra, fmt.Sprintf("compute instance %d in GPU instance %d on %s", ci.ID, gi.ID, g.PCI))
-				}
-			}
-		}
-		for _, vf := range g.VGPU.VFs {
-			if vf.Type != 0 && !ownedVF[vf.PCI] {
-				extra = append(extra, fmt.Sprintf("VF %s on %s holding vGPU type %d", vf.PCI, g.PCI, vf.Type))
-			}
-		}
-		for _, m := range g.VGPU.Mdevs {
-			if !ownedMdev[m.UUID] {
-				extra = append(extra, fmt.Sprintf("mdev %s on %s", m.UUID, g.PCI))
-			}
-		}
-	}
-	return extra, missing
-}
+// instance and the host as discovered (the crash test's checks, in
+// internal/invariant), and libvirt: a fake that keeps each VM's config in
+// memory.
 
 // fuzzVirt is libvirt as the fuzz target needs it: persistent VMs that
 // are stopped (attaches change the config only, and defragment may move

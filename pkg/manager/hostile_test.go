@@ -149,8 +149,8 @@ func TestAttachChecksArgumentsBeforeLibvirt(t *testing.T) {
 			t.Fatalf("create and attach %+v: %v, want a refusal of the argument", req, err)
 		}
 	}
-	if _, err := e.m.Attach(ctx, r.UUID, "vm1", manager.AttachOptions{Tenant: "nobody"}); !errors.Is(err, manager.ErrNotFound) {
-		t.Fatalf("attach for an unknown tenant: %v", err)
+	if _, err := e.m.Attach(ctx, r.UUID, "vm1", manager.AttachOptions{Tenant: "Not_A_Name"}); !errors.Is(err, manager.ErrInvalidArgument) {
+		t.Fatalf("attach for a tenant that cannot be one: %v", err)
 	}
 	for _, id := range []string{"", "not-a-uuid", huge} {
 		if _, err := e.m.Attach(ctx, id, "vm1", manager.AttachOptions{}); !errors.Is(err, manager.ErrInvalidArgument) || len(manager.Message(err)) > 300 {

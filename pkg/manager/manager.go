@@ -90,12 +90,34 @@ type Manager struct {
 	crash func(string)
 	retry time.Duration
 
-	// admit serializes admission decisions and reconcile.
+	// Lock order. A goroutine takes these locks only in this order (any of
+	// them may be skipped) and never takes one while it holds a later one:
+	//
+	//  1. admit.
+	//  2. One GPU's lock (gpuLock), and only one at a time: a move lets go
+	//     of the old GPU's lock before it takes the new GPU's.
+	//  3. A store transaction (db.Update, db.View: bbolt's own locks). No
+	//     transaction is begun inside another.
+	//  4. Leaves, under which no other lock is taken and the store is not
+	//     called: invMu (read by snapshot inside transactions), confMu,
+	//     gpuMu (only inside gpuLock), live's and the event broadcaster's
+	//     mutexes, opsMu.
+	//
+	// So admission (Create, UpdateTenant, UndefineTenant), Destroy's
+	// intent, mode changes, Defragment and reconcile's host pass take admit
+	// and then, some of them, a GPU's lock; carving and undoing take a
+	// GPU's lock and then write the store. Methods that take admit
+	// (Destroy, Reconcile) are never called with a lock held: reconcile's
+	// libvirt pass, which destroys instances, runs after admit is let go.
+
+	// admit serializes admission decisions and reconcile's host pass.
 	admit sync.Mutex
-	// gpuLocks serialize carving on one GPU.
+	// gpuLocks serialize carving and releasing on one GPU; gpuMu guards
+	// the map.
 	gpuMu    sync.Mutex
 	gpuLocks map[string]*sync.Mutex
 
+	// invMu guards inv, reads, readOf, degraded and failedGPUs.
 	invMu sync.RWMutex
 	inv   gpu.Inventory
 	// reads numbers host reads; readOf is the number of the read each
@@ -127,6 +149,7 @@ type Manager struct {
 
 	events *broadcaster
 
+	// opsMu guards closing and the adding to ops.
 	opsMu   sync.Mutex
 	ops     sync.WaitGroup
 	closing bool

@@ -58,7 +58,7 @@ func (m *Manager) Plan(ctx context.Context, req CreateRequest) (Plan, error) {
 			return Plan{}, err
 		}
 	}
-	offers, err := m.resolve(req.Profile)
+	offers, err := m.offersFor(req.Profile)
 	if err != nil {
 		return Plan{}, err
 	}
@@ -133,7 +133,7 @@ func (m *Manager) capacity(s *snapshot) []Capacity {
 	for _, f := range placement.Capacity(m.migFleet(s)) {
 		out = append(out, Capacity{Model: f.Model, Profile: f.Profile, Kind: string(store.KindMIG), Count: f.Count, GPUs: f.GPUs})
 		// MIG-backed vGPU types ride on the same GPU instances.
-		md, _ := m.catalog().Model(f.Model)
+		md, _ := m.catalog().Model(f.Model) // nil for a model the catalog lacks: skipped
 		if md == nil || md.VGPU == nil {
 			continue
 		}
@@ -148,9 +148,10 @@ func (m *Manager) capacity(s *snapshot) []Capacity {
 	counts := map[key]*Capacity{}
 	for _, h := range m.vgpuHosts(s) {
 		g := m.gpuOf(s, h.ID)
+		// vgpuHosts lists only catalog models, and only their types.
 		md, _ := m.catalog().Model(h.Model)
 		for name := range h.Types {
-			t, _ := md.VGPUTypeByName(name)
+			t, _ := md.VGPUTypeByName(name) // a type of md: see above
 			n := min(placement.VGPURoom(h, name), s.freeDevices(g, t.ID))
 			k := key{h.Model, name}
 			c := counts[k]

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/google/uuid"
+
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/placement"
 	"github.com/vgpud/vgpud/pkg/profile"
@@ -194,7 +196,7 @@ func (s *snapshot) devices(g *gpu.GPU, md *profile.Model) []device {
 		if vf.Type == 0 {
 			continue
 		}
-		t, _ := md.VGPUTypeByID(vf.Type)
+		t, _ := md.VGPUTypeByID(vf.Type) // nil: a type the catalog lacks (unknown to callers)
 		r := recFor(vf.PCI, "")
 		if r != nil {
 			matched[r.UUID] = true
@@ -202,7 +204,7 @@ func (s *snapshot) devices(g *gpu.GPU, md *profile.Model) []device {
 		out = append(out, device{typ: t, rec: r, vf: vf.PCI})
 	}
 	for _, mv := range g.VGPU.Mdevs {
-		t, _ := md.VGPUTypeByID(mv.Type)
+		t, _ := md.VGPUTypeByID(mv.Type) // nil: a type the catalog lacks
 		r := recFor("", mv.UUID)
 		if r != nil {
 			matched[r.UUID] = true
@@ -213,7 +215,7 @@ func (s *snapshot) devices(g *gpu.GPU, md *profile.Model) []device {
 		if matched[r.UUID] || (r.Kind != store.KindVGPU && r.Kind != store.KindMIGVGPU) {
 			continue
 		}
-		t, _ := md.VGPUTypeByID(r.TypeID)
+		t, _ := md.VGPUTypeByID(r.TypeID) // nil: a type the catalog lacks
 		out = append(out, device{typ: t, rec: r})
 	}
 	return out
@@ -400,4 +402,43 @@ func (m *Manager) instanceViews(read func(*store.Tx) ([]store.Instance, error)) 
 		return nil
 	})
 	return out, err
+}
+
+// instanceAndAttachment reads an instance record by UUID with its
+// attachment (nil when it is not attached to a VM).
+func (m *Manager) instanceAndAttachment(id string) (store.Instance, *store.Attachment, error) {
+	var rec store.Instance
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return rec, nil, fail(ErrInvalidArgument, err, "instance %s is not an instance UUID (run `vgpuctl list`)", QuoteArg(id))
+	}
+	id = u.String()
+	var att *store.Attachment
+	err = m.db.View(func(tx *store.Tx) error {
+		r, err := tx.Instance(id)
+		if err != nil {
+			return err
+		}
+		rec = r
+		a, err := tx.Attachment(id)
+		if err == nil {
+			att = &a
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		return nil
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return rec, nil, fail(ErrNotFound, err, "no instance %s (run `vgpuctl list`)", id)
+	}
+	if err != nil {
+		return rec, nil, classify(err, "read instance %s", id)
+	}
+	return rec, att, nil
+}
+
+// Instance returns one instance record.
+func (m *Manager) Instance(id string) (store.Instance, error) {
+	rec, _, err := m.instanceAndAttachment(id)
+	return rec, err
 }

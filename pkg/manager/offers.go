@@ -57,14 +57,14 @@ func (o offer) name() string {
 	return o.typ.Name
 }
 
-// resolve turns a profile name into offers. Accepted names:
+// offersFor turns a profile name into offers. Accepted names:
 //
 //	3g.40gb                      a MIG profile, on every model that has it
 //	H100-3g.40gb                 the same, on models whose name starts with H100
 //	H100-SXM5-80GB/3g.40gb       the same, on one catalog model
 //	H100XM-3-40C, NVIDIA L4-4Q   a vGPU type (MIG-backed or time-sliced)
 //	passthrough                  a whole GPU (MODEL/passthrough for one model)
-func (m *Manager) resolve(name string) ([]offer, error) {
+func (m *Manager) offersFor(name string) ([]offer, error) {
 	raw := strings.TrimSpace(name)
 	if raw == "" {
 		return nil, fail(ErrInvalidArgument, nil, "no profile given (run `vgpuctl profiles` for the list)")
@@ -118,6 +118,7 @@ func offersOn(md *profile.Model, name string) []offer {
 		o := offer{kind: store.KindVGPU, model: md, typ: t}
 		if t.MIGBacked() {
 			o.kind = store.KindMIGVGPU
+			// The catalog's validation makes sure the profile exists.
 			o.gi, _ = md.GPUInstanceProfileByID(*t.GPUInstanceProfile)
 		}
 		out = append(out, o)

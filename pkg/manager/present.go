@@ -1,0 +1,79 @@
+package manager
+
+import (
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/store"
+)
+
+// hostGI finds the GPU instance of a record on the host (by placement and
+// profile: ids change across reboots).
+func hostGI(g *gpu.GPU, r *store.Instance) *gpu.GPUInstance {
+	for i := range g.MIG.Instances {
+		gi := &g.MIG.Instances[i]
+		if gi.Placement.Start == r.GIStart && gi.ProfileID == r.GIProfileID {
+			return gi
+		}
+	}
+	return nil
+}
+
+// hostGPU is a GPU of the cached inventory by UUID; nil when the host does
+// not show it.
+func (m *Manager) hostGPU(uuid string) *gpu.GPU {
+	inv := m.Inventory()
+	for i := range inv.GPUs {
+		if inv.GPUs[i].UUID == uuid {
+			return &inv.GPUs[i]
+		}
+	}
+	return nil
+}
+
+// present reports which parts of a record the host shows, filling in the
+// driver's ids (a crash may come between a host call and its record).
+func (m *Manager) present(r *store.Instance) (gi, ci, vg bool) {
+	g := m.hostGPU(r.GPUUUID)
+	if g == nil || g.Lost {
+		return
+	}
+	if r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU {
+		if x := hostGI(g, r); x != nil {
+			gi = true
+			r.GIID = x.ID
+			for _, c := range x.Compute {
+				if r.CIID < 0 || c.ID == r.CIID {
+					ci, r.CIID, r.CIProfileID = true, c.ID, c.ProfileID
+				}
+			}
+		}
+	}
+	switch {
+	case r.Flow == store.FlowVFIO:
+		for _, vf := range g.VGPU.VFs {
+			if vf.PCI == r.VF && vf.Type == r.TypeID {
+				vg = true
+			}
+		}
+	case r.Flow == store.FlowMdev:
+		for _, md := range g.VGPU.Mdevs {
+			if md.UUID == r.MdevUUID {
+				vg = true
+			}
+		}
+	}
+	return gi, ci, vg
+}
+
+// complete reports whether the parts the host shows (present) make up the
+// record's whole instance.
+func complete(r *store.Instance, gi, ci, vg bool) bool {
+	switch r.Kind {
+	case store.KindMIG:
+		return gi && ci
+	case store.KindMIGVGPU:
+		return gi && vg
+	case store.KindVGPU:
+		return vg
+	}
+	return true
+}
