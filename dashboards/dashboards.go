@@ -5,6 +5,8 @@
 // a panel queries a metric that vgpud does not export.
 //
 // Only the generator and tests import it.
+//
+// Imports: nothing from vgpud.
 package dashboards
 
 //go:generate go run ./gen

@@ -741,4 +741,3 @@ func metadataIDs(def *libvirtxml.Domain) ([]string, error) {
 		return ids, nil
 	}
 }
-

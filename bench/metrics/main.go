@@ -8,6 +8,8 @@
 // the figures as JSON (-out).
 //
 //	go run ./bench/metrics -out bench/metrics.json
+//
+// Imports: pkg/..., internal/testenv, profiles.
 package main
 
 import (

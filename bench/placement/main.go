@@ -17,6 +17,8 @@
 // Each scenario runs several replications with their own seeds (printed and
 // recorded); figures are pooled over them. The gap is oracle minus first-fit
 // acceptance; a strategy closes (its acceptance - first-fit) / gap of it.
+//
+// Imports: pkg/placement, pkg/profile, profiles.
 package main
 
 import (

@@ -6,6 +6,8 @@
 // (docs/vgpuctl.md); exit codes say what kind of failure happened.
 //
 // It imports pkg/dbusapi (the typed client) and pkg/tenant (quantities).
+//
+// Imports: pkg/dbusapi, pkg/tenant, pkg/version.
 package main
 
 import (

@@ -1,5 +1,7 @@
 // Command vgpud is the vgpud host daemon. Subcommands print the host
 // inventory and drive the simulated host; without one it runs the daemon.
+//
+// Imports: pkg/..., profiles.
 package main
 
 import (

@@ -17,9 +17,8 @@ import (
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/metrics"
 	"github.com/vgpud/vgpud/pkg/share"
+	"github.com/vgpud/vgpud/pkg/share/managersource"
 	"github.com/vgpud/vgpud/pkg/share/nvmldriver"
-	"github.com/vgpud/vgpud/pkg/store"
-	"github.com/vgpud/vgpud/pkg/tenant"
 	"github.com/vgpud/vgpud/pkg/version"
 )
 
@@ -32,7 +31,7 @@ const slowNVMLCall = time.Second
 // collection every CollectInterval and the /metrics endpoint serving
 // its latest rendering. stop shuts them down.
 func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
-	src := &inventoryCache{src: managerSource{d: d}, maxAge: inventoryMaxAge}
+	src := share.NewCache(managersource.New(d.mgr, d.catalog), inventoryMaxAge)
 	loop, err := share.New(src, nvmldriver.New(d.host.nvml), share.Config{
 		Mode:   share.Adaptive,
 		Logger: d.log.With("component", "share"),
@@ -120,7 +119,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 
 // forwardEvents counts the manager's events in the metrics and lets the
 // share loop retry a pending policy switch as soon as a VM changes state.
-func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, col *metrics.Collector, loop *share.Loop, inv *inventoryCache) {
+func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, col *metrics.Collector, loop *share.Loop, inv *share.Cache) {
 	for {
 		var e manager.Event
 		var ok bool
@@ -137,7 +136,7 @@ func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, 
 			loop.Kick()
 		case manager.EventInstanceAdded, manager.EventInstanceChanged, manager.EventInstanceRemoved,
 			manager.EventTenantAdded, manager.EventTenantChanged, manager.EventTenantRemoved, manager.EventGPUChanged, manager.EventGPULost:
-			inv.invalidate()
+			inv.Invalidate()
 		}
 		if col == nil {
 			continue
@@ -161,106 +160,6 @@ func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, 
 // inventoryMaxAge bounds how long a cached inventory is used without a
 // manager event saying it changed (events a slow subscriber lost).
 const inventoryMaxAge = 30 * time.Second
-
-// inventoryCache keeps the manager's inventory between the share loop's
-// windows and the metrics' collections: reading it decodes every record,
-// and it changes only when the manager says so.
-type inventoryCache struct {
-	src    share.Source
-	maxAge time.Duration
-
-	mu    sync.Mutex
-	inv   share.Inventory
-	at    time.Time
-	valid bool
-	gen   uint64
-}
-
-func (c *inventoryCache) invalidate() {
-	c.mu.Lock()
-	c.valid = false
-	c.gen++
-	c.mu.Unlock()
-}
-
-func (c *inventoryCache) Inventory(ctx context.Context) (share.Inventory, error) {
-	c.mu.Lock()
-	if c.valid && time.Since(c.at) < c.maxAge {
-		inv := c.inv
-		c.mu.Unlock()
-		return inv, nil
-	}
-	gen := c.gen
-	c.mu.Unlock()
-	inv, err := c.src.Inventory(ctx)
-	if err != nil {
-		return inv, err
-	}
-	c.mu.Lock()
-	// An event that came while reading means the read may be stale.
-	if c.gen == gen {
-		c.inv, c.at, c.valid = inv, time.Now(), true
-	}
-	c.mu.Unlock()
-	return inv, nil
-}
-
-// managerSource is the inventory the share loop and the metrics read:
-// the manager's GPUs, instances and tenants.
-type managerSource struct{ d *daemon }
-
-func (s managerSource) Inventory(ctx context.Context) (share.Inventory, error) {
-	if err := ctx.Err(); err != nil {
-		return share.Inventory{}, err
-	}
-	m := s.d.mgr
-	gpus, err := m.GPUs()
-	if err != nil {
-		return share.Inventory{}, err
-	}
-	insts, err := m.AllInstances()
-	if err != nil {
-		return share.Inventory{}, err
-	}
-	tenants, err := m.Tenants()
-	if err != nil {
-		return share.Inventory{}, err
-	}
-	var inv share.Inventory
-	guaranteed := map[string]bool{}
-	for _, t := range tenants {
-		g := t.Class == tenant.Guaranteed
-		guaranteed[t.Name] = g
-		inv.Tenants = append(inv.Tenants, share.Tenant{Name: t.Name, Guaranteed: g})
-	}
-	for _, g := range gpus {
-		x := share.GPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, Product: g.Product, MIG: g.MIG.Enabled,
-			Flavour: string(g.VGPU.Flavour), State: g.State}
-		if md, ok := s.d.catalog().Model(g.Model); ok && md.MIG != nil {
-			x.MIGSlots = md.MIG.MemorySlices
-		}
-		inv.GPUs = append(inv.GPUs, x)
-	}
-	for _, v := range insts {
-		r := v.Instance
-		x := share.Instance{UUID: r.UUID, Tenant: r.Tenant, Guaranteed: guaranteed[r.Tenant], GPU: r.GPUUUID, Profile: r.Profile,
-			MdevUUID: r.MdevUUID, VF: r.VF, GI: r.GIID, GIStart: r.GIStart, GISize: r.GISize, TypeID: r.TypeID,
-			ComputeMilli: r.ComputeMilli, VRAMBytes: r.VRAMBytes, State: string(r.State)}
-		switch r.Kind {
-		case store.KindVGPU:
-			x.Kind, x.GI = share.TimeSliced, -1
-		case store.KindMIG, store.KindMIGVGPU:
-			x.Kind = share.MIG
-		default:
-			x.Kind = share.Passthrough
-		}
-		if v.Attachment != nil {
-			x.VM, x.VMUUID = v.Attachment.Domain, v.Attachment.DomainUUID
-		}
-		inv.Instances = append(inv.Instances, x)
-	}
-	return inv, nil
-}
 
 // nvmlObserver is the NVML hook the backend starts with: until the
 // metrics run (startMetrics chains them in), it logs calls slow enough

@@ -41,7 +41,7 @@ func TestForwardEventsDurations(t *testing.T) {
 		events <- e
 	}
 	close(events)
-	forwardEvents(context.Background(), d, events, col, loop, &inventoryCache{src: src, maxAge: time.Minute})
+	forwardEvents(context.Background(), d, events, col, loop, share.NewCache(src, time.Minute))
 	if err := col.Collect(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -131,7 +131,7 @@ func TestNotifyStopFinishesOperationInFlight(t *testing.T) {
 	td := launch(t, cfg, sigCtx, true)
 	notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
 	td.waitStarted()
-	// The daemon's own handle (see TestFaultGPULostMidOperation).
+	// The daemon's own handle on the simulated host (see TestFaultWatchWiring).
 	h := td.d.host.sim
 	m := td.d.mgr
 	defineTenant(t, m, "acme")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/dbusapi"
 	"github.com/vgpud/vgpud/pkg/discover"
-	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -38,7 +36,7 @@ type daemon struct {
 	level  *slog.LevelVar
 	host   *host
 	db     *store.DB
-	virt   *lazyVirt
+	virt   *virt.Lazy
 	mgr    *manager.Manager
 	notify notifier
 	// shares is the share loop's view for D-Bus (set by startMetrics).
@@ -91,13 +89,13 @@ func (d *daemon) start(ctx context.Context) error {
 	}
 	var mv manager.Virt
 	if cfg.LibvirtSocket != "" {
-		d.virt = newLazyVirt(virt.Config{URI: cfg.LibvirtURI, Socket: cfg.LibvirtSocket, Logger: log.With("component", "virt")}, log)
+		d.virt = virt.NewLazy(virt.Config{URI: cfg.LibvirtURI, Socket: cfg.LibvirtSocket, Logger: log.With("component", "virt")})
 		mv = d.virt
 		// A libvirtd that answers now is used from the start-up reconcile on;
 		// one that does not (at boot it starts after vgpud) is connected to
 		// in the background after READY.
 		if exists(cfg.LibvirtSocket) {
-			if err := d.virt.try(ctx, 3*time.Second); err != nil {
+			if err := d.virt.TryConnect(ctx, 3*time.Second); err != nil {
 				log.Info("libvirt not answering yet; connecting after start-up", "err", err)
 			}
 		}
@@ -122,37 +120,6 @@ func (d *daemon) start(ctx context.Context) error {
 	return nil
 }
 
-// waitDriver waits, up to DriverWait, for NVML to load and then for the
-// SR-IOV VFs (waitVFs, faults.go): at boot the daemon may start before the
-// NVIDIA driver's units are done. While it waits, it asks systemd to
-// extend the start timeout.
-func (d *daemon) waitDriver(ctx context.Context) error {
-	deadline := time.Now().Add(d.cfg.DriverWait.Duration)
-	for attempt := 1; ; attempt++ {
-		err := d.host.nvml.Init(ctx)
-		if err == nil {
-			if attempt > 1 {
-				d.log.Info("NVIDIA driver is ready", "after", attempt)
-			}
-			d.waitVFs(ctx, deadline)
-			return nil
-		}
-		if !errors.Is(err, gpu.ErrDriverNotLoaded) || time.Now().After(deadline) {
-			return fmt.Errorf("NVIDIA driver not ready after %v: %w", d.cfg.DriverWait.Duration, err)
-		}
-		if attempt == 1 {
-			d.log.Warn("waiting for the NVIDIA driver", "err", err, "up to", d.cfg.DriverWait.Duration)
-			d.notify.Status("waiting for the NVIDIA driver")
-		}
-		d.notify.ExtendTimeout(time.Until(deadline) + startMargin)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
-}
-
 func (d *daemon) run(ctx context.Context) error {
 	stopMetrics, err := startMetrics(ctx, d)
 	if err != nil {
@@ -170,7 +137,7 @@ func (d *daemon) run(ctx context.Context) error {
 	defer cancel()
 	if d.virt != nil {
 		// Connected after READY: libvirtd starts after vgpud at boot.
-		go d.virt.connect(wctx, func() {
+		go d.virt.Connect(wctx, func() {
 			go d.mgr.WatchVirt(wctx, d.cfg.UndefinePolicy)
 			if _, err := d.mgr.Reconcile(wctx); err != nil {
 				d.log.Warn("reconcile once libvirt is connected", "err", err)
@@ -280,7 +247,7 @@ func (d *daemon) statusLine() string {
 }
 
 // watchHost re-discovers the host now and then and reconciles when it
-// changed under vgpud (uevents and NVML events refine this, see faults.go).
+// changed under vgpud (uevents and NVML events refine this, see pkg/health).
 // While degraded it looks for the driver every driverPoll, so a driver
 // that loads late is picked up within seconds.
 func (d *daemon) watchHost(ctx context.Context) {

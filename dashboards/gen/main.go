@@ -1,4 +1,6 @@
 // Command gen writes the dashboards' JSON files (go generate ./dashboards).
+//
+// Imports: dashboards.
 package main
 
 import (

@@ -8,6 +8,8 @@
 //
 // The NVML backend (pkg/gpu/nvml) and the manager (pkg/manager, for sysfs)
 // use it.
+//
+// Imports: nothing from vgpud.
 package hostcall
 
 import (

@@ -4,6 +4,8 @@
 // catalog rather than taken from the record, and the records compared with
 // the host as discovery sees it. Only tests import it; it imports pkg/gpu,
 // pkg/profile and pkg/store.
+//
+// Imports: pkg/gpu, pkg/profile, pkg/store.
 package invariant
 
 import (

@@ -18,4 +18,6 @@
 // the error's name and its user-facing message.
 //
 // cmd/vgpud starts the service; cmd/vgpuctl and tests use the client.
+//
+// Imports: pkg/apply, pkg/manager, pkg/placement, pkg/tenant, pkg/virt.
 package dbusapi

@@ -3,6 +3,8 @@
 // virtual functions and mediated devices. GPUs are joined by PCI address.
 //
 // It imports pkg/gpu and the sysfs backend's view type.
+//
+// Imports: pkg/gpu, pkg/gpu/sysfs.
 package discover
 
 import (

@@ -6,6 +6,8 @@
 //
 // GPUs are keyed by PCI address and UUID, never by an NVML index alone: the
 // index is kept for display and changes when a GPU falls off the bus.
+//
+// Imports: nothing from vgpud.
 package gpu
 
 // Flavour is how the host's vGPU manager creates vGPUs on a GPU.

@@ -10,6 +10,8 @@
 // The manager declares what it needs from the GPU backends, discovery,
 // libvirt and the store as small interfaces; transports (D-Bus) forward to
 // it and map its sentinel errors (errors.go) to their own names.
+//
+// Imports: internal/hostcall, pkg/gpu, pkg/placement, pkg/profile, pkg/store, pkg/tenant, pkg/virt.
 package manager
 
 import (

@@ -9,6 +9,8 @@
 // Every family has the vgpud_ prefix; docs/metrics.md lists them. It
 // imports pkg/share (for its snapshot and inventory types); cmd/vgpud
 // wires it.
+//
+// Imports: pkg/share.
 package metrics
 
 import (

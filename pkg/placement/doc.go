@@ -66,4 +66,6 @@
 // running the type with room (fullest first), then a heterogeneous GPU in
 // use, then the empty GPU whose loss hurts the wanted types (demand hints)
 // least.
+//
+// Imports: pkg/profile.
 package placement

@@ -5,6 +5,8 @@
 //
 // The simulator and the real backends' planning read the same catalog, so a
 // simulated H100 has the real H100's table. It imports nothing from vgpud.
+//
+// Imports: nothing from vgpud.
 package profile
 
 // SchemaVersion is the only catalog schema this build reads.

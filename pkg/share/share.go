@@ -13,6 +13,8 @@
 // driver. See docs/metrics.md for the definitions and their limits.
 //
 // It imports pkg/gpu only; cmd/vgpud wires it.
+//
+// Imports: pkg/gpu.
 package share
 
 import (

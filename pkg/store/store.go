@@ -13,6 +13,8 @@
 // its content, and migrates an older one after copying it aside. Only the
 // manager and the daemon's wiring import this package; it imports
 // pkg/tenant and nothing else from vgpud.
+//
+// Imports: pkg/tenant.
 package store
 
 import (

@@ -8,6 +8,8 @@
 // manager) reads usage and writes the admitted instance in one store
 // transaction, which is what makes admission atomic with other requests.
 // It imports nothing from vgpud; any package may import it.
+//
+// Imports: nothing from vgpud.
 package tenant
 
 import (

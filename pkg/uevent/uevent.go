@@ -11,7 +11,10 @@
 // simulated kernel emitted). Parse decodes the kernel's wire format, which
 // both share.
 //
-// It imports nothing from vgpud; cmd/vgpud imports it.
+// It imports nothing from vgpud; cmd/vgpud, pkg/health and pkg/gpu/sim (whose
+// UeventSource is a Poller over its ring) import it.
+//
+// Imports: nothing from vgpud.
 package uevent
 
 import (

@@ -7,6 +7,7 @@
 // domain lifecycle events.
 //
 // It owns no policy: the manager decides what to attach where and what to do
-// with events. It imports nothing from vgpud; pkg/manager (and tests) import
-// it.
+// with events. pkg/manager, the daemon's wiring and tests import it.
+//
+// Imports: internal/hostcall.
 package virt

@@ -30,6 +30,8 @@
 // VGPUD_TEST_LIBVIRTD_LOG_FILTERS (libvirtd's log_filters syntax, e.g.
 // "1:qemu 3:*") turns on debug logging in a libvirtd that Start runs; its log
 // is printed when a test fails.
+//
+// Imports: nothing from vgpud.
 package libvirtd
 
 import (

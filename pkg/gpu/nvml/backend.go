@@ -9,7 +9,7 @@
 // time is reported as gpu.ErrTimeout, and its effect is unknown until it
 // returns (Settle waits for that). Errors wrap a pkg/gpu sentinel and the nvml.Return.
 //
-// It imports pkg/gpu and pkg/profile.
+// Imports: internal/hostcall, pkg/gpu, pkg/profile.
 package nvml
 
 import (

@@ -8,7 +8,10 @@
 //
 // The simulator refuses what the driver refuses, with the driver's NVML
 // return codes and errno values (see the host-interfaces reference). It
-// imports pkg/gpu and pkg/profile; only cmd/ and tests import it.
+// imports pkg/gpu, pkg/profile and pkg/uevent (UeventSource); only cmd/ and
+// tests import it.
+//
+// Imports: pkg/gpu, pkg/profile, pkg/uevent.
 package sim
 
 import (

@@ -6,6 +6,8 @@
 // driven by the same code. No other package touches sysfs paths.
 //
 // It imports pkg/gpu only.
+//
+// Imports: pkg/gpu.
 package sysfs
 
 import (

@@ -1,6 +1,8 @@
 // Package nvmldriver is the share loop's Driver on the NVML backend
 // (pkg/gpu/nvml): it translates the backend's readings into package
 // share's types. cmd/vgpud and the share loop's tests import it.
+//
+// Imports: pkg/gpu/nvml, pkg/share.
 package nvmldriver
 
 import (

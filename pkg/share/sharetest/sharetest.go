@@ -1,6 +1,8 @@
 // Package sharetest runs simulator scenarios against a share loop in
 // lockstep on the simulated clock, for the share loop's and the
 // exporter's tests. Only tests import it.
+//
+// Imports: pkg/gpu/nvml, pkg/gpu/sim, pkg/profile, pkg/share, pkg/share/nvmldriver, profiles.
 package sharetest
 
 import (
