@@ -12,6 +12,7 @@ LDFLAGS := -X github.com/vgpud/vgpud/pkg/version.Version=$(VERSION)
 PREFIX ?= /usr/local
 DESTDIR ?=
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+GOIMPORTS ?= golang.org/x/tools/cmd/goimports@v0.51.0
 
 .PHONY: all build deps test unit e2e bench bench-placement bench-metrics soak demo lint fuzz install uninstall man clean help
 
@@ -62,8 +63,9 @@ fuzz: ## run each fuzz target for FUZZTIME (default 20s)
 demo: deps build ## the main job on the built-in simulated host
 	scripts/demo.sh
 
-lint: ## gofmt, go vet, staticcheck
+lint: ## gofmt, goimports grouping (the module's own imports last), go vet, staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$($(GO) run $(GOIMPORTS) -l -local github.com/vgpud/vgpud $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "goimports -local github.com/vgpud/vgpud needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 

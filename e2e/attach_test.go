@@ -14,16 +14,12 @@ import (
 
 	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
-	"github.com/vgpud/vgpud/pkg/discover"
-	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
-	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
 	"github.com/vgpud/vgpud/pkg/manager"
-	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
 	"github.com/vgpud/vgpud/pkg/virt"
-	"github.com/vgpud/vgpud/profiles"
 )
 
 // attachEnv is the manager in-process on the simulated host, with a real
@@ -46,21 +42,6 @@ func newAttachEnv(t testing.TB) *attachEnv {
 func newAttachEnvPolicy(t testing.TB, policy string) *attachEnv {
 	t.Helper()
 	lv := libvirtd.Start(t)
-	cat, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	h, err := sim.Open(filepath.Join(dir, "sim"), nil, cat, sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	db, err := store.Open(filepath.Join(dir, "state.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
 	ctx := context.Background()
 	log := testenv.Logger(t)
 	if _, ok := t.(*testing.B); ok {
@@ -72,21 +53,18 @@ func newAttachEnvPolicy(t testing.TB, policy string) *attachEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	h := simhost.Start(t, simhost.Options{
+		Manager: manager.Config{Virt: vc, BusyRetry: time.Millisecond, Logger: log, UndefinePolicy: policy},
+	})
+	// Registered after the host's, so it runs first: libvirt is closed
+	// before the store and the simulated host, as the daemon closes them.
 	t.Cleanup(func() { vc.Close() })
-	b := nvmlb.New(h.NVML(), cat, nvmlb.Options{})
-	if err := b.Init(ctx); err != nil {
-		t.Fatal(err)
-	}
-	fs := sysfs.New(h.FS())
-	m := manager.New(cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, vc, manager.Options{BusyRetry: time.Millisecond, Logger: log, UndefinePolicy: policy})
-	if _, err := m.Reconcile(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := h.Manager
 	q := tenant.Quota{VRAMBytes: tenant.Unlimited, ComputeMilli: tenant.Unlimited, MaxInstances: tenant.Unlimited}
 	if _, err := m.DefineTenant(ctx, tenant.Tenant{Name: "acme", Quota: q}); err != nil {
 		t.Fatal(err)
 	}
-	return &attachEnv{lv: lv, sim: h, db: db, vc: vc, m: m}
+	return &attachEnv{lv: lv, sim: h.Sim, db: h.DB, vc: vc, m: m}
 }
 
 func (e *attachEnv) create(t testing.TB, profile string) store.Instance {

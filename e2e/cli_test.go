@@ -24,6 +24,7 @@ import (
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
 // decodeSchema decodes vgpuctl's JSON into T, one of the schema types
@@ -277,10 +278,10 @@ func TestCLIVerbs(t *testing.T) {
 	gpus := d.ctl(t, "gpus", "-o", "json").must(t, "gpus")
 	goldenE2E(t, "gpus.json", gpus.out)
 	gl := decodeSchema[docList[schemaGPU]](t, gpus)
-	if gl.Kind != "GPUList" || len(gl.Items) != 4 || gl.Items[0].PCI != pciH100MIG {
+	if gl.Kind != "GPUList" || len(gl.Items) != 4 || gl.Items[0].PCI != sim.DefaultH100MIG {
 		t.Fatalf("gpus: %+v", gl)
 	}
-	goldenE2E(t, "profiles-l4.json", d.ctl(t, "profiles", "--gpu", pciL4, "-o", "json").must(t, "profiles").out)
+	goldenE2E(t, "profiles-l4.json", d.ctl(t, "profiles", "--gpu", sim.DefaultL4, "-o", "json").must(t, "profiles").out)
 	caps := d.ctl(t, "capacity", "-o", "json").must(t, "capacity")
 	goldenE2E(t, "capacity.json", caps.out)
 	free := func(model, profile string) int {
@@ -294,7 +295,7 @@ func TestCLIVerbs(t *testing.T) {
 	if n := free("H100-SXM5-80GB", "3g.40gb"); n != 2 {
 		t.Fatalf("capacity of 3g.40gb on a free H100 = %d, want 2", n)
 	}
-	for _, args := range [][]string{{"gpus"}, {"gpu", "show", pciH100MIG}, {"profiles"}, {"capacity", "--all"}} {
+	for _, args := range [][]string{{"gpus"}, {"gpu", "show", sim.DefaultH100MIG}, {"profiles"}, {"capacity", "--all"}} {
 		r := d.ctl(t, args...).must(t, strings.Join(args, " "))
 		fits100(t, strings.Join(args, " "), r.out)
 	}
@@ -314,11 +315,11 @@ func TestCLIVerbs(t *testing.T) {
 	}
 
 	// Plan, create, list.
-	if r := d.ctl(t, "plan", "3g.40gb", "--tenant", "acme").must(t, "plan"); !strings.Contains(r.out, "fits on "+pciH100MIG) {
+	if r := d.ctl(t, "plan", "3g.40gb", "--tenant", "acme").must(t, "plan"); !strings.Contains(r.out, "fits on "+sim.DefaultH100MIG) {
 		t.Fatalf("plan: %s", r.out)
 	}
 	mig := decodeSchema[docInstance](t, d.ctl(t, "create", "3g.40gb", "--tenant", "acme", "-o", "json").must(t, "create")).Instance
-	if mig.Kind != "mig" || mig.GPU != pciH100MIG || mig.State != "ready" || mig.Attachment != nil {
+	if mig.Kind != "mig" || mig.GPU != sim.DefaultH100MIG || mig.State != "ready" || mig.Attachment != nil {
 		t.Fatalf("create 3g.40gb: %+v", mig)
 	}
 	vf := decodeSchema[docInstance](t, d.ctl(t, "create", "--profile", "L4-4Q", "--tenant", "acme", "-o", "json").must(t, "create")).Instance
@@ -376,7 +377,7 @@ func TestCLIVerbs(t *testing.T) {
 		name string
 	}{
 		{[]string{"create", "1g.10gb", "--tenant", "acme"}, 6, "QuotaExceeded"},
-		{[]string{"create", "7g.80gb", "--tenant", "beta", "--gpu", pciH100MIG}, 5, "NoCapacity"},
+		{[]string{"create", "7g.80gb", "--tenant", "beta", "--gpu", sim.DefaultH100MIG}, 5, "NoCapacity"},
 		{[]string{"destroy", "9b2a6a3c-3a49-4c51-9d47-5d2a4b1f0c11"}, 4, "NotFound"},
 		{[]string{"tenant", "show", "nope"}, 4, "NotFound"},
 		{[]string{"create", "H100-9g.900gb", "--tenant", "beta"}, 2, "InvalidArgument"},
@@ -395,22 +396,22 @@ func TestCLIVerbs(t *testing.T) {
 		}
 	}
 	// MIG mode on a GPU whose change stays pending until a reset: Busy, with the steps.
-	if r := d.ctl(t, "gpu", "mig", pciH100TS, "on"); r.code != 7 || !strings.Contains(r.err, "nvidia-smi -r") {
+	if r := d.ctl(t, "gpu", "mig", sim.DefaultH100TS, "on"); r.code != 7 || !strings.Contains(r.err, "nvidia-smi -r") {
 		t.Errorf("gpu mig on: exit %d %q", r.code, r.err)
 	}
 	// Heterogeneous vGPU mode of the time-sliced H100 (no vGPUs on it),
 	// on and off again, as gpus shows it.
 	heterogeneous := func() bool {
 		for _, g := range decodeSchema[docList[schemaGPU]](t, d.ctl(t, "gpus", "-o", "json").must(t, "gpus")).Items {
-			if g.PCI == pciH100TS {
+			if g.PCI == sim.DefaultH100TS {
 				return g.VGPU.Heterogeneous
 			}
 		}
-		t.Fatalf("gpus lacks %s", pciH100TS)
+		t.Fatalf("gpus lacks %s", sim.DefaultH100TS)
 		return false
 	}
 	for _, on := range []bool{true, false} {
-		r := d.ctl(t, "gpu", "heterogeneous", pciH100TS, onOffArg(on), "-o", "json").must(t, "gpu heterogeneous")
+		r := d.ctl(t, "gpu", "heterogeneous", sim.DefaultH100TS, onOffArg(on), "-o", "json").must(t, "gpu heterogeneous")
 		if !strings.Contains(r.out, `"kind": "Result"`) || heterogeneous() != on {
 			t.Fatalf("gpu heterogeneous %s: %s; gpus shows heterogeneous=%v", onOffArg(on), r.out, !on)
 		}
@@ -436,7 +437,7 @@ func TestCLIVerbs(t *testing.T) {
 		t.Fatalf("reconcile: %s", rep.out)
 	}
 	layout := filepath.Join(t.TempDir(), "layout.yaml")
-	os.WriteFile(layout, []byte("version: v1\ntenants:\n  - name: gamma\n    vram: 24GiB\n    compute: \"1\"\nlayout:\n  - gpu: \""+pciA10+"\"\n    instances:\n      - {profile: A10-8Q, tenant: gamma, count: 1}\n"), 0o644)
+	os.WriteFile(layout, []byte("version: v1\ntenants:\n  - name: gamma\n    vram: 24GiB\n    compute: \"1\"\nlayout:\n  - gpu: \""+sim.DefaultA10+"\"\n    instances:\n      - {profile: A10-8Q, tenant: gamma, count: 1}\n"), 0o644)
 	for _, args := range [][]string{{"plan", "-f", layout}, {"apply", "-f", layout, "--dry-run"}} {
 		r := d.ctl(t, args...).must(t, strings.Join(args, " "))
 		if !strings.Contains(r.out, "would change") || !strings.Contains(r.out, "A10-8Q") {
@@ -469,7 +470,7 @@ func TestCLIVerbs(t *testing.T) {
 	}{
 		{[]string{"__complete", "destroy", ""}, mig.UUID},
 		{[]string{"__complete", "tenant", "show", ""}, "acme"},
-		{[]string{"__complete", "profiles", "--gpu", "0000:8"}, pciL4},
+		{[]string{"__complete", "profiles", "--gpu", "0000:8"}, sim.DefaultL4},
 		{[]string{"__complete", "create", "--tenant", "acme", "--profile", "L4-"}, "L4-4Q"},
 	} {
 		if r := d.ctl(t, c.args...).must(t, "completion"); !strings.Contains(r.out, c.want) {
@@ -488,26 +489,26 @@ func TestCLIVerbs(t *testing.T) {
 	// keep 3g.40gb (slots 0-3 or 4-7) out though 6 slices are free;
 	// moving one of them makes room.
 	for i := 0; i < 7; i++ {
-		d.ctl(t, "create", "1g.10gb", "--tenant", "beta", "--gpu", pciH100MIG).must(t, "create 1g.10gb")
+		d.ctl(t, "create", "1g.10gb", "--tenant", "beta", "--gpu", sim.DefaultH100MIG).must(t, "create 1g.10gb")
 	}
 	for _, in := range decodeSchema[docList[schemaInstance]](t, d.ctl(t, "list", "--tenant", "beta", "-o", "json").must(t, "list")).Items {
 		if in.MIG != nil && in.MIG.Start != 3 && in.MIG.Start != 6 {
 			d.ctl(t, "destroy", in.UUID).must(t, "destroy")
 		}
 	}
-	if r := d.ctl(t, "create", "3g.40gb", "--tenant", "beta", "--gpu", pciH100MIG); r.code != 5 {
+	if r := d.ctl(t, "create", "3g.40gb", "--tenant", "beta", "--gpu", sim.DefaultH100MIG); r.code != 5 {
 		t.Fatalf("3g.40gb on a fragmented GPU: exit %d %s; want NoCapacity", r.code, r.err)
 	}
-	df := decodeSchema[docDefragment](t, d.ctl(t, "defrag", "3g.40gb", "--tenant", "beta", "--gpu", pciH100MIG, "-o", "json").must(t, "defrag")).Defragment
-	if df.Applied || len(df.Moves) == 0 || df.GPU != pciH100MIG || df.Moves[0].FromGPU != pciH100MIG {
+	df := decodeSchema[docDefragment](t, d.ctl(t, "defrag", "3g.40gb", "--tenant", "beta", "--gpu", sim.DefaultH100MIG, "-o", "json").must(t, "defrag")).Defragment
+	if df.Applied || len(df.Moves) == 0 || df.GPU != sim.DefaultH100MIG || df.Moves[0].FromGPU != sim.DefaultH100MIG {
 		t.Fatalf("defrag: %+v", df)
 	}
-	r = d.ctl(t, "defrag", "3g.40gb", "--tenant", "beta", "--gpu", pciH100MIG, "--apply").must(t, "defrag --apply")
+	r = d.ctl(t, "defrag", "3g.40gb", "--tenant", "beta", "--gpu", sim.DefaultH100MIG, "--apply").must(t, "defrag --apply")
 	fits100(t, "defrag", r.out)
-	if !strings.Contains(r.out, "moved ") || !strings.Contains(r.out, "3g.40gb then fits on "+pciH100MIG) {
+	if !strings.Contains(r.out, "moved ") || !strings.Contains(r.out, "3g.40gb then fits on "+sim.DefaultH100MIG) {
 		t.Fatalf("defrag --apply:\n%s", r.out)
 	}
-	d.ctl(t, "create", "3g.40gb", "--tenant", "beta", "--gpu", pciH100MIG).must(t, "create 3g.40gb after defrag --apply")
+	d.ctl(t, "create", "3g.40gb", "--tenant", "beta", "--gpu", sim.DefaultH100MIG).must(t, "create 3g.40gb after defrag --apply")
 }
 
 func onOffArg(on bool) string {
@@ -557,18 +558,18 @@ func TestCLIApplyNVIDIAFormats(t *testing.T) {
 		}
 		return out
 	}
-	migLayout := []string{pciH100MIG + " acme 1g.10gb x2", pciH100MIG + " acme 2g.20gb x1", pciH100MIG + " acme 3g.40gb x1"}
+	migLayout := []string{sim.DefaultH100MIG + " acme 1g.10gb x2", sim.DefaultH100MIG + " acme 2g.20gb x1", sim.DefaultH100MIG + " acme 3g.40gb x1"}
 	steps := []struct {
 		file, sel string
 		layout    []string
 		gpus      map[string]string
 	}{
 		{"mig-parted.yaml", "gpu0-balanced@acme", migLayout,
-			map[string]string{pciH100MIG: "4 [1g.10gb 1g.10gb 2g.20gb 3g.40gb]", pciH100TS: "0 []", pciL4: "0 []", pciA10: "0 []"}},
+			map[string]string{sim.DefaultH100MIG: "4 [1g.10gb 1g.10gb 2g.20gb 3g.40gb]", sim.DefaultH100TS: "0 []", sim.DefaultL4: "0 []", sim.DefaultA10: "0 []"}},
 		// MIG instances are outside vgpu-device-manager's scope: they stay.
 		{"vgpu-device-manager.yaml", "mixed", append(slices.Clone(migLayout),
-			pciH100TS+" default H100XM-20C x4", pciL4+" default L4-4Q x2", pciA10+" default A10-8Q x3"),
-			map[string]string{pciH100MIG: "4 [1g.10gb 1g.10gb 2g.20gb 3g.40gb]", pciH100TS: "4 []", pciL4: "2 []", pciA10: "3 []"}},
+			sim.DefaultH100TS+" default H100XM-20C x4", sim.DefaultL4+" default L4-4Q x2", sim.DefaultA10+" default A10-8Q x3"),
+			map[string]string{sim.DefaultH100MIG: "4 [1g.10gb 1g.10gb 2g.20gb 3g.40gb]", sim.DefaultH100TS: "4 []", sim.DefaultL4: "2 []", sim.DefaultA10: "3 []"}},
 	}
 	for _, s := range steps {
 		args := []string{"apply", "-f", filepath.Join(testdata, s.file), "--select", s.sel}

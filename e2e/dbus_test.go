@@ -21,14 +21,7 @@ import (
 
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
-)
-
-// The default simulated host.
-const (
-	pciH100MIG = "0000:41:00.0"
-	pciH100TS  = "0000:61:00.0"
-	pciL4      = "0000:81:00.0"
-	pciA10     = "0000:a1:00.0"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
 // vgpud is a running vgpud --sim on a private bus.
@@ -247,7 +240,7 @@ func TestDBusBusctlIntrospectAndCall(t *testing.T) {
 		t.Fatalf("DefineTenant returned %q", r.out)
 	}
 	r = d.busctl(t, nil, "call", dbusapi.BusName, string(dbusapi.ManagerPath), dbusapi.ManagerInterface, "CreateInstance",
-		"ssa{sv}", "acme", "1g.10gb", "2", "gpu", "s", pciH100MIG, "timeout-ms", "t", "60000").must(t, "busctl call CreateInstance")
+		"ssa{sv}", "acme", "1g.10gb", "2", "gpu", "s", sim.DefaultH100MIG, "timeout-ms", "t", "60000").must(t, "busctl call CreateInstance")
 	if !strings.HasPrefix(r.out, `os "/dev/vgpud1/instance/`) {
 		t.Fatalf("CreateInstance returned %q", r.out)
 	}
@@ -455,7 +448,7 @@ func TestDBusSignalsBeforeReply(t *testing.T) {
 	}
 	// Sequence numbers count the messages as the connection read them.
 	want := map[string]bool{"InterfacesAdded " + string(path): false, "PropertiesChanged " + string(dbusapi.TenantPath("acme")): false,
-		"PropertiesChanged " + string(dbusapi.GPUPath(pciL4)): false, "PropertiesChanged " + string(dbusapi.ManagerPath): false}
+		"PropertiesChanged " + string(dbusapi.GPUPath(sim.DefaultL4)): false, "PropertiesChanged " + string(dbusapi.ManagerPath): false}
 	for missing := len(want); missing > 0; {
 		select {
 		case s := <-sigs:
@@ -512,7 +505,7 @@ func TestDBusCallerTimeoutCancelsAndUndoes(t *testing.T) {
 			d.sim(t, append([]string{"fault", "--op", "CreateGpuInstanceWithPlacement", "--delay", "4s", "--count", "1"}, tc.fault...)...)
 			sigs := subscribeSignals(t, bus)
 			start := time.Now()
-			r := d.ctl(t, "--timeout", "1s", "create", "1g.10gb", "--tenant", "acme", "--gpu", pciH100MIG)
+			r := d.ctl(t, "--timeout", "1s", "create", "1g.10gb", "--tenant", "acme", "--gpu", sim.DefaultH100MIG)
 			if r.code != 11 || !strings.Contains(r.err, "Timeout") {
 				t.Fatalf("create under --timeout 1s: exit %d, %s", r.code, r.err)
 			}
@@ -575,7 +568,7 @@ func TestDBusUnprivilegedCaller(t *testing.T) {
 
 	// Every method of every interface, called raw as uid 65534.
 	got := nobodyCalls(t, d, map[string]dbus.ObjectPath{
-		dbusapi.ManagerInterface: dbusapi.ManagerPath, dbusapi.GPUInterface: dbusapi.GPUPath(pciL4),
+		dbusapi.ManagerInterface: dbusapi.ManagerPath, dbusapi.GPUInterface: dbusapi.GPUPath(sim.DefaultL4),
 		dbusapi.InstanceInterface: dbusapi.InstancePath(in.UUID), dbusapi.TenantInterface: dbusapi.TenantPath("acme"),
 	})
 	if len(got) < 30 {
@@ -593,11 +586,11 @@ func TestDBusUnprivilegedCaller(t *testing.T) {
 	// vgpuctl as uid 65534: every verb that reads or changes is refused
 	// (exit 3); the version is public.
 	for _, args := range [][]string{
-		{"gpus"}, {"gpu", "show", pciL4}, {"profiles"}, {"capacity"}, {"list"}, {"show", in.UUID}, {"dumpxml", in.UUID},
+		{"gpus"}, {"gpu", "show", sim.DefaultL4}, {"profiles"}, {"capacity"}, {"list"}, {"show", in.UUID}, {"dumpxml", in.UUID},
 		{"plan", "1g.10gb"}, {"top", "-n", "1"}, {"events", "--count", "1"}, {"tenant", "list"}, {"tenant", "show", "acme"},
 		{"create", "L4-4Q", "--tenant", "acme"}, {"destroy", in.UUID}, {"attach", "vm1", in.UUID}, {"detach", in.UUID},
 		{"tenant", "define", "evil", "--vram", "1GiB", "--compute", "1"}, {"tenant", "set-quota", "acme", "--vram", "1TiB"},
-		{"tenant", "undefine", "acme", "--force"}, {"reconcile"}, {"gpu", "mig", pciH100TS, "on"}, {"defrag", "7g.80gb", "--tenant", "acme"},
+		{"tenant", "undefine", "acme", "--force"}, {"reconcile"}, {"gpu", "mig", sim.DefaultH100TS, "on"}, {"defrag", "7g.80gb", "--tenant", "acme"},
 	} {
 		r := d.ctlAsNobody(t, args...)
 		if r.code != 3 || !strings.Contains(r.err, "AccessDenied") || !strings.Contains(r.err, "group vgpud") {
@@ -881,7 +874,7 @@ func TestDBusInterruptedClientCancels(t *testing.T) {
 	d.ctl(t, "tenant", "define", "acme", "--vram", "unlimited", "--compute", "unlimited").must(t, "tenant define")
 	d.sim(t, "fault", "--op", "CreateGpuInstanceWithPlacement", "--delay", "6s", "--return", "2", "--count", "1")
 	sigs := subscribeSignals(t, bus)
-	cmd := exec.Command(vgpuctlBin, "--connect", bus.Address(), "create", "1g.10gb", "--tenant", "acme", "--gpu", pciH100MIG)
+	cmd := exec.Command(vgpuctlBin, "--connect", bus.Address(), "create", "1g.10gb", "--tenant", "acme", "--gpu", sim.DefaultH100MIG)
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
 	if err := cmd.Start(); err != nil {

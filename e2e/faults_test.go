@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
@@ -23,10 +24,10 @@ import (
 // to systemd (STATUS=, WATCHDOG=1) and its log are what is watched.
 
 // statusIs waits for a STATUS= line satisfying pred.
-func statusIs(t *testing.T, p *daemonProc, from int, what string, pred func(string) bool) (sdMsg, int) {
+func statusIs(t *testing.T, p *daemonProc, from int, what string, pred func(string) bool) (testenv.NotifyMsg, int) {
 	t.Helper()
-	return p.notify.await("STATUS "+what, from, 30*time.Second, func(m sdMsg) bool {
-		s, ok := m.fields["STATUS"]
+	return p.notify.Await("STATUS "+what, from, 30*time.Second, func(m testenv.NotifyMsg) bool {
+		s, ok := m.Fields["STATUS"]
 		return ok && pred(s)
 	})
 }
@@ -43,18 +44,18 @@ func TestFaultsDriverAbsentThenAppears(t *testing.T) {
 	start := time.Now()
 	p := startVgpud(t, state, nil, "--driver-wait", "2s")
 	_, wi := statusIs(t, p, 0, "waiting for the driver", func(s string) bool { return s == "waiting for the NVIDIA driver" })
-	p.notify.await("EXTEND_TIMEOUT_USEC", wi, 10*time.Second, func(m sdMsg) bool { return m.fields["EXTEND_TIMEOUT_USEC"] != "" })
-	ready, ri := p.notify.await("READY=1", wi, 30*time.Second, func(m sdMsg) bool { return m.has("READY=1") })
-	t.Logf("READY=1 after %v: %q", ready.at.Sub(start).Round(time.Millisecond), ready.fields["STATUS"])
-	if !strings.Contains(ready.fields["STATUS"], "degraded: NVIDIA driver not ready after 2s") {
-		t.Fatalf("READY status %q does not say degraded", ready.fields["STATUS"])
+	p.notify.Await("EXTEND_TIMEOUT_USEC", wi, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Fields["EXTEND_TIMEOUT_USEC"] != "" })
+	ready, ri := p.notify.Await("READY=1", wi, 30*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
+	t.Logf("READY=1 after %v: %q", ready.At.Sub(start).Round(time.Millisecond), ready.Fields["STATUS"])
+	if !strings.Contains(ready.Fields["STATUS"], "degraded: NVIDIA driver not ready after 2s") {
+		t.Fatalf("READY status %q does not say degraded", ready.Fields["STATUS"])
 	}
 	loaded := time.Now()
 	if err := h.SetDriverLoaded(true); err != nil {
 		t.Fatal(err)
 	}
 	back, _ := statusIs(t, p, ri, "without degraded", func(s string) bool { return s == "4 GPUs, 0 instances" })
-	t.Logf("driver loaded: healthy STATUS after %v", back.at.Sub(loaded).Round(time.Millisecond))
+	t.Logf("driver loaded: healthy STATUS after %v", back.At.Sub(loaded).Round(time.Millisecond))
 	if !strings.Contains(p.logs.String(), "NVIDIA driver appeared: leaving degraded mode") {
 		t.Fatal("no log line for leaving degraded mode")
 	}
@@ -84,7 +85,7 @@ func TestFaultsXID79WithAttachedInstances(t *testing.T) {
 	var control store.Instance
 	seed(t, state, vc, func(m *manager.Manager, _ *sim.Host) {
 		for i := 0; i < 2; i++ {
-			r, err := m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q", GPU: sdL4})
+			r, err := m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q", GPU: sim.DefaultL4})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +94,7 @@ func TestFaultsXID79WithAttachedInstances(t *testing.T) {
 			}
 			attached = append(attached, r)
 		}
-		r, err := m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "H100XM-4C", GPU: sdH100TS})
+		r, err := m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "H100XM-4C", GPU: sim.DefaultH100TS})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,18 +105,18 @@ func TestFaultsXID79WithAttachedInstances(t *testing.T) {
 	args := []string{"--libvirt-socket", lv.Socket(), "--libvirt-uri", lv.URI()}
 
 	p := startVgpud(t, state, nil, args...)
-	_, ri := p.notify.await("READY=1", 0, 60*time.Second, func(m sdMsg) bool { return m.has("READY=1") })
+	_, ri := p.notify.Await("READY=1", 0, 60*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	lost := time.Now()
-	if err := h.LoseGPU(sdL4); err != nil {
+	if err := h.LoseGPU(sim.DefaultL4); err != nil {
 		t.Fatal(err)
 	}
 	m, _ := statusIs(t, p, ri, "with a lost GPU", func(s string) bool { return strings.Contains(s, "1 GPUs lost or failed") })
-	t.Logf("XID 79: STATUS %q after %v", m.fields["STATUS"], m.at.Sub(lost).Round(time.Millisecond))
+	t.Logf("XID 79: STATUS %q after %v", m.Fields["STATUS"], m.At.Sub(lost).Round(time.Millisecond))
 	// The log arrives through a pipe; STATUS may overtake it.
 	logs := p.awaitLog(t, "lost=2")
 	// The XID names the GPU; when the GPU was lost before the event loop
 	// had registered it, the loss is reported without one.
-	for _, want := range []string{`msg="GPU failed: new carving there is refused"`, "gpu=" + sdL4, "lost=2"} {
+	for _, want := range []string{`msg="GPU failed: new carving there is refused"`, "gpu=" + sim.DefaultL4, "lost=2"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("log lacks %q", want)
 		}
@@ -140,18 +141,18 @@ func TestFaultsXID79WithAttachedInstances(t *testing.T) {
 
 	// Restart with the GPU still lost, then bring it back.
 	p = startVgpud(t, state, nil, args...)
-	_, ri = p.notify.await("READY=1", 0, 60*time.Second, func(m sdMsg) bool { return m.has("READY=1") })
-	if s := p.notify.between(ri, ri+1)[0].fields["STATUS"]; !strings.Contains(s, "1 GPUs lost or failed") {
+	_, ri = p.notify.Await("READY=1", 0, 60*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
+	if s := p.notify.Between(ri, ri+1)[0].Fields["STATUS"]; !strings.Contains(s, "1 GPUs lost or failed") {
 		t.Fatalf("after restart STATUS %q, want the GPU still lost", s)
 	}
 	back := time.Now()
-	if err := h.RecoverGPU(sdL4); err != nil {
+	if err := h.RecoverGPU(sim.DefaultL4); err != nil {
 		t.Fatal(err)
 	}
 	m, _ = statusIs(t, p, ri, "healthy again", func(s string) bool { return s == "4 GPUs, 3 instances" })
-	t.Logf("GPU back: STATUS %q after %v", m.fields["STATUS"], m.at.Sub(back).Round(time.Millisecond))
-	if n := len(regexp.MustCompile(`vf[0-9a-f:.]+=t[0-9]+`).FindAllString(gpuLine(h, sdL4), -1)); n != 2 {
-		t.Fatalf("vGPUs on the recovered GPU: %s", gpuLine(h, sdL4))
+	t.Logf("GPU back: STATUS %q after %v", m.Fields["STATUS"], m.At.Sub(back).Round(time.Millisecond))
+	if n := len(regexp.MustCompile(`vf[0-9a-f:.]+=t[0-9]+`).FindAllString(gpuLine(h, sim.DefaultL4), -1)); n != 2 {
+		t.Fatalf("vGPUs on the recovered GPU: %s", gpuLine(h, sim.DefaultL4))
 	}
 	p.signal(syscall.SIGTERM)
 	if err := p.wait(t, 90*time.Second); err != nil {
@@ -228,7 +229,7 @@ func TestFaultsUeventStorm(t *testing.T) {
 	h := openSim(t, state)
 	const watchdog = time.Second
 	p := startVgpud(t, state, []string{fmt.Sprintf("WATCHDOG_USEC=%d", watchdog.Microseconds())})
-	_, ri := p.notify.await("READY=1", 0, 60*time.Second, func(m sdMsg) bool { return m.has("READY=1") })
+	_, ri := p.notify.Await("READY=1", 0, 60*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	const storm = 1000
 	start := time.Now()
 	for i := 0; i < storm; i++ {
@@ -237,7 +238,7 @@ func TestFaultsUeventStorm(t *testing.T) {
 		case 0:
 			err = h.EmitUevent("change", "devices/pci0000:00/0000:81:00."+fmt.Sprint(4+i%4), "pci", map[string]string{"NVIDIA_VGPU_TYPE": "0"})
 		case 1:
-			err = h.EmitUevent("remove", fmt.Sprintf("devices/pci0000:00/%s/00000000-0000-4000-8000-%012d", sdA10, i), "mdev", nil)
+			err = h.EmitUevent("remove", fmt.Sprintf("devices/pci0000:00/%s/00000000-0000-4000-8000-%012d", sim.DefaultA10, i), "mdev", nil)
 		default:
 			err = h.EmitUevent("add", "devices/pci0000:00/0000:c1:00."+fmt.Sprint(i%8), "pci", map[string]string{"PCI_ID": "10DE:2330"})
 		}
@@ -269,9 +270,9 @@ func TestFaultsUeventStorm(t *testing.T) {
 	done := time.Now()
 	reconciles := strings.Count(p.logs.String(), `msg="host changed: reconciled"`)
 	var pings []time.Time
-	for _, m := range p.notify.between(ri, p.notify.count()) {
-		if m.has("WATCHDOG=1") {
-			pings = append(pings, m.at)
+	for _, m := range p.notify.Between(ri, p.notify.Count()) {
+		if m.Has("WATCHDOG=1") {
+			pings = append(pings, m.At)
 		}
 	}
 	var worst time.Duration

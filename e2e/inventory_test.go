@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
 // `vgpud inventory --sim -o json` lists the default simulated host's four
@@ -26,10 +27,10 @@ func TestInventoryOfTheSimulatedHost(t *testing.T) {
 		mig     bool
 		flavour gpu.Flavour
 	}{
-		"0000:41:00.0": {"H100-SXM5-80GB", true, gpu.FlavourVFIO},
-		"0000:61:00.0": {"H100-SXM5-80GB", false, gpu.FlavourVFIO},
-		"0000:81:00.0": {"L4-24GB", false, gpu.FlavourVFIO},
-		"0000:a1:00.0": {"A10-24GB", false, gpu.FlavourMdev},
+		sim.DefaultH100MIG: {"H100-SXM5-80GB", true, gpu.FlavourVFIO},
+		sim.DefaultH100TS:  {"H100-SXM5-80GB", false, gpu.FlavourVFIO},
+		sim.DefaultL4:      {"L4-24GB", false, gpu.FlavourVFIO},
+		sim.DefaultA10:     {"A10-24GB", false, gpu.FlavourMdev},
 	}
 	if len(inv.GPUs) != len(want) {
 		t.Fatalf("%d GPUs, want %d:\n%s", len(inv.GPUs), len(want), out)

@@ -6,11 +6,12 @@ package e2e
 
 import (
 	"fmt"
-	"github.com/vgpud/vgpud/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/vgpud/vgpud/internal/testenv"
 )
 
 // Paths of the binaries TestMain built (or found in $VGPUD_E2E_BIN).

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/vgpud/vgpud/internal/testenv"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vgpud/vgpud/internal/testenv"
 
 	"sigs.k8s.io/yaml"
 

@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"github.com/vgpud/vgpud/internal/testenv"
 	"io/fs"
 	"net"
 	"os"
@@ -21,8 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpud/vgpud/pkg/discover"
-	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
+	"github.com/vgpud/vgpud/internal/testenv"
+
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
 	"github.com/vgpud/vgpud/pkg/manager"
@@ -40,14 +39,6 @@ import (
 // maxExposure is the highest `systemd-analyze security` score the unit may
 // have (make verify-units enforces the same).
 const maxExposure = 2.5
-
-// The built-in simulated host.
-const (
-	sdH100MIG = "0000:41:00.0"
-	sdH100TS  = "0000:61:00.0"
-	sdL4      = "0000:81:00.0"
-	sdA10     = "0000:a1:00.0"
-)
 
 // unitFile is a parsed systemd unit: every assignment per key, in order.
 type unitFile map[string][]string
@@ -213,32 +204,16 @@ func TestSystemdHardeningCoversDaemonWrites(t *testing.T) {
 	u := parseUnit(t, unitPath(t))
 	model := modelOf(t, u)
 
-	cat, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	h, err := sim.Open(filepath.Join(dir, "sim"), nil, cat, sim.OpenOptions{Mirror: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	db, err := store.Open(filepath.Join(dir, "state.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	var rec *recordingFS
+	m := simhost.Start(t, simhost.Options{
+		Sim: sim.OpenOptions{Mirror: true},
+		FS: func(h *sim.Host) sysfs.FS {
+			rec = &recordingFS{FS: h.FS(), root: h.SysRoot(), writes: map[string]string{}}
+			return rec
+		},
+		Manager: manager.Config{BusyRetry: 1},
+	}).Manager
 	ctx := context.Background()
-	b := nvmlb.New(h.NVML(), cat, nvmlb.Options{})
-	if err := b.Init(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rec := &recordingFS{FS: h.FS(), root: h.SysRoot(), writes: map[string]string{}}
-	fsys := sysfs.New(rec)
-	m := manager.New(cat, db, b, fsys, discover.Host{NVML: b, Sysfs: fsys}, nil, manager.Options{BusyRetry: 1})
-	if _, err := m.Reconcile(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := m.DefineTenant(ctx, tenant.Tenant{Name: "acme", Quota: tenant.UnlimitedQuota()}); err != nil {
 		t.Fatal(err)
 	}
@@ -708,133 +683,20 @@ func TestSystemdInstallTree(t *testing.T) {
 
 // ---- the built daemon under a simulated service manager ----
 
-// notifySock is the service manager's end of $NOTIFY_SOCKET.
-type notifySock struct {
-	t    *testing.T
-	path string
-	conn *net.UnixConn
-
-	mu    sync.Mutex
-	msgs  []sdMsg
-	cond  chan struct{}
-	onMsg func(sdMsg) string
-}
-
-type sdMsg struct {
-	at     time.Time
-	fields map[string]string
-	snap   string
-}
-
-func (m sdMsg) has(kv string) bool {
-	k, v, _ := strings.Cut(kv, "=")
-	got, ok := m.fields[k]
-	return ok && got == v
-}
-
-func newNotifySock(t *testing.T) *notifySock {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "sdn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	n := &notifySock{t: t, path: filepath.Join(dir, "notify"), cond: make(chan struct{})}
-	n.conn, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: n.path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.conn.Close() })
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			k, err := n.conn.Read(buf)
-			if err != nil {
-				return
-			}
-			m := sdMsg{at: time.Now(), fields: map[string]string{}}
-			for _, line := range strings.Split(string(buf[:k]), "\n") {
-				if a, b, ok := strings.Cut(line, "="); ok {
-					m.fields[a] = b
-				}
-			}
-			n.mu.Lock()
-			hook := n.onMsg
-			n.mu.Unlock()
-			if hook != nil {
-				m.snap = hook(m)
-			}
-			n.mu.Lock()
-			n.msgs = append(n.msgs, m)
-			close(n.cond)
-			n.cond = make(chan struct{})
-			n.mu.Unlock()
-		}
-	}()
-	return n
-}
-
-func (n *notifySock) hook(fn func(sdMsg) string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.onMsg = fn
-}
-
-// await returns the first message from index from on matching pred.
-func (n *notifySock) await(what string, from int, timeout time.Duration, pred func(sdMsg) bool) (sdMsg, int) {
-	n.t.Helper()
-	deadline := time.After(timeout)
-	for i := from; ; {
-		n.mu.Lock()
-		for ; i < len(n.msgs); i++ {
-			if pred(n.msgs[i]) {
-				m := n.msgs[i]
-				n.mu.Unlock()
-				return m, i
-			}
-		}
-		c := n.cond
-		n.mu.Unlock()
-		select {
-		case <-c:
-		case <-deadline:
-			n.mu.Lock()
-			var all []map[string]string
-			for _, m := range n.msgs[from:] {
-				all = append(all, m.fields)
-			}
-			n.mu.Unlock()
-			n.t.Fatalf("no notify message %s within %v; got %v", what, timeout, all)
-		}
-	}
-}
-
-func (n *notifySock) between(from, to int) []sdMsg {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return append([]sdMsg(nil), n.msgs[from:min(to, len(n.msgs))]...)
-}
-
-func (n *notifySock) count() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.msgs)
-}
-
 // daemonProc is a vgpud process started as systemd would start it.
 type daemonProc struct {
 	cmd    *exec.Cmd
 	logs   *testenv.Buffer
 	exited chan struct{}
 	err    error
-	notify *notifySock
+	notify *testenv.NotifySocket
 }
 
 // startVgpud starts the built daemon on the simulated host in stateDir,
 // with $NOTIFY_SOCKET (and extra environment) set.
 func startVgpud(t *testing.T, stateDir string, env []string, args ...string) *daemonProc {
 	t.Helper()
-	p := &daemonProc{logs: &testenv.Buffer{}, exited: make(chan struct{}), notify: newNotifySock(t)}
+	p := &daemonProc{logs: &testenv.Buffer{}, exited: make(chan struct{}), notify: testenv.ListenNotify(t)}
 	cfg := filepath.Join(t.TempDir(), "vgpud.yaml")
 	if err := os.WriteFile(cfg, []byte("version: v1\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -849,7 +711,7 @@ func startVgpud(t *testing.T, stateDir string, env []string, args ...string) *da
 			p.cmd.Env = append(p.cmd.Env, e)
 		}
 	}
-	p.cmd.Env = append(append(p.cmd.Env, "NOTIFY_SOCKET="+p.notify.path), env...)
+	p.cmd.Env = append(append(p.cmd.Env, "NOTIFY_SOCKET="+p.notify.Path()), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -908,40 +770,20 @@ func (p *daemonProc) wait(t *testing.T, timeout time.Duration) error {
 // store), as a client would have left them.
 func seed(t *testing.T, stateDir string, vc *virt.Conn, fn func(m *manager.Manager, h *sim.Host)) {
 	t.Helper()
-	cat, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := sim.Open(filepath.Join(stateDir, "sim"), nil, cat, sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	db, err := store.Open(filepath.Join(stateDir, "state.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx := context.Background()
-	b := nvmlb.New(h.NVML(), cat, nvmlb.Options{})
-	if err := b.Init(ctx); err != nil {
-		t.Fatal(err)
-	}
-	fsys := sysfs.New(h.FS())
 	var mv manager.Virt
 	if vc != nil {
 		mv = vc
 	}
-	m := manager.New(cat, db, b, fsys, discover.Host{NVML: b, Sysfs: fsys}, mv, manager.Options{BusyRetry: 1})
-	if _, err := m.Reconcile(ctx); err != nil {
-		t.Fatal(err)
-	}
+	h := simhost.Start(t, simhost.Options{Dir: stateDir, Manager: manager.Config{Virt: mv, BusyRetry: 1}})
+	// The daemon that starts next needs the store's lock.
+	defer h.Close()
+	m, ctx := h.Manager, context.Background()
 	if _, err := m.Tenant("acme"); err != nil {
 		if _, err := m.DefineTenant(ctx, tenant.Tenant{Name: "acme", Quota: tenant.UnlimitedQuota()}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	fn(m, h)
+	fn(m, h.Sim)
 }
 
 // records reads the instance records the daemon left (after it exited).
@@ -982,13 +824,7 @@ func openSim(t *testing.T, stateDir string) *sim.Host {
 
 func gpuLine(h *sim.Host, pci string) string {
 	s, _ := h.Summary()
-	sc := bufio.NewScanner(strings.NewReader(s))
-	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), pci) {
-			return sc.Text()
-		}
-	}
-	return ""
+	return simhost.SummaryLine(s, pci)
 }
 
 // TestSystemdNotifyProtocol runs the built daemon as systemd runs a
@@ -1000,7 +836,7 @@ func TestSystemdNotifyProtocol(t *testing.T) {
 	state := t.TempDir()
 	var ids []string
 	seed(t, state, nil, func(m *manager.Manager, h *sim.Host) {
-		for _, p := range []struct{ profile, gpu string }{{"3g.40gb", sdH100MIG}, {"L4-4Q", sdL4}, {"A10-4Q", sdA10}} {
+		for _, p := range []struct{ profile, gpu string }{{"3g.40gb", sim.DefaultH100MIG}, {"L4-4Q", sim.DefaultL4}, {"A10-4Q", sim.DefaultA10}} {
 			r, err := m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: p.profile, GPU: p.gpu})
 			if err != nil {
 				t.Fatal(err)
@@ -1018,42 +854,42 @@ func TestSystemdNotifyProtocol(t *testing.T) {
 	const watchdog = 500 * time.Millisecond
 	start := time.Now()
 	var p *daemonProc
-	snapshot := func(m sdMsg) string {
-		if !m.has("READY=1") {
+	snapshot := func(m testenv.NotifyMsg) string {
+		if !m.Has("READY=1") {
 			return ""
 		}
-		return gpuLine(h, sdH100MIG) + "\n" + gpuLine(h, sdL4) + "\n" + gpuLine(h, sdA10)
+		return gpuLine(h, sim.DefaultH100MIG) + "\n" + gpuLine(h, sim.DefaultL4) + "\n" + gpuLine(h, sim.DefaultA10)
 	}
 	p = startVgpud(t, state, []string{fmt.Sprintf("WATCHDOG_USEC=%d", watchdog.Microseconds())})
-	p.notify.hook(snapshot)
-	ready, ri := p.notify.await("READY=1", 0, 60*time.Second, func(m sdMsg) bool { return m.has("READY=1") })
-	t.Logf("READY=1 after %v with STATUS=%q; host then:\n%s", ready.at.Sub(start).Round(time.Millisecond), ready.fields["STATUS"], ready.snap)
-	lines := strings.Split(ready.snap, "\n")
+	p.notify.OnMsg(snapshot)
+	ready, ri := p.notify.Await("READY=1", 0, 60*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
+	t.Logf("READY=1 after %v with STATUS=%q; host then:\n%s", ready.At.Sub(start).Round(time.Millisecond), ready.Fields["STATUS"], ready.Snap)
+	lines := strings.Split(ready.Snap, "\n")
 	if !strings.Contains(lines[0], "ci=1") || !strings.Contains(lines[1], "=t") || !strings.Contains(lines[2], "mdev") {
-		t.Fatalf("READY=1 before start-up reconcile re-created the instances:\n%s", ready.snap)
+		t.Fatalf("READY=1 before start-up reconcile re-created the instances:\n%s", ready.Snap)
 	}
 	var statuses []string
-	for _, m := range p.notify.between(0, ri) {
-		if s, ok := m.fields["STATUS"]; ok {
+	for _, m := range p.notify.Between(0, ri) {
+		if s, ok := m.Fields["STATUS"]; ok {
 			statuses = append(statuses, s)
 		}
 	}
-	if strings.Join(statuses, "|") != "opening state|reconciling" || ready.fields["STATUS"] != "4 GPUs, 3 instances" {
-		t.Fatalf("STATUS lines %q then %q", statuses, ready.fields["STATUS"])
+	if strings.Join(statuses, "|") != "opening state|reconciling" || ready.Fields["STATUS"] != "4 GPUs, 3 instances" {
+		t.Fatalf("STATUS lines %q then %q", statuses, ready.Fields["STATUS"])
 	}
 
 	// Watchdog: 10 pings, at half the interval.
 	n := 0
-	_, wi := p.notify.await("10 WATCHDOG=1", ri, 20*time.Second, func(m sdMsg) bool {
-		if m.has("WATCHDOG=1") {
+	_, wi := p.notify.Await("10 WATCHDOG=1", ri, 20*time.Second, func(m testenv.NotifyMsg) bool {
+		if m.Has("WATCHDOG=1") {
 			n++
 		}
 		return n == 10
 	})
 	var pings []time.Time
-	for _, m := range p.notify.between(ri, wi+1) {
-		if m.has("WATCHDOG=1") {
-			pings = append(pings, m.at)
+	for _, m := range p.notify.Between(ri, wi+1) {
+		if m.Has("WATCHDOG=1") {
+			pings = append(pings, m.At)
 		}
 	}
 	var worst, sum time.Duration
@@ -1068,23 +904,23 @@ func TestSystemdNotifyProtocol(t *testing.T) {
 	}
 
 	// SIGHUP: RELOADING=1, then READY=1 again; the daemon keeps its state.
-	mark := p.notify.count()
+	mark := p.notify.Count()
 	p.signal(syscall.SIGHUP)
-	_, rl := p.notify.await("RELOADING=1", mark, 10*time.Second, func(m sdMsg) bool { return m.has("RELOADING=1") && m.fields["MONOTONIC_USEC"] != "" })
-	again, _ := p.notify.await("READY=1 after the reload", rl, 10*time.Second, func(m sdMsg) bool { return m.has("READY=1") })
-	if again.fields["STATUS"] != "4 GPUs, 3 instances" {
-		t.Fatalf("status after reload %q", again.fields["STATUS"])
+	_, rl := p.notify.Await("RELOADING=1", mark, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("RELOADING=1") && m.Fields["MONOTONIC_USEC"] != "" })
+	again, _ := p.notify.Await("READY=1 after the reload", rl, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
+	if again.Fields["STATUS"] != "4 GPUs, 3 instances" {
+		t.Fatalf("status after reload %q", again.Fields["STATUS"])
 	}
 
 	// SIGTERM: STOPPING=1 and a clean exit.
-	mark = p.notify.count()
+	mark = p.notify.Count()
 	sent := time.Now()
 	p.signal(syscall.SIGTERM)
-	stopping, _ := p.notify.await("STOPPING=1", mark, 10*time.Second, func(m sdMsg) bool { return m.has("STOPPING=1") })
+	stopping, _ := p.notify.Await("STOPPING=1", mark, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("STOPPING=1") })
 	if err := p.wait(t, 90*time.Second); err != nil {
 		t.Fatalf("exit: %v, want status 0", err)
 	}
-	t.Logf("SIGTERM: STOPPING=1 after %v, exit after %v", stopping.at.Sub(sent).Round(time.Millisecond), time.Since(sent).Round(time.Millisecond))
+	t.Logf("SIGTERM: STOPPING=1 after %v, exit after %v", stopping.At.Sub(sent).Round(time.Millisecond), time.Since(sent).Round(time.Millisecond))
 	recs := records(t, state)
 	for _, id := range ids {
 		if recs[id].State != store.StateReady {

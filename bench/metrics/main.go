@@ -9,7 +9,7 @@
 //
 //	go run ./bench/metrics -out bench/metrics.json
 //
-// Imports: pkg/..., internal/testenv, profiles.
+// Imports: pkg/..., internal/testenv, internal/testenv/simhost, profiles.
 package main
 
 import (
@@ -19,7 +19,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/vgpud/vgpud/internal/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -36,13 +35,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
+
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/vgpud/vgpud/pkg/discover"
 	"github.com/vgpud/vgpud/pkg/gpu"
 	nvmlbackend "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
-	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/metrics"
 	"github.com/vgpud/vgpud/pkg/profile"
@@ -167,22 +168,13 @@ func specYAML(s *sim.Spec) string {
 // sets a workload on each; the daemon then starts on the same state.
 func seed(ctx context.Context, state string, spec *sim.Spec, cat *profile.Catalog) (share.Inventory, error) {
 	var inv share.Inventory
-	h, err := sim.Open(filepath.Join(state, "sim"), spec, cat, sim.OpenOptions{})
+	host, err := simhost.Open(ctx, simhost.Options{Dir: state, Spec: spec, Catalog: cat,
+		Manager: manager.Config{Logger: slog.New(slog.DiscardHandler)}, NoReconcile: true})
 	if err != nil {
 		return inv, err
 	}
-	defer h.Close()
-	db, err := store.Open(filepath.Join(state, "state.db"), store.Options{})
-	if err != nil {
-		return inv, err
-	}
-	defer db.Close()
-	b := nvmlbackend.New(h.NVML(), cat, nvmlbackend.Options{})
-	if err := b.Init(ctx); err != nil {
-		return inv, err
-	}
-	fs := sysfs.New(h.FS())
-	m := manager.New(cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, nil, manager.Options{Logger: slog.New(slog.DiscardHandler)})
+	defer host.Close()
+	h, m := host.Sim, host.Manager
 	if err := m.Refresh(ctx); err != nil {
 		return inv, err
 	}
@@ -213,9 +205,9 @@ func seed(ctx context.Context, state string, spec *sim.Spec, cat *profile.Catalo
 			inv.Instances = append(inv.Instances, share.Instance{UUID: r.UUID, Tenant: r.Tenant, Guaranteed: s%2 == 0, GPU: r.GPUUUID,
 				Kind: share.MIG, Profile: r.Profile, GI: r.GIID, GIStart: r.GIStart, GISize: r.GISize, ComputeMilli: r.ComputeMilli,
 				VRAMBytes: r.VRAMBytes, State: string(store.StateReady)})
-			w := sim.Workload{Kind: sim.WorkloadSteady, Demand: 0.02 + 0.02*float64(s)}
+			w := workload.Workload{Kind: workload.Steady, Demand: 0.02 + 0.02*float64(s)}
 			if s == 6 {
-				w = sim.Workload{Kind: sim.WorkloadBursty, Demand: 0.1, Seed: uint64(n)}
+				w = workload.Workload{Kind: workload.Bursty, Demand: 0.1, Seed: uint64(n)}
 			}
 			if err := h.SetWorkload(fmt.Sprintf("%s/gi%d", g.PCI, r.GIID), w); err != nil {
 				return inv, err

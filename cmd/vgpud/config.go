@@ -73,14 +73,14 @@ type Config struct {
 
 	file  string
 	flags *flagValues
-	// live holds the settings running parts read on every use; load keeps
-	// the holder and reload swaps what it holds (see Live).
-	live *atomic.Pointer[Live]
+	// reloadable holds the settings running parts read on every use; load
+	// keeps the holder and reload swaps what it holds (see Reloadable).
+	reloadable *atomic.Pointer[Reloadable]
 }
 
-// Live are the settings a SIGHUP applies to the running daemon; the rest
-// take effect at the next start.
-type Live struct {
+// Reloadable are the settings a SIGHUP applies to the running daemon; the
+// rest take effect at the next start.
+type Reloadable struct {
 	CriticalXIDs map[uint64]bool
 	UeventSettle time.Duration
 	RecoverProbe time.Duration
@@ -89,28 +89,28 @@ type Live struct {
 	LogLevel string
 }
 
-// Live returns the settings in force now.
-func (c *Config) Live() *Live {
-	if c.live == nil || c.live.Load() == nil {
-		return c.liveValues()
+// Reloadable returns the reloadable settings in force now.
+func (c *Config) Reloadable() *Reloadable {
+	if c.reloadable == nil || c.reloadable.Load() == nil {
+		return c.reloadableValues()
 	}
-	return c.live.Load()
+	return c.reloadable.Load()
 }
 
-func (c *Config) liveValues() *Live {
-	l := &Live{CriticalXIDs: map[uint64]bool{}, UeventSettle: c.UeventSettle.Duration, RecoverProbe: c.RecoverProbe.Duration, LogLevel: c.LogLevel}
+func (c *Config) reloadableValues() *Reloadable {
+	l := &Reloadable{CriticalXIDs: map[uint64]bool{}, UeventSettle: c.UeventSettle.Duration, RecoverProbe: c.RecoverProbe.Duration, LogLevel: c.LogLevel}
 	for _, x := range c.CriticalXIDs {
 		l.CriticalXIDs[uint64(x)] = true
 	}
 	return l
 }
 
-// applyLive makes next's live settings the ones in force.
-func (c *Config) applyLive(next *Config) {
-	if c.live == nil {
-		c.live = new(atomic.Pointer[Live])
+// applyReloadable makes next's reloadable settings the ones in force.
+func (c *Config) applyReloadable(next *Config) {
+	if c.reloadable == nil {
+		c.reloadable = new(atomic.Pointer[Reloadable])
 	}
-	c.live.Store(next.liveValues())
+	c.reloadable.Store(next.reloadableValues())
 }
 
 // defaultCriticalXIDs: errors after which a GPU needs a reset (NVIDIA's
@@ -262,12 +262,12 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 		return usageError{fmt.Errorf("configuration %s: %w", where, err)}
 	}
 	next.flags = v
-	live := c.live
+	holder := c.reloadable
 	*c = *next
 	// The holder outlives a load: parts that kept it see what a later
 	// reload applies.
-	c.live = live
-	c.applyLive(next)
+	c.reloadable = holder
+	c.applyReloadable(next)
 	return nil
 }
 

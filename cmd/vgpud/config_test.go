@@ -66,10 +66,10 @@ func TestConfigFileAndFlags(t *testing.T) {
 			}
 			return ""
 		}},
-		{name: "live-settings", yaml: "ueventSettle: 2s\nrecoverProbe: 1s\ncriticalXIDs: [94]\n", check: func(c *Config) string {
-			l := c.Live()
+		{name: "reloadable-settings", yaml: "ueventSettle: 2s\nrecoverProbe: 1s\ncriticalXIDs: [94]\n", check: func(c *Config) string {
+			l := c.Reloadable()
 			if l.UeventSettle != 2*time.Second || l.RecoverProbe != time.Second || !l.CriticalXIDs[94] || l.CriticalXIDs[79] {
-				return "live settings not taken from the file"
+				return "reloadable settings not taken from the file"
 			}
 			return ""
 		}},
@@ -159,28 +159,28 @@ func TestConfigShippedExample(t *testing.T) {
 	want := defaultConfig()
 	want.Version = "v1"
 	got := *c
-	got.file, got.flags, got.live = "", nil, nil
+	got.file, got.flags, got.reloadable = "", nil, nil
 	if !reflect.DeepEqual(settingsMap(&got), settingsMap(want)) {
 		t.Fatalf("the example's values differ from the defaults:\n got %v\nwant %v", settingsMap(&got), settingsMap(want))
 	}
 }
 
-// TestConfigLiveHolder: a second load (a reload) keeps the holder that
+// TestConfigReloadableHolder: a second load (a reload) keeps the holder that
 // running parts read, with the new values in it.
-func TestConfigLiveHolder(t *testing.T) {
+func TestConfigReloadableHolder(t *testing.T) {
 	c, err := loadWith(t, "ueventSettle: 1s\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := c.live
+	holder := c.reloadable
 	next := defaultConfig()
 	next.flags = c.flags
 	if err := next.load(nil); err != nil {
 		t.Fatal(err)
 	}
 	next.UeventSettle = Duration{3 * time.Second}
-	c.applyLive(next)
-	if c.live != holder || c.Live().UeventSettle != 3*time.Second {
-		t.Fatalf("holder replaced or not updated: %v", c.Live())
+	c.applyReloadable(next)
+	if c.reloadable != holder || c.Reloadable().UeventSettle != 3*time.Second {
+		t.Fatalf("holder replaced or not updated: %v", c.Reloadable())
 	}
 }

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 )
 
@@ -32,25 +35,25 @@ func TestFaultDriverAbsentAtStart(t *testing.T) {
 				t.Fatal(err)
 			}
 			td := launch(t, cfg, nil, true)
-			notify.await("waiting for the driver", 10*time.Second, func(m notifyMsg) bool { return m.has("STATUS=waiting for the NVIDIA driver") })
-			notify.await("EXTEND_TIMEOUT_USEC", 10*time.Second, func(m notifyMsg) bool { return m.fields["EXTEND_TIMEOUT_USEC"] != "" })
+			notify.Await("waiting for the driver", 0, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("STATUS=waiting for the NVIDIA driver") })
+			notify.Await("EXTEND_TIMEOUT_USEC", 0, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Fields["EXTEND_TIMEOUT_USEC"] != "" })
 			if tt.loadWhen == "waiting" {
 				if err := h.SetDriverLoaded(true); err != nil {
 					t.Fatal(err)
 				}
 			}
-			ready, _ := notify.await("READY=1", 20*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+			ready, _ := notify.Await("READY=1", 0, 20*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 			td.waitStarted()
 			m := td.d.mgr
-			degraded := strings.Contains(ready.fields["STATUS"], "degraded")
+			degraded := strings.Contains(ready.Fields["STATUS"], "degraded")
 			if degraded != (tt.loadWhen == "degraded") {
-				t.Fatalf("READY status %q, degraded %v", ready.fields["STATUS"], degraded)
+				t.Fatalf("READY status %q, degraded %v", ready.Fields["STATUS"], degraded)
 			}
 			if tt.loadWhen == "degraded" {
 				if _, err := m.GPUs(); err != nil {
 					t.Fatalf("reads while degraded: %v", err)
 				}
-				defineTenant(t, m, "acme")
+				simhost.DefineTenant(t, m, "acme")
 				_, err := m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q"})
 				if !errors.Is(err, manager.ErrBusy) || !strings.Contains(err.Error(), "carving is disabled") {
 					t.Fatalf("create while degraded: %v, want ErrBusy (carving is disabled)", err)
@@ -60,17 +63,17 @@ func TestFaultDriverAbsentAtStart(t *testing.T) {
 				if err := td.d.host.sim.SetDriverLoaded(true); err != nil {
 					t.Fatal(err)
 				}
-				notify.await("a status without degraded", 20*time.Second, func(m notifyMsg) bool {
-					s, ok := m.fields["STATUS"]
+				notify.Await("a status without degraded", 0, 20*time.Second, func(m testenv.NotifyMsg) bool {
+					s, ok := m.Fields["STATUS"]
 					return ok && strings.Contains(s, "GPUs") && !strings.Contains(s, "degraded")
 				})
 				if m.Degraded() != "" {
 					t.Fatalf("still degraded: %s", m.Degraded())
 				}
 			} else {
-				defineTenant(t, m, "acme")
+				simhost.DefineTenant(t, m, "acme")
 			}
-			mustCreate(t, m, "L4-4Q", simL4)
+			simhost.MustCreate(t, m, "acme", "L4-4Q", sim.DefaultL4)
 		})
 	}
 }
@@ -92,27 +95,27 @@ func TestFaultVFsLate(t *testing.T) {
 			notify := listenNotify(t)
 			cfg := testConfig(t, t.TempDir(), "", "--driver-wait", tt.wait)
 			h := openSimHost(t, cfg)
-			if err := h.SetVFs(simH100TS, false); err != nil {
+			if err := h.SetVFs(sim.DefaultH100TS, false); err != nil {
 				t.Fatal(err)
 			}
 			start := time.Now()
 			td := launch(t, cfg, nil, true)
-			notify.await("waiting for VFs", 10*time.Second, func(m notifyMsg) bool {
-				return m.has("STATUS=waiting for SR-IOV virtual functions on " + simH100TS)
+			notify.Await("waiting for VFs", 0, 10*time.Second, func(m testenv.NotifyMsg) bool {
+				return m.Has("STATUS=waiting for SR-IOV virtual functions on " + sim.DefaultH100TS)
 			})
 			if tt.enable {
-				if err := h.SetVFs(simH100TS, true); err != nil {
+				if err := h.SetVFs(sim.DefaultH100TS, true); err != nil {
 					t.Fatal(err)
 				}
 			}
-			notify.await("READY=1", 20*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+			notify.Await("READY=1", 0, 20*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 			td.waitStarted()
 			t.Logf("start took %v", time.Since(start).Round(time.Millisecond))
 			m := td.d.mgr
 			if m.Degraded() != "" {
 				t.Fatalf("degraded: %s", m.Degraded())
 			}
-			g := gpuState(t, m, simH100TS)
+			g := simhost.GPU(t, m, sim.DefaultH100TS)
 			if got := len(g.VGPU.VFs) > 0; got != tt.enable {
 				t.Fatalf("VFs at the first reconcile: %d", len(g.VGPU.VFs))
 			}

@@ -10,8 +10,8 @@ import (
 
 // The fault watcher's wiring: pkg/health follows uevents and NVML events;
 // the daemon hands it the manager, the host's backends, the uevent source
-// (the kernel's, or the simulated host's ring), the live settings and a
-// way to tell systemd the new state.
+// (the kernel's, or the simulated host's ring), the reloadable settings
+// and a way to tell systemd the new state.
 
 // startFaultWatch follows uevents and NVML events until ctx ends; stop
 // waits for the operation in flight to finish.
@@ -26,7 +26,7 @@ func newFaultWatch(d *daemon) *health.Watcher {
 		Events:  d.host.nvml,
 		// Read on every use: a reload's fault settings apply at once.
 		Settings: func() health.Settings {
-			l := d.cfg.Live()
+			l := d.cfg.Reloadable()
 			return health.Settings{CriticalXIDs: l.CriticalXIDs, UeventSettle: l.UeventSettle, RecoverProbe: l.RecoverProbe}
 		},
 		Status: func() { d.notify.Status(d.statusLine()) },

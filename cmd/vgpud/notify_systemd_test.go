@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -29,9 +31,9 @@ func TestNotifyReadyAfterReconcile(t *testing.T) {
 	t.Setenv("NOTIFY_SOCKET", "")
 	first := launch(t, cfg, nil, false)
 	first.waitStarted()
-	defineTenant(t, first.d.mgr, "acme")
-	mig := mustCreate(t, first.d.mgr, "3g.40gb", simH100MIG)
-	vgpu := mustCreate(t, first.d.mgr, "L4-4Q", simL4)
+	simhost.DefineTenant(t, first.d.mgr, "acme")
+	mig := simhost.MustCreate(t, first.d.mgr, "acme", "3g.40gb", sim.DefaultH100MIG)
+	vgpu := simhost.MustCreate(t, first.d.mgr, "acme", "L4-4Q", sim.DefaultL4)
 	if err := first.shutdown(); err != nil {
 		t.Fatal(err)
 	}
@@ -44,8 +46,8 @@ func TestNotifyReadyAfterReconcile(t *testing.T) {
 
 	notify := listenNotify(t)
 	// At the moment READY=1 arrives, what does the host hold?
-	notify.snapshot(func(m notifyMsg) string {
-		if !m.has("READY=1") {
+	notify.OnMsg(func(m testenv.NotifyMsg) string {
+		if !m.Has("READY=1") {
 			return ""
 		}
 		s, _ := h.Summary()
@@ -53,26 +55,26 @@ func TestNotifyReadyAfterReconcile(t *testing.T) {
 	})
 	start := time.Now()
 	second := launch(t, cfg, nil, true)
-	ready, ri := notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
-	t.Logf("READY=1 after %v: %q", ready.at.Sub(start).Round(time.Millisecond), ready.fields["STATUS"])
-	line := firstLine(ready.snap, simH100MIG)
-	if !strings.Contains(line, "gi") || !strings.Contains(line, "ci=1") || !strings.Contains(firstLine(ready.snap, simL4), "vf") {
-		t.Fatalf("READY=1 came before reconcile re-created the instances; host then:\n%s", ready.snap)
+	ready, ri := notify.Await("READY=1", 0, 30*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
+	t.Logf("READY=1 after %v: %q", ready.At.Sub(start).Round(time.Millisecond), ready.Fields["STATUS"])
+	line := simhost.SummaryLine(ready.Snap, sim.DefaultH100MIG)
+	if !strings.Contains(line, "gi") || !strings.Contains(line, "ci=1") || !strings.Contains(simhost.SummaryLine(ready.Snap, sim.DefaultL4), "vf") {
+		t.Fatalf("READY=1 came before reconcile re-created the instances; host then:\n%s", ready.Snap)
 	}
 	var statuses []string
-	for _, m := range notify.since(0)[:ri] {
-		if s, ok := m.fields["STATUS"]; ok {
+	for _, m := range notify.Between(0, ri) {
+		if s, ok := m.Fields["STATUS"]; ok {
 			statuses = append(statuses, s)
 		}
 	}
 	if strings.Join(statuses, "|") != "opening state|reconciling" {
 		t.Fatalf("STATUS before READY: %q, want opening state, reconciling", statuses)
 	}
-	if ready.fields["STATUS"] != "4 GPUs, 2 instances" {
-		t.Fatalf("READY status %q", ready.fields["STATUS"])
+	if ready.Fields["STATUS"] != "4 GPUs, 2 instances" {
+		t.Fatalf("READY status %q", ready.Fields["STATUS"])
 	}
 	second.waitStarted()
-	states := instanceStates(t, second.d.mgr)
+	states := simhost.InstanceStates(t, second.d.mgr)
 	if states[mig.UUID] != store.StateReady || states[vgpu.UUID] != store.StateReady {
 		t.Fatalf("records after start: %v", states)
 	}
@@ -86,21 +88,21 @@ func TestNotifyWatchdog(t *testing.T) {
 	t.Setenv("WATCHDOG_USEC", fmt.Sprint(usec))
 	cfg := testConfig(t, t.TempDir(), "")
 	launch(t, cfg, nil, true)
-	_, ri := notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	_, ri := notify.Await("READY=1", 0, 30*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	const want = 12
-	_, last := notify.await(fmt.Sprintf("%d watchdog pings", want), 10*time.Second, func() func(notifyMsg) bool {
+	_, last := notify.Await(fmt.Sprintf("%d watchdog pings", want), 0, 10*time.Second, func() func(testenv.NotifyMsg) bool {
 		n := 0
-		return func(m notifyMsg) bool {
-			if m.has("WATCHDOG=1") {
+		return func(m testenv.NotifyMsg) bool {
+			if m.Has("WATCHDOG=1") {
 				n++
 			}
 			return n == want
 		}
 	}())
 	var pings []time.Time
-	for _, m := range notify.since(ri)[:last-ri+1] {
-		if m.has("WATCHDOG=1") {
-			pings = append(pings, m.at)
+	for _, m := range notify.Between(ri, last+1) {
+		if m.Has("WATCHDOG=1") {
+			pings = append(pings, m.At)
 		}
 	}
 	var gaps []time.Duration
@@ -129,12 +131,12 @@ func TestNotifyStopFinishesOperationInFlight(t *testing.T) {
 	sigCtx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stopSignals()
 	td := launch(t, cfg, sigCtx, true)
-	notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	notify.Await("READY=1", 0, 30*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	td.waitStarted()
 	// The daemon's own handle on the simulated host (see TestFaultWatchWiring).
 	h := td.d.host.sim
 	m := td.d.mgr
-	defineTenant(t, m, "acme")
+	simhost.DefineTenant(t, m, "acme")
 	const slow = 2 * time.Second
 	if err := h.AddFault(sim.Fault{Op: "CreateGpuInstanceWithPlacement", Delay: slow.String(), Count: 1}); err != nil {
 		t.Fatal(err)
@@ -148,18 +150,18 @@ func TestNotifyStopFinishesOperationInFlight(t *testing.T) {
 	go func() {
 		// The transport gives an operation its own context: SIGTERM does
 		// not cancel it.
-		r, err := m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "7g.80gb", GPU: simH100MIG})
+		r, err := m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "7g.80gb", GPU: sim.DefaultH100MIG})
 		created <- result{r, err, time.Now()}
 	}()
-	waitFor(t, "the create to be in the driver", 10*time.Second, func() bool {
+	testenv.WaitFor(t, "the create to be in the driver", 10*time.Second, func() bool {
 		s, _ := h.Summary()
-		return strings.Contains(firstLine(s, simH100MIG), " gi")
+		return strings.Contains(simhost.SummaryLine(s, sim.DefaultH100MIG), " gi")
 	})
 	sent := time.Now()
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	stopping, _ := notify.await("STOPPING=1", 5*time.Second, func(m notifyMsg) bool { return m.has("STOPPING=1") })
+	stopping, _ := notify.Await("STOPPING=1", 0, 5*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("STOPPING=1") })
 	// No new operation once stopping (the request is one that would fail
 	// harmlessly if it were admitted, so the check cannot disturb the host).
 	refused := false
@@ -194,21 +196,21 @@ func TestNotifyStopFinishesOperationInFlight(t *testing.T) {
 	if runErr != nil {
 		t.Fatalf("run returned %v, want a clean exit", runErr)
 	}
-	if !stopping.at.Before(res.done) || res.done.After(exited) {
-		t.Fatalf("order: STOPPING %v, create done %v, exit %v", stopping.at, res.done, exited)
+	if !stopping.At.Before(res.done) || res.done.After(exited) {
+		t.Fatalf("order: STOPPING %v, create done %v, exit %v", stopping.At, res.done, exited)
 	}
 	t.Logf("SIGTERM → STOPPING=1 %v, → create finished %v, → exit %v (stop timeout %v)",
-		stopping.at.Sub(sent).Round(time.Millisecond), res.done.Sub(sent).Round(time.Millisecond), exited.Sub(sent).Round(time.Millisecond), stopTimeout)
+		stopping.At.Sub(sent).Round(time.Millisecond), res.done.Sub(sent).Round(time.Millisecond), exited.Sub(sent).Round(time.Millisecond), stopTimeout)
 	if res.rec.State != store.StateReady {
 		t.Fatalf("created record %+v", res.rec)
 	}
-	if s, _ := openSimHost(t, cfg).Summary(); !strings.Contains(firstLine(s, simH100MIG), "ci=1") {
+	if s, _ := openSimHost(t, cfg).Summary(); !strings.Contains(simhost.SummaryLine(s, sim.DefaultH100MIG), "ci=1") {
 		t.Fatalf("host after the stop: %s", s)
 	}
 	// The record is on disk: a new start finds it ready without re-creating.
 	again := launch(t, cfg, nil, false)
 	again.waitStarted()
-	if st := instanceStates(t, again.d.mgr)[res.rec.UUID]; st != store.StateReady {
+	if st := simhost.InstanceStates(t, again.d.mgr)[res.rec.UUID]; st != store.StateReady {
 		t.Fatalf("after restart the record is %q", st)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/vgpud/vgpud/pkg/profile"
 )
 
-// liveKeys are the settings reload applies to the running daemon.
-var liveKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "logLevel": true}
+// reloadableKeys are the settings reload applies to the running daemon.
+var reloadableKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "logLevel": true}
 
 // reloadTimeout bounds the host re-read that ends a reload.
 const reloadTimeout = 30 * time.Second
@@ -21,7 +21,7 @@ const reloadTimeout = 30 * time.Second
 // is not touched: instance records, the host and operations in flight stay
 // as they are. A file or catalog that does not validate is refused and the
 // running configuration kept. The fault settings and the log level apply
-// at once (see Live); a changed catalog is used by new requests; any other
+// at once (see Reloadable); a changed catalog is used by new requests; any other
 // setting that changed is named as taking effect at the next start. Then
 // the host is re-read, which is what an operator sending SIGHUP usually
 // wants as well. It runs beside the main loop (serve.go), which keeps the
@@ -41,7 +41,7 @@ func (d *daemon) reload(ctx context.Context) {
 		return
 	}
 	applied, restart := changedSettings(running(d.cfg), next)
-	d.cfg.applyLive(next)
+	d.cfg.applyReloadable(next)
 	if lvl, err := next.level(); err == nil && d.level != nil {
 		d.level.Set(lvl)
 	}
@@ -94,7 +94,7 @@ func changedSettings(old, next *Config) (applied, restart []string) {
 		if reflect.DeepEqual(a[k], b[k]) {
 			continue
 		}
-		if liveKeys[k] {
+		if reloadableKeys[k] {
 			applied = append(applied, k)
 		} else {
 			restart = append(restart, k)
@@ -106,10 +106,10 @@ func changedSettings(old, next *Config) (applied, restart []string) {
 }
 
 // running is the configuration in force: what the daemon started with,
-// with the live settings a reload may since have changed.
+// with the reloadable settings a reload may since have changed.
 func running(c *Config) *Config {
 	cur := *c
-	l := c.Live()
+	l := c.Reloadable()
 	cur.CriticalXIDs = nil
 	for x := range l.CriticalXIDs {
 		cur.CriticalXIDs = append(cur.CriticalXIDs, uint(x))

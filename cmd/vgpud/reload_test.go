@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -26,51 +28,51 @@ func TestReload(t *testing.T) {
 	cfg := testConfig(t, dir, "")
 	file := cfg.file
 	td := launch(t, cfg, nil, true)
-	notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	notify.Await("READY=1", 0, 30*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	td.waitStarted()
 	m := td.d.mgr
-	defineTenant(t, m, "acme")
-	inst := mustCreate(t, m, "L4-4Q", simL4)
+	simhost.DefineTenant(t, m, "acme")
+	inst := simhost.MustCreate(t, m, "acme", "L4-4Q", sim.DefaultL4)
 
 	tests := []struct {
-		name    string
-		yaml    string
-		live    func(l *Live) bool
-		wantLog string
+		name       string
+		yaml       string
+		reloadable func(l *Reloadable) bool
+		wantLog    string
 	}{
 		{name: "fault-settings-apply", yaml: "ueventSettle: 80ms\nrecoverProbe: 300ms\ncriticalXIDs: [79, 48]\n",
-			live: func(l *Live) bool {
+			reloadable: func(l *Reloadable) bool {
 				return l.UeventSettle == 80*time.Millisecond && l.RecoverProbe == 300*time.Millisecond && !l.CriticalXIDs[94]
 			},
 			wantLog: "applied=\"[criticalXIDs recoverProbe ueventSettle]\""},
 		{name: "restart-settings-named", yaml: "ueventSettle: 80ms\nrecoverProbe: 300ms\ncriticalXIDs: [79, 48]\nundefinePolicy: keep\ncollectInterval: 2s\n",
-			live:    func(l *Live) bool { return l.UeventSettle == 80*time.Millisecond },
-			wantLog: "settings=\"[collectInterval undefinePolicy]\""},
+			reloadable: func(l *Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
+			wantLog:    "settings=\"[collectInterval undefinePolicy]\""},
 		{name: "invalid-refused", yaml: "ueventSettle: 1ms\n",
-			live:    func(l *Live) bool { return l.UeventSettle == 80*time.Millisecond },
-			wantLog: "reload refused: configuration invalid"},
+			reloadable: func(l *Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
+			wantLog:    "reload refused: configuration invalid"},
 		{name: "unknown-key-refused", yaml: "ueventSetle: 90ms\n",
-			live:    func(l *Live) bool { return l.UeventSettle == 80*time.Millisecond },
-			wantLog: `unknown field \"ueventSetle\"`},
+			reloadable: func(l *Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
+			wantLog:    `unknown field \"ueventSetle\"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if err := os.WriteFile(file, []byte(tt.yaml), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			mark := len(notify.all())
+			mark := notify.Count()
 			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 				t.Fatal(err)
 			}
-			_, rl := notify.awaitFrom(mark, "RELOADING=1", 10*time.Second, func(m notifyMsg) bool { return m.has("RELOADING=1") })
-			notify.awaitFrom(rl, "READY=1 after the reload", 10*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
-			if l := td.d.cfg.Live(); !tt.live(l) {
-				t.Fatalf("live settings after reload: %+v", l)
+			_, rl := notify.Await("RELOADING=1", mark, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("RELOADING=1") })
+			notify.Await("READY=1 after the reload", rl, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
+			if l := td.d.cfg.Reloadable(); !tt.reloadable(l) {
+				t.Fatalf("reloadable settings after reload: %+v", l)
 			}
 			if logs := td.logs.String(); !strings.Contains(logs, tt.wantLog) {
 				t.Fatalf("log lacks %s", tt.wantLog)
 			}
-			if st := instanceStates(t, m)[inst.UUID]; st != store.StateReady {
+			if st := simhost.InstanceStates(t, m)[inst.UUID]; st != store.StateReady {
 				t.Fatalf("instance after reload: %q", st)
 			}
 		})
@@ -85,21 +87,21 @@ func TestReloadKeepsWatchdog(t *testing.T) {
 	cfg := testConfig(t, t.TempDir(), "")
 	h := openSimHost(t, cfg)
 	launch(t, cfg, nil, true)
-	notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	notify.Await("READY=1", 0, 30*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	// The reload's re-read of the host reads every GPU's MIG mode, which
 	// nothing else running here does (the event loop also counts GPUs).
 	if err := h.AddFault(sim.Fault{Op: "GetMigMode", Delay: "2s", Count: 1}); err != nil {
 		t.Fatal(err)
 	}
-	mark := len(notify.all())
+	mark := notify.Count()
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	_, rl := notify.awaitFrom(mark, "RELOADING=1", 10*time.Second, func(m notifyMsg) bool { return m.has("RELOADING=1") })
-	_, rd := notify.awaitFrom(rl, "READY=1 after the reload", 20*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	_, rl := notify.Await("RELOADING=1", mark, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("RELOADING=1") })
+	_, rd := notify.Await("READY=1 after the reload", rl, 20*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	pings := 0
-	for _, m := range notify.since(rl)[:rd-rl] {
-		if m.has("WATCHDOG=1") {
+	for _, m := range notify.Between(rl, rd) {
+		if m.Has("WATCHDOG=1") {
 			pings++
 		}
 	}
@@ -136,11 +138,11 @@ func TestReloadKeepsFlags(t *testing.T) {
 		t.Fatalf("command line: %v", err)
 	}
 	td := launch(t, cfg, nil, true)
-	notify.await("READY=1", 30*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+	notify.Await("READY=1", 0, 30*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	td.waitStarted()
 	flagsWin := func(t *testing.T) {
 		t.Helper()
-		l := td.d.cfg.Live()
+		l := td.d.cfg.Reloadable()
 		if l.LogLevel != "debug" || !reflect.DeepEqual(l.CriticalXIDs, map[uint64]bool{79: true, 94: true}) {
 			t.Fatalf("after the reload: log level %q, critical XIDs %v; want the flags' debug and [79 94]", l.LogLevel, l.CriticalXIDs)
 		}
@@ -162,12 +164,12 @@ func TestReloadKeepsFlags(t *testing.T) {
 			if err := os.WriteFile(file, []byte(tt.yaml), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			logMark, mark := len(td.logs.String()), len(notify.all())
+			logMark, mark := len(td.logs.String()), notify.Count()
 			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 				t.Fatal(err)
 			}
-			_, rl := notify.awaitFrom(mark, "RELOADING=1", 10*time.Second, func(m notifyMsg) bool { return m.has("RELOADING=1") })
-			notify.awaitFrom(rl, "READY=1 after the reload", 10*time.Second, func(m notifyMsg) bool { return m.has("READY=1") })
+			_, rl := notify.Await("RELOADING=1", mark, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("RELOADING=1") })
+			notify.Await("READY=1 after the reload", rl, 10*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 			logs := td.logs.String()[logMark:]
 			if !strings.Contains(logs, tt.want) || tt.never != "" && strings.Contains(logs, tt.never) {
 				t.Fatalf("reload log, want %q and not %q:\n%s", tt.want, tt.never, logs)
@@ -191,7 +193,7 @@ func TestChangedSettings(t *testing.T) {
 		{name: "xids-reordered-is-no-change", change: func(c *Config) {
 			c.CriticalXIDs = []uint{120, 119, 95, 94, 79, 64, 62, 48}
 		}, applied: "[]", restart: "[]"},
-		{name: "live", change: func(c *Config) { c.UeventSettle = Duration{time.Second} }, applied: "[ueventSettle]", restart: "[]"},
+		{name: "reloadable", change: func(c *Config) { c.UeventSettle = Duration{time.Second} }, applied: "[ueventSettle]", restart: "[]"},
 		{name: "restart", change: func(c *Config) { c.StateDir = "/srv"; c.LogLevel = "debug" }, applied: "[logLevel]", restart: "[stateDir]"},
 		{name: "version-is-not-a-setting", change: func(c *Config) { c.Version = "v1" }, applied: "[]", restart: "[]"},
 	}
@@ -219,7 +221,7 @@ func TestRunningFollowsReload(t *testing.T) {
 	if a, r := changedSettings(running(c), next); fmt.Sprint(a) != "[logLevel ueventSettle]" || len(r) != 0 {
 		t.Fatalf("first reload: applied %v restart %v", a, r)
 	}
-	c.applyLive(next)
+	c.applyReloadable(next)
 	if a, r := changedSettings(running(c), next); len(a) != 0 || len(r) != 0 {
 		t.Fatalf("the same file again: applied %v restart %v, want nothing", a, r)
 	}

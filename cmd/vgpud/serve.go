@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/vgpud/vgpud/pkg/dbusapi"
-	"github.com/vgpud/vgpud/pkg/discover"
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -102,8 +102,8 @@ func (d *daemon) start(ctx context.Context) error {
 	} else {
 		log.Info("libvirt disabled (empty libvirtSocket): attach and detach are refused")
 	}
-	disc := discover.Host{NVML: h.nvml, Sysfs: h.sysfs}
-	d.mgr = manager.New(h.cat, db, h.nvml, h.sysfs, disc, mv, manager.Options{
+	d.mgr = manager.New(manager.Config{
+		Catalog: h.cat, Store: db, NVML: h.nvml, Sysfs: h.sysfs, Virt: mv,
 		Logger: log.With("component", "manager"), Crash: crash, Degraded: degraded, BootID: h.bootID,
 		UndefinePolicy: d.cfg.UndefinePolicy,
 	})
@@ -232,7 +232,7 @@ func (d *daemon) statusLine() string {
 	insts, _ := d.mgr.AllInstances()
 	lost := 0
 	for _, g := range gpus {
-		if g.State != "ok" && g.State != "passthrough" {
+		if g.State != gpu.StateOK && g.State != gpu.StatePassthrough {
 			lost++
 		}
 	}

@@ -9,16 +9,17 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 )
 
 // simWorkloadCmds drive the simulated host's workload model: what the
 // tenants' VMs and jobs run (vgpud sim workload, workloads, power-cap).
 func simWorkloadCmds(cfg *Config) []*cobra.Command {
 	withHost := withSimHost(cfg)
-	var w sim.Workload
+	var w workload.Workload
 	var kernel, period time.Duration
 	var clear bool
-	workload := &cobra.Command{
+	set := &cobra.Command{
 		Use:   "workload DEV [idle|steady|bursty|noisy]",
 		Short: "Set what runs on a vGPU (mdev UUID or VF address) or MIG instance (GPU/giN)",
 		Long: `Set the workload of a vGPU (mdev UUID or VF address; it runs while a VM has the
@@ -37,7 +38,7 @@ the whole GPU in long, power-hungry kernels. --clear removes it.`,
 			return h.SetWorkload(a[0], w)
 		}),
 	}
-	f := workload.Flags()
+	f := set.Flags()
 	f.Float64Var(&w.Demand, "demand", 0, "mean demand as a fraction of the GPU, 0..1 (default: the kind's)")
 	f.DurationVar(&kernel, "kernel", 0, "kernel length at full clock (default: the kind's)")
 	f.DurationVar(&period, "period", 0, "bursty: mean on+off period (default 400ms)")
@@ -80,5 +81,5 @@ the whole GPU in long, power-hungry kernels. --clear removes it.`,
 			return h.SetPowerCap(a[0], watts)
 		}),
 	}
-	return []*cobra.Command{workload, list, powerCap}
+	return []*cobra.Command{set, list, powerCap}
 }

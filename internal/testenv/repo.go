@@ -1,6 +1,7 @@
 // Package testenv holds what the project's tests and benchmark programs
 // share about their surroundings; its subpackages start real services
-// (libvirtd, dbus-daemon) for tests. Only tests and bench/ import it.
+// (libvirtd, dbus-daemon) for tests, or build the manager on a simulated
+// host (simhost). Only tests and bench/ import it.
 //
 // Imports: nothing from vgpud.
 package testenv

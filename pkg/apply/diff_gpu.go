@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -33,7 +34,7 @@ type gpuDiff struct {
 // the GPU, or the choice of what to keep and what to destroy; then the
 // creates for what is still missing.
 func (df *differ) gpu(g manager.GPUView, e *LayoutEntry, destroyed map[string]bool) error {
-	if g.Lost || g.State == "lost" {
+	if g.Lost || g.State == gpu.StateLost {
 		df.warn("%s: GPU %s is lost; it is left as it is until it returns", e.Source, g.PCI)
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/vgpud/vgpud/pkg/apply"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
@@ -56,14 +57,14 @@ func TestDiffKeepsWhatFits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another spelling of the profile the file asks for.
-	k3g := e.create("acme", "H100-SXM5-80GB/3g.40gb", h100MIG)
+	k3g := e.create("acme", "H100-SXM5-80GB/3g.40gb", sim.DefaultH100MIG)
 	// One more than the file asks for, filling the GPU: the one destroyed
 	// must leave an aligned pair of slices for the 2g.20gb.
-	ones := []store.Instance{e.create("acme", "1g.10gb", h100MIG), e.create("acme", "1g.10gb", h100MIG), e.create("acme", "1g.10gb", h100MIG)}
-	kL4 := e.create("beta", "NVIDIA L4-4Q", l4)
-	kA10 := e.create("beta", "A10-8Q", a10)
-	xA10 := e.create("acme", "A10-8Q", a10)
-	untouched := e.create("acme", "H100XM-20C", h100TS)
+	ones := []store.Instance{e.create("acme", "1g.10gb", sim.DefaultH100MIG), e.create("acme", "1g.10gb", sim.DefaultH100MIG), e.create("acme", "1g.10gb", sim.DefaultH100MIG)}
+	kL4 := e.create("beta", "NVIDIA L4-4Q", sim.DefaultL4)
+	kA10 := e.create("beta", "A10-8Q", sim.DefaultA10)
+	xA10 := e.create("acme", "A10-8Q", sim.DefaultA10)
+	untouched := e.create("acme", "H100XM-20C", sim.DefaultH100TS)
 
 	d := mustParse(t, "vgpud.yaml", "")
 	cs, err := apply.Diff(ctx, e.m, d)
@@ -154,7 +155,7 @@ func TestDiffRefusals(t *testing.T) {
 	e := newEnv(t)
 	e.tenant("acme")
 	e.tenant("idle")
-	onTS := e.create("acme", "H100XM-20C", h100TS)
+	onTS := e.create("acme", "H100XM-20C", sim.DefaultH100TS)
 	before := e.summary()
 	const h = "version: v1\n"
 	cases := []struct {
@@ -237,12 +238,12 @@ func TestDiffWarnings(t *testing.T) {
 	// A GPU instance vgpud did not create, on the GPU the file describes.
 	lib := e.sim.NVML()
 	lib.Init()
-	dev, _ := lib.DeviceGetHandleByPciBusId(h100MIG)
+	dev, _ := lib.DeviceGetHandleByPciBusId(sim.DefaultH100MIG)
 	info, _ := dev.GetGpuInstanceProfileInfo(0) // 1g.10gb
 	if _, r := dev.CreateGpuInstance(&info); r != 0 {
 		t.Fatalf("foreign GI: %v", r)
 	}
-	if err := e.sim.LoseGPU(a10); err != nil {
+	if err := e.sim.LoseGPU(sim.DefaultA10); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.m.Refresh(ctx); err != nil {
@@ -352,10 +353,10 @@ tenants:
 func TestDiffPrecedence(t *testing.T) {
 	e := newEnv(t)
 	e.tenant("acme")
-	keep := e.create("acme", "1g.10gb", h100MIG)
-	keepTS := e.create("acme", "H100XM-20C", h100TS)
-	onL4 := e.create("acme", "L4-4Q", l4)
-	onA10 := e.create("acme", "A10-4Q", a10)
+	keep := e.create("acme", "1g.10gb", sim.DefaultH100MIG)
+	keepTS := e.create("acme", "H100XM-20C", sim.DefaultH100TS)
+	onL4 := e.create("acme", "L4-4Q", sim.DefaultL4)
+	onA10 := e.create("acme", "A10-4Q", sim.DefaultA10)
 	d, err := apply.Parse("p.yaml", []byte(`version: v1
 layout:
   - gpu: "0"

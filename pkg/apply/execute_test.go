@@ -58,7 +58,7 @@ func TestMigPartedSamples(t *testing.T) {
 		{"gpu0-3g.40gb", []string{"0000:41:00.0 default 3g.40gb×2"}, 1},
 		{"gpu0-balanced@acme", []string{"0000:41:00.0 acme 1g.10gb×2", "0000:41:00.0 acme 2g.20gb×1", "0000:41:00.0 acme 3g.40gb×1"}, 0},
 	}
-	untouched := e.create(mustTenant(e, "other"), "L4-4Q", l4)
+	untouched := e.create(mustTenant(e, "other"), "L4-4Q", sim.DefaultL4)
 	for _, s := range steps {
 		before := e.uuids()
 		cs, _ := e.apply(mustParse(t, "mig-parted.yaml", s.config))
@@ -74,7 +74,7 @@ func TestMigPartedSamples(t *testing.T) {
 		if kept != s.keptBefore {
 			t.Fatalf("%s: kept %d of the previous instances, want %d:\n%s", s.config, kept, s.keptBefore, cs)
 		}
-		if !e.migOn(h100MIG) {
+		if !e.migOn(sim.DefaultH100MIG) {
 			t.Fatalf("%s: MIG off", s.config)
 		}
 		if !e.uuids()[untouched.UUID] {
@@ -92,7 +92,7 @@ func mustTenant(e *env, name string) string {
 // idempotent; a config covers the GPUs that offer its types.
 func TestVGPUDeviceManagerSamples(t *testing.T) {
 	e := newEnv(t)
-	mig := e.create(mustTenant(e, "other"), "1g.10gb", h100MIG)
+	mig := e.create(mustTenant(e, "other"), "1g.10gb", sim.DefaultH100MIG)
 	steps := []struct {
 		config string
 		layout []string
@@ -181,7 +181,7 @@ func TestExecuteModeChangePending(t *testing.T) {
 	if !errors.Is(err, manager.ErrBusy) || !strings.Contains(err.Error(), "pending") {
 		t.Fatalf("error %v, want ErrBusy (pending)", err)
 	}
-	if len(res.Done) != 7 || res.Failed == nil || res.Failed.Op != apply.OpSetMIGMode || res.Failed.GPU != h100MIG {
+	if len(res.Done) != 7 || res.Failed == nil || res.Failed.Op != apply.OpSetMIGMode || res.Failed.GPU != sim.DefaultH100MIG {
 		t.Fatalf("result %+v", res)
 	}
 	if got := e.layout(); len(got) != 0 {
@@ -194,22 +194,22 @@ func TestExecuteModeChangePending(t *testing.T) {
 func TestExecuteModeChange(t *testing.T) {
 	no := false
 	e := newEnvSpec(t, &sim.Spec{Version: "v1", GPUs: []sim.GPUSpec{
-		{Model: "H100-SXM5-80GB", PCI: h100MIG, Flavour: gpu.FlavourVFIO, VFs: &no},
-		{Model: "L4-24GB", PCI: l4, Flavour: gpu.FlavourVFIO},
+		{Model: "H100-SXM5-80GB", PCI: sim.DefaultH100MIG, Flavour: gpu.FlavourVFIO, VFs: &no},
+		{Model: "L4-24GB", PCI: sim.DefaultL4, Flavour: gpu.FlavourVFIO},
 	}})
 	cs, _ := e.apply(mustParse(t, "mig-parted.yaml", "all-1g.10gb@ops"))
 	if !slices.Contains(lines(cs), "enable MIG on 0000:41:00.0 (H100-SXM5-80GB)") {
 		t.Fatalf("changes:\n%s", cs)
 	}
-	if !e.migOn(h100MIG) {
+	if !e.migOn(sim.DefaultH100MIG) {
 		t.Fatal("MIG still off")
 	}
 	if got := e.layout(); !slices.Equal(got, []string{"0000:41:00.0 ops 1g.10gb×7"}) {
 		t.Fatalf("layout %v", got)
 	}
 	e.apply(mustParse(t, "mig-parted.yaml", "all-disabled@ops"))
-	if e.migOn(h100MIG) || len(e.layout()) != 0 {
-		t.Fatalf("MIG on %v, layout %v", e.migOn(h100MIG), e.layout())
+	if e.migOn(sim.DefaultH100MIG) || len(e.layout()) != 0 {
+		t.Fatalf("MIG on %v, layout %v", e.migOn(sim.DefaultH100MIG), e.layout())
 	}
 }
 
@@ -219,8 +219,8 @@ func TestExecuteOrdersAnyChangeSet(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.tenant("old")
-	e.create("old", "7g.80gb", h100MIG)
-	e.create("old", "L4-8Q", l4)
+	e.create("old", "7g.80gb", sim.DefaultH100MIG)
+	e.create("old", "L4-8Q", sim.DefaultL4)
 	d := mustParse(t, "vgpud.yaml", "")
 	cs, err := apply.Diff(ctx, e.m, d)
 	if err != nil {
@@ -259,7 +259,7 @@ func TestExecuteEdgeCases(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.tenant("acme")
-	gone := e.create("acme", "L4-4Q", l4)
+	gone := e.create("acme", "L4-4Q", sim.DefaultL4)
 	cs, err := apply.Diff(ctx, e.m, mustParse(t, "vgpu-device-manager.yaml", "A10-4Q"))
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +278,7 @@ func TestExecuteEdgeCases(t *testing.T) {
 		{"destroy of an instance already gone", nil, []apply.Change{{Op: apply.OpDestroy, Instance: gone.UUID}, {Op: apply.OpDestroy, Instance: gone.UUID}}, nil, 2},
 		{"tenant without settings", nil, []apply.Change{{Op: apply.OpDefineTenant, Tenant: "x"}}, manager.ErrInvalidArgument, 0},
 		{"unknown op", nil, []apply.Change{{Op: "resize"}}, manager.ErrInvalidArgument, 0},
-		{"set MIG mode without a mode", nil, []apply.Change{{Op: apply.OpSetMIGMode, GPU: h100MIG}}, manager.ErrInvalidArgument, 0},
+		{"set MIG mode without a mode", nil, []apply.Change{{Op: apply.OpSetMIGMode, GPU: sim.DefaultH100MIG}}, manager.ErrInvalidArgument, 0},
 		{"unknown GPU", nil, []apply.Change{{Op: apply.OpCreate, GPU: "0000:ff:00.0", Profile: "L4-4Q", Tenant: "acme"}}, manager.ErrNotFound, 0},
 		{"cancelled", func() context.Context { c, cancel := context.WithCancel(ctx); cancel(); return c }, cs.Changes, context.Canceled, 0},
 	}

@@ -9,27 +9,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/apply"
-	"github.com/vgpud/vgpud/pkg/discover"
-	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
-	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
 	"github.com/vgpud/vgpud/pkg/manager"
-	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
-	"github.com/vgpud/vgpud/profiles"
 )
 
 var _ apply.Manager = (*manager.Manager)(nil)
-
-// The default simulated host (see pkg/gpu/sim).
-const (
-	h100MIG = "0000:41:00.0"
-	h100TS  = "0000:61:00.0"
-	l4      = "0000:81:00.0"
-	a10     = "0000:a1:00.0"
-)
 
 // env is a manager on the default simulated host, built as a daemon
 // builds it: sim below the NVML and sysfs backends, a store, reconcile.
@@ -47,32 +35,8 @@ func newEnv(t *testing.T) *env {
 // newEnvSpec is newEnv on another simulated host (nil: the default).
 func newEnvSpec(t *testing.T, spec *sim.Spec) *env {
 	t.Helper()
-	cat, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	e := &env{t: t}
-	e.sim, err = sim.Open(filepath.Join(dir, "sim"), spec, cat, sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.sim.Close() })
-	db, err := store.Open(filepath.Join(dir, "state.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	b := nvmlb.New(e.sim.NVML(), cat, nvmlb.Options{})
-	if err := b.Init(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	fs := sysfs.New(e.sim.FS())
-	e.m = manager.New(cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, nil, manager.Options{BusyRetry: 1})
-	if _, err := e.m.Reconcile(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return e
+	h := simhost.Start(t, simhost.Options{Spec: spec, Manager: manager.Config{BusyRetry: 1}})
+	return &env{t: t, sim: h.Sim, m: h.Manager}
 }
 
 func (e *env) tenant(name string) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vgpud/vgpud/pkg/apply"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
@@ -28,7 +29,7 @@ func TestParseSamples(t *testing.T) {
 				{Name: "beta", VRAM: "48GiB", Compute: "unlimited", AllowedModels: []string{"L4-24GB", "A10-24GB"}},
 			},
 			Layout: []apply.LayoutEntry{
-				{GPU: h100MIG, MIG: &yes, Source: "layout[0]", Instances: []apply.InstanceSpec{
+				{GPU: sim.DefaultH100MIG, MIG: &yes, Source: "layout[0]", Instances: []apply.InstanceSpec{
 					{Profile: "3g.40gb", Tenant: "acme", Count: n(1)}, {Profile: "2g.20gb", Tenant: "acme", Count: n(1)}, {Profile: "1g.10gb", Tenant: "acme", Count: n(2)}}},
 				{Model: "L4-24GB", Source: "layout[1]", Instances: []apply.InstanceSpec{{Profile: "L4-4Q", Tenant: "beta", Count: n(2)}}},
 				{GPU: "3", Source: "layout[2]", Instances: []apply.InstanceSpec{{Profile: "A10-8Q", Tenant: "beta", Count: n(1)}}},

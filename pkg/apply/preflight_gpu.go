@@ -53,10 +53,10 @@ func (p *gpuPlan) check(h *host, pr *problems) {
 		total += n
 	}
 	switch {
-	case p.g.Lost || p.g.State == "lost":
+	case p.g.Lost || p.g.State == gpu.StateLost:
 		pr.add(manager.ErrGPULost, "%s is lost; the %d instances to create there cannot be made", p.name(), total)
 		return
-	case p.g.State == "failed":
+	case p.g.State == gpu.StateFailed:
 		pr.add(manager.ErrNoCapacity, "%s takes no new instance: failed: %s; the change set creates %d there", p.name(), p.g.Reason, total)
 		return
 	}

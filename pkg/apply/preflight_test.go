@@ -122,7 +122,7 @@ func TestPreflightRefusesBeforeAnyChange(t *testing.T) {
 	for i := range n {
 		fmt.Fprintf(&doc, "  - {name: t%d}\n", i)
 	}
-	fmt.Fprintf(&doc, "layout:\n  - gpu: %q\n    instances:\n", l4)
+	fmt.Fprintf(&doc, "layout:\n  - gpu: %q\n    instances:\n", sim.DefaultL4)
 	for i := range n {
 		fmt.Fprintf(&doc, "      - {profile: L4-1Q, tenant: t%d}\n", i)
 	}
@@ -147,7 +147,7 @@ func TestPreflightRefusesBeforeAnyChange(t *testing.T) {
 		name := fmt.Sprintf("t%d", i)
 		cs.Changes = append(cs.Changes,
 			apply.Change{Op: apply.OpDefineTenant, Tenant: name, Settings: &apply.TenantSettings{Quota: tenant.UnlimitedQuota(), Class: tenant.BestEffort}},
-			apply.Change{Op: apply.OpCreate, GPU: l4, Model: "L4-24GB", Profile: "L4-1Q", Kind: "vgpu", Tenant: name, VRAMBytes: 1 << 30})
+			apply.Change{Op: apply.OpCreate, GPU: sim.DefaultL4, Model: "L4-24GB", Profile: "L4-1Q", Kind: "vgpu", Tenant: name, VRAMBytes: 1 << 30})
 	}
 	executeRefused(t, e, cs, apply.Limits{}, manager.ErrNoCapacity, want...)
 }
@@ -157,7 +157,7 @@ func TestPreflightRefusesBeforeAnyChange(t *testing.T) {
 // refused before its first change.
 func TestPreflightBoundary(t *testing.T) {
 	heterogeneous := &sim.Spec{Version: "v1", GPUs: []sim.GPUSpec{
-		{Model: "H100-SXM5-80GB", PCI: h100TS, Flavour: gpu.FlavourVFIO, Heterogeneous: true},
+		{Model: "H100-SXM5-80GB", PCI: sim.DefaultH100TS, Flavour: gpu.FlavourVFIO, Heterogeneous: true},
 	}}
 	cases := []struct {
 		name  string
@@ -172,43 +172,47 @@ func TestPreflightBoundary(t *testing.T) {
 		want  string
 	}{
 		{name: "a vGPU type's maximum and the VFs",
-			fits: layoutDoc(l4, "", "L4-1Q×16"), extra: []string{"L4-1Q"}, over: layoutDoc(l4, "", "L4-1Q×17"),
+			fits: layoutDoc(sim.DefaultL4, "", "L4-1Q×16"), extra: []string{"L4-1Q"}, over: layoutDoc(sim.DefaultL4, "", "L4-1Q×17"),
 			kind: manager.ErrNoCapacity, want: "L4-1Q×17 wanted, at most 16 fit"},
 		{name: "room the destroys free",
-			setup: func(e *env) { e.tenant("old"); e.create("old", "L4-8Q", l4); e.create("old", "L4-8Q", l4) },
-			fits:  layoutDoc(l4, "", "L4-1Q×16"), extra: []string{"L4-1Q"}, over: layoutDoc(l4, "", "L4-1Q×17"),
+			setup: func(e *env) {
+				e.tenant("old")
+				e.create("old", "L4-8Q", sim.DefaultL4)
+				e.create("old", "L4-8Q", sim.DefaultL4)
+			},
+			fits: layoutDoc(sim.DefaultL4, "", "L4-1Q×16"), extra: []string{"L4-1Q"}, over: layoutDoc(sim.DefaultL4, "", "L4-1Q×17"),
 			kind: manager.ErrNoCapacity, want: "L4-1Q×17 wanted, at most 16 fit (the type's maximum per GPU is 16, 0 stay)"},
 		{name: "a homogeneous GPU holds one type",
-			fits: layoutDoc(l4, "", "L4-4Q×6"), extra: []string{"L4-8Q"}, over: layoutDoc(l4, "", "L4-4Q×6", "L4-8Q×1"),
+			fits: layoutDoc(sim.DefaultL4, "", "L4-4Q×6"), extra: []string{"L4-8Q"}, over: layoutDoc(sim.DefaultL4, "", "L4-4Q×6", "L4-8Q×1"),
 			kind: manager.ErrNoCapacity, want: "in homogeneous vGPU mode (one type per GPU)"},
 		{name: "a heterogeneous GPU's framebuffer", spec: heterogeneous,
-			fits: layoutDoc(h100TS, "", "H100XM-40C×2"), extra: []string{"H100XM-4C"}, over: layoutDoc(h100TS, "", "H100XM-40C×2", "H100XM-4C×1"),
+			fits: layoutDoc(sim.DefaultH100TS, "", "H100XM-40C×2"), extra: []string{"H100XM-4C"}, over: layoutDoc(sim.DefaultH100TS, "", "H100XM-40C×2", "H100XM-4C×1"),
 			kind: manager.ErrNoCapacity, want: "the GPU has 80GiB"},
 		{name: "mdev parents",
-			fits: layoutDoc(a10, "", "A10-1Q×16"), extra: []string{"A10-1Q"}, over: layoutDoc(a10, "", "A10-1Q×17"),
+			fits: layoutDoc(sim.DefaultA10, "", "A10-1Q×16"), extra: []string{"A10-1Q"}, over: layoutDoc(sim.DefaultA10, "", "A10-1Q×17"),
 			kind: manager.ErrNoCapacity, want: "A10-1Q×17 wanted, at most 16 fit"},
 		{name: "MIG slices",
-			fits:  layoutDoc(h100MIG, "", "3g.40gb×1", "2g.20gb×1", "1g.10gb×2"),
-			extra: []string{"1g.10gb"}, over: layoutDoc(h100MIG, "", "3g.40gb×1", "2g.20gb×1", "1g.10gb×3"),
+			fits:  layoutDoc(sim.DefaultH100MIG, "", "3g.40gb×1", "2g.20gb×1", "1g.10gb×2"),
+			extra: []string{"1g.10gb"}, over: layoutDoc(sim.DefaultH100MIG, "", "3g.40gb×1", "2g.20gb×1", "1g.10gb×3"),
 			kind: manager.ErrNoCapacity, want: "they need 9 slices and 8 of its 8 are free"},
 		{name: "MIG slices beside an instance that stays",
-			setup: func(e *env) { e.tenant("acme"); e.create("acme", "3g.40gb", h100MIG) },
-			fits:  layoutDoc(h100MIG, "", "3g.40gb×1", "2g.20gb×1", "1g.10gb×2"),
-			extra: []string{"1g.10gb"}, over: layoutDoc(h100MIG, "", "3g.40gb×1", "2g.20gb×1", "1g.10gb×3"),
+			setup: func(e *env) { e.tenant("acme"); e.create("acme", "3g.40gb", sim.DefaultH100MIG) },
+			fits:  layoutDoc(sim.DefaultH100MIG, "", "3g.40gb×1", "2g.20gb×1", "1g.10gb×2"),
+			extra: []string{"1g.10gb"}, over: layoutDoc(sim.DefaultH100MIG, "", "3g.40gb×1", "2g.20gb×1", "1g.10gb×3"),
 			kind: manager.ErrNoCapacity, want: "they need 5 slices and 4 of its 8 are free"},
 		{name: "a MIG profile's maximum",
-			fits: layoutDoc(h100MIG, "", "3g.40gb×2"), extra: []string{"3g.40gb"}, over: layoutDoc(h100MIG, "", "3g.40gb×3"),
+			fits: layoutDoc(sim.DefaultH100MIG, "", "3g.40gb×2"), extra: []string{"3g.40gb"}, over: layoutDoc(sim.DefaultH100MIG, "", "3g.40gb×3"),
 			kind: manager.ErrNoCapacity, want: "3g.40gb×3 wanted, at most 2 fit"},
 		{name: "MIG slices the destroys free",
-			setup: func(e *env) { e.tenant("old"); e.create("old", "7g.80gb", h100MIG) },
-			fits:  layoutDoc(h100MIG, "", "1g.10gb×7"), extra: []string{"1g.10gb"}, over: layoutDoc(h100MIG, "", "1g.10gb×8"),
+			setup: func(e *env) { e.tenant("old"); e.create("old", "7g.80gb", sim.DefaultH100MIG) },
+			fits:  layoutDoc(sim.DefaultH100MIG, "", "1g.10gb×7"), extra: []string{"1g.10gb"}, over: layoutDoc(sim.DefaultH100MIG, "", "1g.10gb×8"),
 			kind: manager.ErrNoCapacity, want: "1g.10gb×8 wanted, at most 7 fit"},
 		{name: "passthrough takes the whole GPU",
-			fits: layoutDoc(l4, "", "passthrough×1"), extra: []string{"L4-1Q"}, over: layoutDoc(l4, "", "passthrough×1", "L4-1Q×1"),
+			fits: layoutDoc(sim.DefaultL4, "", "passthrough×1"), extra: []string{"L4-1Q"}, over: layoutDoc(sim.DefaultL4, "", "passthrough×1", "L4-1Q×1"),
 			kind: manager.ErrNoCapacity, want: "passthrough needs the GPU free of instances, but it would hold new L4-1Q×1"},
 		{name: "a tenant's quota as the document sets it",
-			fits:  layoutDoc(l4, "    maxInstances: 2\n    vram: 8GiB\n", "L4-4Q×2"),
-			extra: []string{"L4-4Q"}, over: layoutDoc(l4, "    maxInstances: 2\n    vram: 8GiB\n", "L4-4Q×3"),
+			fits:  layoutDoc(sim.DefaultL4, "    maxInstances: 2\n    vram: 8GiB\n", "L4-4Q×2"),
+			extra: []string{"L4-4Q"}, over: layoutDoc(sim.DefaultL4, "    maxInstances: 2\n    vram: 8GiB\n", "L4-4Q×3"),
 			kind: manager.ErrQuotaExceeded, want: "instance quota 2, used 0, request 3: 2 left"},
 	}
 	for _, c := range cases {
@@ -250,7 +254,7 @@ func TestChangeBound(t *testing.T) {
 	for i := range n {
 		fmt.Fprintf(&doc, "  - {name: t%d}\n", i)
 	}
-	fmt.Fprintf(&doc, "layout:\n  - gpu: %q\n    instances:\n", l4)
+	fmt.Fprintf(&doc, "layout:\n  - gpu: %q\n    instances:\n", sim.DefaultL4)
 	for i := range n {
 		fmt.Fprintf(&doc, "      - {profile: L4-1Q, tenant: t%d}\n", i)
 	}
@@ -272,7 +276,7 @@ func TestChangeBound(t *testing.T) {
 	executeRefused(t, e, big, apply.Limits{}, manager.ErrInvalidArgument, "1025 changes, more than the 1024")
 
 	// A configured limit: four changes (a tenant, three vGPUs).
-	d := parseDoc(t, layoutDoc(l4, "", "L4-4Q×3"))
+	d := parseDoc(t, layoutDoc(sim.DefaultL4, "", "L4-4Q×3"))
 	if _, err := apply.DiffWith(ctx, e.m, d, apply.Limits{MaxChanges: 3}); !errors.Is(err, manager.ErrInvalidArgument) ||
 		!strings.Contains(err.Error(), "4 changes, more than the 3") {
 		t.Fatalf("diff within 3 changes: error %v, want InvalidArgument", err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
 func TestAuthorizationDecision(t *testing.T) {
@@ -84,7 +85,7 @@ func callEvery(t *testing.T, e *env, c *Client, want access, instance string) ma
 	t.Helper()
 	out := map[string]error{}
 	paths := map[string]dbus.ObjectPath{
-		ManagerInterface: ManagerPath, GPUInterface: GPUPath(l4), InstanceInterface: InstancePath(instance), TenantInterface: TenantPath("acme"),
+		ManagerInterface: ManagerPath, GPUInterface: GPUPath(sim.DefaultL4), InstanceInterface: InstancePath(instance), TenantInterface: TenantPath("acme"),
 		propertiesInterface: ManagerPath, objectManagerInterface: ManagerPath,
 	}
 	for iface, path := range paths {

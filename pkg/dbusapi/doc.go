@@ -19,5 +19,5 @@
 //
 // cmd/vgpud starts the service; cmd/vgpuctl and tests use the client.
 //
-// Imports: pkg/apply, pkg/manager, pkg/placement, pkg/tenant, pkg/virt.
+// Imports: pkg/apply, pkg/gpu, pkg/manager, pkg/placement, pkg/tenant, pkg/virt.
 package dbusapi

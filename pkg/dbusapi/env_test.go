@@ -3,28 +3,14 @@ package dbusapi
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
-	"github.com/vgpud/vgpud/pkg/discover"
-	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
-	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
 	"github.com/vgpud/vgpud/pkg/manager"
-	"github.com/vgpud/vgpud/pkg/profile"
-	"github.com/vgpud/vgpud/pkg/store"
-	"github.com/vgpud/vgpud/profiles"
-)
-
-// The default simulated host (pkg/gpu/sim).
-const (
-	h100MIG = "0000:41:00.0"
-	h100TS  = "0000:61:00.0"
-	l4      = "0000:81:00.0"
-	a10     = "0000:a1:00.0"
 )
 
 // env is a private bus, a manager on the simulated host, the service on
@@ -45,30 +31,8 @@ func newEnv(t testing.TB, busOpts testbus.Options, configure func(*env, *Options
 	t.Helper()
 	e := &env{t: t, log: &testenv.Buffer{}}
 	e.bus = testbus.StartWith(t, busOpts)
-	dir := t.TempDir()
-	cat, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.sim, err = sim.Open(filepath.Join(dir, "sim"), nil, cat, sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.sim.Close() })
-	db, err := store.Open(filepath.Join(dir, "state.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	b := nvmlb.New(e.sim.NVML(), cat, nvmlb.Options{})
-	if err := b.Init(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	fs := sysfs.New(e.sim.FS())
-	e.m = manager.New(cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, nil, manager.Options{BusyRetry: 1})
-	if _, err := e.m.Reconcile(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h := simhost.Start(t, simhost.Options{Manager: manager.Config{BusyRetry: 1}})
+	e.sim, e.m = h.Sim, h.Manager
 	opts := Options{
 		Address: e.bus.Address(), Version: "test-1",
 		Logger:         slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -77,6 +41,7 @@ func newEnv(t testing.TB, busOpts testbus.Options, configure func(*env, *Options
 	if configure != nil {
 		configure(e, &opts)
 	}
+	var err error
 	e.svc, err = Start(context.Background(), e.m, opts)
 	if err != nil {
 		t.Fatalf("start service: %v", err)

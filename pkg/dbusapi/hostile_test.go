@@ -11,6 +11,7 @@ import (
 
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/pkg/apply"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
 // hostileCall is the valid call a hostile one is made from: where it goes
@@ -32,17 +33,17 @@ type hostileCall struct {
 func hostileCalls(inst, layout string) map[string]hostileCall {
 	mgr := ManagerPath
 	opts := map[string]dbus.Variant{}
-	create := map[string]any{"gpu": l4, "uuid": "6f1c2b9e-51d2-4a37-9a0e-0c3c0d6f7a11", "affinity": "spread"}
+	create := map[string]any{"gpu": sim.DefaultL4, "uuid": "6f1c2b9e-51d2-4a37-9a0e-0c3c0d6f7a11", "affinity": "spread"}
 	attach := map[string]any{"display": true, "ramfb": true, "tenant": "acme"}
-	both := map[string]any{"gpu": l4, "uuid": "6f1c2b9e-51d2-4a37-9a0e-0c3c0d6f7a11", "affinity": "spread", "display": true, "ramfb": true}
+	both := map[string]any{"gpu": sim.DefaultL4, "uuid": "6f1c2b9e-51d2-4a37-9a0e-0c3c0d6f7a11", "affinity": "spread", "display": true, "ramfb": true}
 	q := uint64(1 << 30)
 	return map[string]hostileCall{
 		ManagerInterface + ".ListGPUs":                {path: mgr},
 		ManagerInterface + ".ListInstances":           {path: mgr, args: []any{"acme"}, emptyOK: map[int]bool{0: true}},
 		ManagerInterface + ".ListTenants":             {path: mgr},
-		ManagerInterface + ".ListProfiles":            {path: mgr, args: []any{l4}, emptyOK: map[int]bool{0: true}},
+		ManagerInterface + ".ListProfiles":            {path: mgr, args: []any{sim.DefaultL4}, emptyOK: map[int]bool{0: true}},
 		ManagerInterface + ".GetCapacity":             {path: mgr},
-		ManagerInterface + ".Plan":                    {path: mgr, args: []any{"acme", "L4-4Q", opts}, emptyOK: map[int]bool{0: true}, options: map[string]any{"gpu": l4}},
+		ManagerInterface + ".Plan":                    {path: mgr, args: []any{"acme", "L4-4Q", opts}, emptyOK: map[int]bool{0: true}, options: map[string]any{"gpu": sim.DefaultL4}},
 		ManagerInterface + ".CreateInstance":          {path: mgr, args: []any{"acme", "L4-4Q", opts}, options: create},
 		ManagerInterface + ".DestroyInstance":         {path: mgr, args: []any{inst, opts}, options: map[string]any{"detach": true}},
 		ManagerInterface + ".Attach":                  {path: mgr, args: []any{inst, "vm1", opts}, options: attach},
@@ -54,15 +55,15 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 		ManagerInterface + ".UndefineTenant":          {path: mgr, args: []any{"acme", true, opts}},
 		ManagerInterface + ".Apply":                   {path: mgr, args: []any{layout, "", false, opts}, emptyOK: map[int]bool{1: true}, options: map[string]any{"name": "layout.yaml"}},
 		ManagerInterface + ".Reconcile":               {path: mgr, args: []any{opts}},
-		ManagerInterface + ".Defragment":              {path: mgr, args: []any{"acme", "3g.40gb", true, opts}, options: map[string]any{"gpu": h100MIG}},
-		ManagerInterface + ".SetMIGMode":              {path: mgr, args: []any{h100TS, true, opts}},
-		ManagerInterface + ".SetHeterogeneous":        {path: mgr, args: []any{l4, true, opts}},
-		ManagerInterface + ".ClearGPU":                {path: mgr, args: []any{l4, opts}},
+		ManagerInterface + ".Defragment":              {path: mgr, args: []any{"acme", "3g.40gb", true, opts}, options: map[string]any{"gpu": sim.DefaultH100MIG}},
+		ManagerInterface + ".SetMIGMode":              {path: mgr, args: []any{sim.DefaultH100TS, true, opts}},
+		ManagerInterface + ".SetHeterogeneous":        {path: mgr, args: []any{sim.DefaultL4, true, opts}},
+		ManagerInterface + ".ClearGPU":                {path: mgr, args: []any{sim.DefaultL4, opts}},
 		ManagerInterface + ".GetShares":               {path: mgr},
 		ManagerInterface + ".Cancel":                  {path: mgr, args: []any{"op-1"}},
-		GPUInterface + ".SetMIGMode":                  {path: GPUPath(h100TS), args: []any{true, opts}},
-		GPUInterface + ".SetHeterogeneous":            {path: GPUPath(l4), args: []any{true, opts}},
-		GPUInterface + ".Clear":                       {path: GPUPath(l4), args: []any{opts}},
+		GPUInterface + ".SetMIGMode":                  {path: GPUPath(sim.DefaultH100TS), args: []any{true, opts}},
+		GPUInterface + ".SetHeterogeneous":            {path: GPUPath(sim.DefaultL4), args: []any{true, opts}},
+		GPUInterface + ".Clear":                       {path: GPUPath(sim.DefaultL4), args: []any{opts}},
 		InstanceInterface + ".Destroy":                {path: InstancePath(inst), args: []any{opts}, options: map[string]any{"detach": true}},
 		InstanceInterface + ".Attach":                 {path: InstancePath(inst), args: []any{"vm1", opts}, options: attach},
 		InstanceInterface + ".Detach":                 {path: InstancePath(inst), args: []any{opts}},
@@ -173,7 +174,7 @@ func TestDBusHostileInput(t *testing.T) {
 	e.tenant("beta-keep", unlimitedQuota())
 	inst := e.create("acme", "L4-4Q", "").UUID
 	e.create("beta-keep", "L4-4Q", "")
-	layout := "version: v1\ntenants:\n  - name: gamma\nlayout:\n  - gpu: \"" + h100MIG + "\"\n    instances:\n      - {profile: 1g.10gb, tenant: gamma, count: 1}\n"
+	layout := "version: v1\ntenants:\n  - name: gamma\nlayout:\n  - gpu: \"" + sim.DefaultH100MIG + "\"\n    instances:\n      - {profile: 1g.10gb, tenant: gamma, count: 1}\n"
 	calls := hostileCalls(inst, layout)
 
 	state := func() string {

@@ -27,7 +27,7 @@ func (s *Service) listGPUs(c *call) ([]gpuEntry, error) {
 	}
 	out := []gpuEntry{}
 	for _, g := range gpus {
-		out = append(out, gpuEntry{PCI: g.PCI, UUID: g.UUID, Model: g.Model, State: g.State, Instances: uint32(len(g.Instances)), Object: GPUPath(g.PCI)})
+		out = append(out, gpuEntry{PCI: g.PCI, UUID: g.UUID, Model: g.Model, State: string(g.State), Instances: uint32(len(g.Instances)), Object: GPUPath(g.PCI)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].PCI < out[j].PCI })
 	return out, nil
@@ -373,7 +373,7 @@ func (s *Service) reconcile(c *call, options map[string]dbus.Variant) (uint64, [
 	}
 	foreign := []foreignEntry{}
 	for _, f := range rep.Foreign {
-		foreign = append(foreign, foreignEntry{GPU: s.pciOf(f.GPU), Kind: f.Kind, ID: f.ID, Detail: f.Detail})
+		foreign = append(foreign, foreignEntry{GPU: s.pciOf(f.GPU), Kind: string(f.Kind), ID: f.ID, Detail: f.Detail})
 	}
 	return uint64(rep.Duration.Microseconds()), nonNilStrings(rep.Finished), nonNilStrings(rep.Undone), nonNilStrings(rep.Recreated),
 		nonNilStrings(rep.Lost), nonNilStrings(rep.Failed), foreign, nonNilStrings(rep.Attachments), nonNilStrings(rep.Pending), nil

@@ -92,7 +92,7 @@ var gpuProps = []prop[manager.GPUView]{
 	{name: "MemoryBytes", doc: "Framebuffer size in bytes.", get: func(g *manager.GPUView) any { return g.MemoryBytes }},
 	{name: "NUMANode", doc: "NUMA node of the GPU, -1 when unknown.", get: func(g *manager.GPUView) any { return int32(g.NUMANode) }},
 	{name: "KernelDriver", doc: "Kernel driver bound to the function (nvidia, vfio-pci).", get: func(g *manager.GPUView) any { return g.KernelDriver }},
-	{name: "State", doc: "ok, lost (fell off the bus), failed (an XID or fault; see Reason) or passthrough (given whole to a VM).", get: func(g *manager.GPUView) any { return g.State }},
+	{name: "State", doc: "ok, lost (fell off the bus), failed (an XID or fault; see Reason) or passthrough (given whole to a VM).", get: func(g *manager.GPUView) any { return string(g.State) }},
 	{name: "Reason", doc: "Why the GPU is failed; empty otherwise.", get: func(g *manager.GPUView) any { return g.Reason }},
 	{name: "MIGCapable", doc: "Whether the GPU supports MIG.", get: func(g *manager.GPUView) any { return g.MIG.Capable }},
 	{name: "MIGEnabled", doc: "Whether MIG mode is on.", get: func(g *manager.GPUView) any { return g.MIG.Enabled }},

@@ -37,7 +37,7 @@ func TestDBusReadsAndLifecycle(t *testing.T) {
 	for _, g := range gpus {
 		pcis = append(pcis, g.PCI)
 	}
-	if want := []string{h100MIG, h100TS, l4, a10}; !slices.Equal(pcis, want) {
+	if want := []string{sim.DefaultH100MIG, sim.DefaultH100TS, sim.DefaultL4, sim.DefaultA10}; !slices.Equal(pcis, want) {
 		t.Fatalf("GPUs = %v, want %v", pcis, want)
 	}
 	if !gpus[0].MIG.Enabled || gpus[1].MIG.Enabled || gpus[2].VGPU.Flavour != "vfio" || gpus[3].VGPU.Flavour != "mdev" {
@@ -48,8 +48,8 @@ func TestDBusReadsAndLifecycle(t *testing.T) {
 	if ten.Quota.VRAMBytes != 80<<30 || ten.Class != "best-effort" {
 		t.Fatalf("tenant = %+v", ten)
 	}
-	in := e.create("acme", "3g.40gb", h100MIG)
-	if in.Tenant != "acme" || in.Kind != "mig" || in.GPU != h100MIG || in.State != "ready" || in.MIG == nil || in.MIG.Size != 4 {
+	in := e.create("acme", "3g.40gb", sim.DefaultH100MIG)
+	if in.Tenant != "acme" || in.Kind != "mig" || in.GPU != sim.DefaultH100MIG || in.State != "ready" || in.MIG == nil || in.MIG.Size != 4 {
 		t.Fatalf("instance = %+v", in)
 	}
 	list, err := e.client.Instances(ctx, "acme")
@@ -63,7 +63,7 @@ func TestDBusReadsAndLifecycle(t *testing.T) {
 	if ten.Usage.Instances != 1 || ten.Usage.VRAMBytes != in.VRAMBytes || !slices.Equal(ten.Instances, []string{in.UUID}) {
 		t.Fatalf("tenant after create = %+v", ten)
 	}
-	g, err := e.client.GPU(ctx, h100MIG)
+	g, err := e.client.GPU(ctx, sim.DefaultH100MIG)
 	if err != nil || !slices.Contains(g.Instances, in.UUID) || len(g.MIG.Instances) != 1 {
 		t.Fatalf("GPU after create = %+v, %v", g, err)
 	}
@@ -85,7 +85,7 @@ func TestDBusReadsAndLifecycle(t *testing.T) {
 		t.Fatalf("ListTenants = %+v, %v", trows, err)
 	}
 
-	profs, err := e.client.Profiles(ctx, l4)
+	profs, err := e.client.Profiles(ctx, sim.DefaultL4)
 	if err != nil || len(profs) == 0 {
 		t.Fatalf("Profiles(l4) = %v, %v", profs, err)
 	}
@@ -108,7 +108,7 @@ func TestDBusReadsAndLifecycle(t *testing.T) {
 		t.Fatalf("capacity lacks one more 3g.40gb on the H100: %+v", caps)
 	}
 	plan, err := e.client.Plan(ctx, PlanRequest{Tenant: "acme", Profile: "3g.40gb"})
-	if err != nil || !plan.Fits || plan.GPU != h100MIG || plan.Start != 0 && plan.Start != 4 || !plan.QuotaOK {
+	if err != nil || !plan.Fits || plan.GPU != sim.DefaultH100MIG || plan.Start != 0 && plan.Start != 4 || !plan.QuotaOK {
 		t.Fatalf("Plan = %+v, %v", plan, err)
 	}
 
@@ -153,7 +153,7 @@ func TestDBusNamedErrors(t *testing.T) {
 	ctx := ctxT(t)
 	e.tenant("small", Quota{VRAMBytes: 10 << 30, ComputeMilli: Unlimited, MaxInstances: Unlimited})
 	e.tenant("big", unlimitedQuota())
-	e.create("big", "7g.80gb", h100MIG)
+	e.create("big", "7g.80gb", sim.DefaultH100MIG)
 	held := e.create("big", "L4-4Q", "")
 	cases := []struct {
 		name string
@@ -173,7 +173,7 @@ func TestDBusNamedErrors(t *testing.T) {
 			return err
 		}, NameInvalidArgument},
 		{"GPU full", func() error {
-			_, err := e.client.Create(ctx, CreateRequest{Tenant: "big", Profile: "1g.10gb", GPU: h100MIG})
+			_, err := e.client.Create(ctx, CreateRequest{Tenant: "big", Profile: "1g.10gb", GPU: sim.DefaultH100MIG})
 			return err
 		}, NameNoCapacity},
 		{"destroy unknown", func() error { return e.client.Destroy(ctx, "9b2a6a3c-3a49-4c51-9d47-5d2a4b1f0c11", false) }, NameNotFound},
@@ -309,7 +309,7 @@ func TestDBusSignalsForCreate(t *testing.T) {
 		t.Fatalf("tenant PropertiesChanged = %v", ch.Changed)
 	}
 	waitEvent(t, events, "PropertiesChanged on the GPU", func(ev Event) bool {
-		return ev.Signal == "PropertiesChanged" && ev.Kind == "gpu" && ev.ID == l4
+		return ev.Signal == "PropertiesChanged" && ev.Kind == "gpu" && ev.ID == sim.DefaultL4
 	})
 	waitEvent(t, events, "OperationFinished", func(ev Event) bool {
 		return ev.Signal == "OperationFinished" && ev.Operation == "create" && ev.ID == in.UUID
@@ -330,23 +330,23 @@ func TestDBusGPULostSignal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := e.client.GPU(ctx, a10)
+	g, err := e.client.GPU(ctx, sim.DefaultA10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.m.MarkGPUFailed(g.UUID, "XID 79")
 	lost := waitEvent(t, events, "GPULost", func(ev Event) bool { return ev.Signal == "GPULost" })
-	if lost.ID != a10 || lost.Message != "XID 79" {
+	if lost.ID != sim.DefaultA10 || lost.Message != "XID 79" {
 		t.Fatalf("GPULost = %+v", lost)
 	}
-	if g, err := e.client.GPU(ctx, a10); err != nil || g.State != "failed" {
+	if g, err := e.client.GPU(ctx, sim.DefaultA10); err != nil || g.State != "failed" {
 		t.Fatalf("failed GPU reads %+v, %v", g, err)
 	}
 	// An operator returns it to service.
-	if err := e.client.ClearGPU(ctx, a10); err != nil {
+	if err := e.client.ClearGPU(ctx, sim.DefaultA10); err != nil {
 		t.Fatal(err)
 	}
-	if g, err := e.client.GPU(ctx, a10); err != nil || g.State != "ok" {
+	if g, err := e.client.GPU(ctx, sim.DefaultA10); err != nil || g.State != "ok" {
 		t.Fatalf("cleared GPU reads %+v, %v", g, err)
 	}
 	if err := e.client.ClearGPU(ctx, "0000:ff:00.0"); ErrorName(err) != NameNotFound {
@@ -368,7 +368,7 @@ func TestDBusIntrospection(t *testing.T) {
 		{ManagerPath, ManagerInterface, []string{"gpu", "instance", "tenant"}},
 		{ManagerPath + "/gpu", "", []string{"pci_0000_41_00_0", "pci_0000_61_00_0", "pci_0000_81_00_0", "pci_0000_a1_00_0"}},
 		{ManagerPath + "/tenant", "", []string{"acme"}},
-		{GPUPath(l4), GPUInterface, nil},
+		{GPUPath(sim.DefaultL4), GPUInterface, nil},
 		{InstancePath(in.UUID), InstanceInterface, nil},
 		{TenantPath("acme"), TenantInterface, nil},
 	} {
@@ -509,7 +509,7 @@ func TestDBusCallerTimeoutCancels(t *testing.T) {
 	defer unsub()
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	_, err := e.client.Create(ctx, CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: h100MIG})
+	_, err := e.client.Create(ctx, CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: sim.DefaultH100MIG})
 	if ErrorName(err) == "" {
 		t.Fatal("create under a 500ms timeout succeeded past a 5s driver stall")
 	}
@@ -677,7 +677,7 @@ func TestDBusApplyReportsProgress(t *testing.T) {
 	if err := e.sim.AddFault(sim.Fault{Op: "CreateGpuInstanceWithPlacement", Return: 2, Skip: 1, Count: 1}); err != nil {
 		t.Fatal(err)
 	}
-	layout := "version: v1\ntenants:\n  - name: gamma\nlayout:\n  - gpu: \"" + h100MIG + "\"\n    instances:\n      - {profile: 1g.10gb, tenant: gamma, count: 3}\n"
+	layout := "version: v1\ntenants:\n  - name: gamma\nlayout:\n  - gpu: \"" + sim.DefaultH100MIG + "\"\n    instances:\n      - {profile: 1g.10gb, tenant: gamma, count: 3}\n"
 	_, err := e.client.Apply(ctxT(t), "layout.yaml", []byte(layout), "", false)
 	if err == nil {
 		t.Fatal("apply went through a failing driver call")
@@ -755,7 +755,7 @@ func TestDBusSignalsBeforeReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]bool{"InterfacesAdded " + string(path): false, "PropertiesChanged " + string(TenantPath("acme")): false,
-		"PropertiesChanged " + string(GPUPath(l4)): false, "PropertiesChanged " + string(ManagerPath): false}
+		"PropertiesChanged " + string(GPUPath(sim.DefaultL4)): false, "PropertiesChanged " + string(ManagerPath): false}
 	timeout := time.After(20 * time.Second)
 	for missing := len(want); missing > 0; {
 		select {

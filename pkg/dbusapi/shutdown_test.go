@@ -8,6 +8,7 @@ import (
 	"time"
 
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
 // TestDBusStopAnswersOperationsInFlight plays a daemon's stop whose grace
@@ -22,7 +23,7 @@ func TestDBusStopAnswersOperationsInFlight(t *testing.T) {
 	slowCreate(t, e, stall)
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.client.Create(ctxT(t), CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: h100MIG})
+		_, err := e.client.Create(ctxT(t), CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: sim.DefaultH100MIG})
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/godbus/dbus/v5"
 
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
 )
 
@@ -152,7 +153,7 @@ func (s *Service) emitDiff(prev, next *snapshot) {
 		if o.kind == kindGPU {
 			was, _ := old.props["State"].Value().(string)
 			now, _ := o.props["State"].Value().(string)
-			if now != was && (now == "lost" || now == "failed") {
+			if now != was && (now == string(gpu.StateLost) || now == string(gpu.StateFailed)) {
 				pci, _ := o.props["PCI"].Value().(string)
 				uuid, _ := o.props["UUID"].Value().(string)
 				reason, _ := o.props["Reason"].Value().(string)

@@ -129,14 +129,14 @@ func TestMirrorMatchesFS(t *testing.T) {
 
 func TestLostGPUIsReportedNotFatal(t *testing.T) {
 	h, b, _ := setup(t, false)
-	if err := h.LoseGPU("0000:81:00.0"); err != nil {
+	if err := h.LoseGPU(sim.DefaultL4); err != nil {
 		t.Fatal(err)
 	}
 	inv, err := discover.Inventory(context.Background(), b, sysfs.New(h.FS()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, _ := inv.ByPCI("0000:81:00.0")
+	g, _ := inv.ByPCI(sim.DefaultL4)
 	if g != nil {
 		t.Fatalf("lost GPU listed by PCI %+v", g)
 	}

@@ -22,6 +22,25 @@ const (
 	FlavourVFIO Flavour = "vfio"
 )
 
+// State is a GPU's state as vgpud reports it (manager.GPUView, the D-Bus
+// GPU State property, the metrics, share accounting). Discovery does not
+// set it: the manager derives it from the GPU (Lost), the faults it
+// recorded and the records on the GPU. The values are API: the D-Bus
+// property and the JSON "state" field carry them as they are.
+type State string
+
+const (
+	// StateOK: in service.
+	StateOK State = "ok"
+	// StateLost: the GPU fell off the bus (GPU.Lost).
+	StateLost State = "lost"
+	// StateFailed: out of service after a critical XID or a fault, until
+	// it is reset, the host reboots or an operator clears it.
+	StateFailed State = "failed"
+	// StatePassthrough: given whole to a VM.
+	StatePassthrough State = "passthrough"
+)
+
 // Inventory is everything discovery found on the host.
 type Inventory struct {
 	Driver DriverInfo `json:"driver"`

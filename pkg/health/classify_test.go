@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/uevent"
 )
@@ -107,8 +109,8 @@ func TestFaultUeventClassification(t *testing.T) {
 		vf   = "0000:61:00.4"
 	)
 	// The time-sliced H100 of the simulated host, with one VF.
-	inv := gpu.Inventory{GPUs: []gpu.GPU{{UUID: uuid, PCI: simH100TS, VGPU: gpu.VGPU{TotalVFs: 16, NumVFs: 1, VFs: []gpu.VF{{PCI: vf}}}}}}
-	pf := "/devices/pci0000:60/0000:60:01.1/" + simH100TS
+	inv := gpu.Inventory{GPUs: []gpu.GPU{{UUID: uuid, PCI: sim.DefaultH100TS, VGPU: gpu.VGPU{TotalVFs: 16, NumVFs: 1, VFs: []gpu.VF{{PCI: vf}}}}}}
+	pf := "/devices/pci0000:60/0000:60:01.1/" + sim.DefaultH100TS
 	tests := []struct {
 		name  string
 		feed  []any
@@ -121,7 +123,7 @@ func TestFaultUeventClassification(t *testing.T) {
 		{name: "vf-type-set", feed: []any{uevent.Event{Action: uevent.Change, DevPath: "/x/" + vf, Subsystem: "pci", Env: map[string]string{"NVIDIA_VGPU_TYPE": "893"}}}, want: refresh},
 		{name: "vf-unbound", feed: []any{uevent.Event{Action: uevent.Unbind, DevPath: "/x/" + vf, Subsystem: "pci"}}, want: reconcile},
 		{name: "new-nvidia-function", feed: []any{uevent.Event{Action: uevent.Add, DevPath: "/x/0000:c1:00.0", Subsystem: "pci", Env: map[string]string{"PCI_ID": "10de:2330"}}}, want: reconcile},
-		{name: "mdev-added", feed: []any{uevent.Event{Action: uevent.Add, DevPath: "/x/" + simA10 + "/u", Subsystem: "mdev"}}, want: refresh},
+		{name: "mdev-added", feed: []any{uevent.Event{Action: uevent.Add, DevPath: "/x/" + sim.DefaultA10 + "/u", Subsystem: "mdev"}}, want: refresh},
 		{name: "events-lost", feed: []any{uevent.ErrOverflow}, want: reconcile},
 		{name: "gpu-removed", feed: []any{uevent.Event{Action: uevent.Remove, DevPath: pf, Subsystem: "pci", Env: map[string]string{"PCI_ID": "10DE:2330"}}}, want: reconcile, fails: 1, marks: "lost " + uuid},
 	}
@@ -142,7 +144,7 @@ func TestFaultUeventClassification(t *testing.T) {
 			for _, x := range tt.feed {
 				src.ch <- x
 			}
-			waitFor(t, "the reader to hand every event on", 5*time.Second, func() bool {
+			testenv.WaitFor(t, "the reader to hand every event on", 5*time.Second, func() bool {
 				return w.stats.Uevents.Load()+w.stats.Overflows.Load() == int64(len(tt.feed))
 			})
 			// Hand the reader's output to the worker's handlers.

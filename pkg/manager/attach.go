@@ -77,10 +77,10 @@ func (m *Manager) hostdevOf(r store.Instance, display, ramfb bool) (virt.Hostdev
 	case r.Flow == store.FlowMdev:
 		h := virt.Hostdev{Kind: virt.Mdev, MdevUUID: r.MdevUUID}
 		if display {
-			// ok is not checked: a record's model was in the catalog it
-			// was admitted with; only a reload that dropped the model
-			// leaves md nil.
-			md, _ := m.catalog().Model(r.Model)
+			md, ok := m.catalog().Model(r.Model)
+			if !ok {
+				return h, noModel(r)
+			}
 			t, ok := md.VGPUTypeByID(r.TypeID)
 			if !ok || t.Series == profile.SeriesC {
 				return h, fail(ErrInvalidArgument, nil, "vGPU type %s has no display (C-series); attach without --display", r.TypeName)
@@ -174,7 +174,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 		return store.Attachment{}, err
 	}
 	intent := uuid.NewString()
-	defer m.live.add(intent, rec.UUID)()
+	defer m.inflight.add(intent, rec.UUID)()
 	started := m.now()
 	prior, err := m.writeAttachIntent(rec, p, intent)
 	if err != nil {
@@ -286,7 +286,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		return err
 	}
 	intent := uuid.NewString()
-	defer m.live.add(intent, rec.UUID)()
+	defer m.inflight.add(intent, rec.UUID)()
 	started := m.now()
 	payload, _ := json.Marshal(attachPayload{Domain: att.Domain}) // strings and bools: cannot fail
 	if err := m.db.Update(func(tx *store.Tx) error {
@@ -452,7 +452,7 @@ func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain
 		}
 	}
 	span := uuid.NewString()
-	defer m.live.add(span, req.UUID)()
+	defer m.inflight.add(span, req.UUID)()
 	payload, _ := json.Marshal(newAttachPayload(domain, opts)) // strings and bools: cannot fail
 	if err := m.db.Update(func(tx *store.Tx) error {
 		return tx.PutIntent(store.Intent{ID: span, Op: store.OpCreateAttach, Instance: req.UUID, Payload: payload, Started: m.now()})

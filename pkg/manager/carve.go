@@ -13,20 +13,35 @@ import (
 // undoTimeout bounds undo work when the caller's context is gone.
 const undoTimeout = 2 * time.Minute
 
+// carveStep names one host step of a carve. A create records each step it
+// finished in its intent (store.Intent.Steps), so the values are stored
+// in the database and must never change; a release undoes the steps in
+// reverse.
+type carveStep string
+
+const (
+	// stepGI: the GPU instance was created.
+	stepGI carveStep = "gi"
+	// stepCI: the compute instance was created.
+	stepCI carveStep = "ci"
+	// stepVGPU: the vGPU was created (a VF's type set, or an mdev made).
+	stepVGPU carveStep = "vgpu"
+)
+
 // carve performs the admitted record's steps on the host.
 func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string, started time.Time) (store.Instance, error) {
 	l := m.gpuLock(rec.GPUUUID)
 	l.Lock()
 	defer l.Unlock()
-	steps := map[string]bool{}
-	save := func(step string) error {
+	steps := map[carveStep]bool{}
+	save := func(step carveStep) error {
 		steps[step] = true
 		rec.Updated = m.now()
 		return m.db.Update(func(tx *store.Tx) error {
 			if err := tx.PutInstance(&rec); err != nil {
 				return err
 			}
-			return tx.AppendStep(intent, step)
+			return tx.AppendStep(intent, string(step))
 		})
 	}
 	err := m.carveSteps(ctx, &rec, save)
@@ -62,7 +77,7 @@ func (m *Manager) carve(ctx context.Context, rec store.Instance, intent string, 
 	if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&rec) }); err != nil {
 		m.log.Error("record the pending undo", "instance", rec.UUID, "err", err)
 	}
-	letGo := m.live.add(intent, rec.UUID)
+	letGo := m.inflight.add(intent, rec.UUID)
 	m.background(func() {
 		defer letGo()
 		l := m.gpuLock(rec.GPUUUID)
@@ -84,12 +99,12 @@ func timedOut(ctx context.Context, err error) bool {
 // undoCarve takes away what a failed carve left on the host and drops its
 // record and intent. If that fails the record is failed and the intent
 // stays: reconcile finishes the undo. The caller holds the GPU's lock.
-func (m *Manager) undoCarve(rec store.Instance, intent string, steps map[string]bool, cause error) {
+func (m *Manager) undoCarve(rec store.Instance, intent string, steps map[carveStep]bool, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
 	defer cancel()
 	parts, uerr := m.carvedParts(ctx, &rec, steps)
 	if uerr == nil {
-		uerr = m.release(ctx, &rec, func(s string) bool { return parts[s] }, false)
+		uerr = m.release(ctx, &rec, func(s carveStep) bool { return parts[s] }, false)
 	}
 	if uerr != nil {
 		rec.State, rec.Reason = store.StateFailed, fmt.Sprintf("create failed (%v) and undo failed (%v)", cause, uerr)
@@ -114,24 +129,24 @@ func (m *Manager) undoCarve(rec store.Instance, intent string, steps map[string]
 // recorded as done, and whatever the host shows once the calls that outran
 // their deadline have returned (a step whose call timed out, or whose save
 // failed, may have happened all the same).
-func (m *Manager) carvedParts(ctx context.Context, rec *store.Instance, steps map[string]bool) (map[string]bool, error) {
+func (m *Manager) carvedParts(ctx context.Context, rec *store.Instance, steps map[carveStep]bool) (map[carveStep]bool, error) {
 	if err := m.settle(ctx); err != nil {
 		return nil, err
 	}
 	m.refreshGPU(ctx, rec.GPUUUID)
 	gi, ci, vg := m.present(rec)
-	return map[string]bool{"gi": steps["gi"] || gi, "ci": steps["ci"] || ci, "vgpu": steps["vgpu"] || vg}, nil
+	return map[carveStep]bool{stepGI: steps[stepGI] || gi, stepCI: steps[stepCI] || ci, stepVGPU: steps[stepVGPU] || vg}, nil
 }
 
 // carveSteps runs the host steps of a record, saving after each.
-func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func(string) error) error {
+func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func(carveStep) error) error {
 	if rec.Kind == store.KindMIG || (rec.Kind == store.KindMIGVGPU && rec.GIID < 0) {
 		gi, err := m.mig.CreateGPUInstance(ctx, rec.GPUUUID, rec.GIProfileID, rec.GIStart)
 		if err != nil {
 			return err
 		}
 		rec.GIID = gi.ID
-		if err := save("gi"); err != nil {
+		if err := save(stepGI); err != nil {
 			return err
 		}
 		m.crash(CrashCreateGI)
@@ -142,7 +157,7 @@ func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func
 			return err
 		}
 		rec.CIID, rec.CIProfileID = ci.ID, ci.ProfileID
-		if err := save("ci"); err != nil {
+		if err := save(stepCI); err != nil {
 			return err
 		}
 		m.crash(CrashCreateCI)
@@ -151,7 +166,7 @@ func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func
 		if err := m.createVGPU(ctx, rec); err != nil {
 			return err
 		}
-		if err := save("vgpu"); err != nil {
+		if err := save(stepVGPU); err != nil {
 			return err
 		}
 		m.crash(CrashCreateVGPU)

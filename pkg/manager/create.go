@@ -56,7 +56,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	}
 	started := m.now()
 	intent := uuid.NewString()
-	defer m.live.add(intent, req.UUID)()
+	defer m.inflight.add(intent, req.UUID)()
 	rec, existing, err := m.admitCreate(ctx, req, offers, intent)
 	if err != nil || existing {
 		return rec, err

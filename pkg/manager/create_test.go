@@ -42,7 +42,7 @@ func TestCreateAndDestroyEveryKind(t *testing.T) {
 		}
 		made = append(made, r)
 	}
-	if made[2].GIID < 0 || made[2].VF == "" || made[4].GPUPCI != l4 || made[5].MdevUUID != made[5].UUID {
+	if made[2].GIID < 0 || made[2].VF == "" || made[4].GPUPCI != sim.DefaultL4 || made[5].MdevUUID != made[5].UUID {
 		t.Fatalf("records: %+v", made)
 	}
 	for _, r := range made {
@@ -62,7 +62,7 @@ func TestPassthroughReservesAnEmptyGPU(t *testing.T) {
 	e := newEnv(t, nil)
 	e.tenant("acme", unlimited())
 	r := e.mustCreate("acme", "L4-24GB/passthrough", "")
-	if r.Kind != store.KindPassthrough || r.GPUPCI != l4 {
+	if r.Kind != store.KindPassthrough || r.GPUPCI != sim.DefaultL4 {
 		t.Fatalf("passthrough %+v", r)
 	}
 	if _, err := e.create("acme", "L4-4Q", ""); !errors.Is(err, manager.ErrNoCapacity) {
@@ -77,9 +77,9 @@ func TestRefusalsChangeNothing(t *testing.T) {
 	e := newEnv(t, nil)
 	e.tenant("small", tenant.Quota{VRAMBytes: 20 << 30, ComputeMilli: tenant.Unlimited, MaxInstances: 2})
 	e.tenant("acme", unlimited())
-	e.mustCreate("acme", "7g.80gb", h100MIG)
-	e.mustCreate("acme", "A10-24GB/passthrough", a10)
-	if err := e.sim.LoseGPU(l4); err != nil {
+	e.mustCreate("acme", "7g.80gb", sim.DefaultH100MIG)
+	e.mustCreate("acme", "A10-24GB/passthrough", sim.DefaultA10)
+	if err := e.sim.LoseGPU(sim.DefaultL4); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.m.Refresh(context.Background()); err != nil {
@@ -97,12 +97,12 @@ func TestRefusalsChangeNothing(t *testing.T) {
 		{"bad tenant name", "Bad_Name", "1g.10gb", "", manager.ErrInvalidArgument, ""},
 		{"over VRAM quota", "small", "H100XM-40C", "", manager.ErrQuotaExceeded, "VRAM quota"},
 		{"no capacity", "acme", "3g.40gb", "", manager.ErrNoCapacity, "creatable now"},
-		{"MIG profile on a GPU with MIG off", "acme", "3g.40gb", h100TS, manager.ErrInvalidArgument, "MIG mode is off"},
-		{"lost GPU", "acme", "L4-4Q", l4, manager.ErrGPULost, "lost"},
+		{"MIG profile on a GPU with MIG off", "acme", "3g.40gb", sim.DefaultH100TS, manager.ErrInvalidArgument, "MIG mode is off"},
+		{"lost GPU", "acme", "L4-4Q", sim.DefaultL4, manager.ErrGPULost, "lost"},
 		{"no such GPU", "acme", "L4-4Q", "0000:ff:00.0", manager.ErrNotFound, "no GPU"},
 		{"GPU index out of range", "acme", "L4-4Q", "9", manager.ErrNotFound, "vgpuctl gpus"},
-		{"type of another model on a pinned GPU", "acme", "L4-4Q", h100TS, manager.ErrInvalidArgument, "does not offer it"},
-		{"GPU passed through", "acme", "A10-4Q", a10, manager.ErrNoCapacity, "passed through"},
+		{"type of another model on a pinned GPU", "acme", "L4-4Q", sim.DefaultH100TS, manager.ErrInvalidArgument, "does not offer it"},
+		{"GPU passed through", "acme", "A10-4Q", sim.DefaultA10, manager.ErrNoCapacity, "passed through"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -266,7 +266,7 @@ func TestConcurrentAdmission(t *testing.T) {
 func TestFailedDestroyKeepsTheInstance(t *testing.T) {
 	e := newEnv(t, nil)
 	e.tenant("acme", unlimited())
-	r := e.mustCreate("acme", "3g.40gb", h100MIG)
+	r := e.mustCreate("acme", "3g.40gb", sim.DefaultH100MIG)
 	before := e.discovered()
 	if err := e.sim.AddFault(sim.Fault{Op: "GpuInstanceDestroy", Return: 999, Count: 1}); err != nil {
 		t.Fatal(err)
@@ -299,8 +299,8 @@ func TestMIGBackedVGPUBesidePlainMIG(t *testing.T) {
 	// Interleaved, so that plain instances hold GPU-instance ids both
 	// below and above those of the vGPUs'.
 	for i := 0; i < 3; i++ {
-		e.mustCreate("acme", "1g.10gb", h100MIG)
-		e.mustCreate("acme", "H100XM-1-10C", h100MIG)
+		e.mustCreate("acme", "1g.10gb", sim.DefaultH100MIG)
+		e.mustCreate("acme", "H100XM-1-10C", sim.DefaultH100MIG)
 	}
 	assertConsistent(t, e)
 }

@@ -132,7 +132,7 @@ func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 		}
 	}
 	intent := uuid.NewString()
-	defer m.live.add(intent, rec.UUID)()
+	defer m.inflight.add(intent, rec.UUID)()
 	// Marshal cannot fail: the plan is strings and ints.
 	payload, _ := json.Marshal(movePayload{FromGPU: old.GPUUUID, FromPCI: old.GPUPCI, FromStart: old.GIStart, FromVF: old.VF,
 		ToGPU: next.GPUUUID, ToPCI: next.GPUPCI, ToStart: next.GIStart, ToVF: next.VF})
@@ -154,7 +154,7 @@ func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 	undo := context.WithoutCancel(ctx)
 	l := m.gpuLock(old.GPUUUID)
 	l.Lock()
-	err = m.release(ctx, &rec, func(string) bool { return true }, false)
+	err = m.release(ctx, &rec, func(carveStep) bool { return true }, false)
 	l.Unlock()
 	m.refreshGPU(undo, old.GPUUUID)
 	if err != nil {
@@ -162,10 +162,10 @@ func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 		return classify(err, "move %s: release it at %s:%d", rec.UUID, old.GPUPCI, old.GIStart)
 	}
 	m.crash(CrashMoveRelease)
-	steps := map[string]bool{}
+	steps := map[carveStep]bool{}
 	l = m.gpuLock(next.GPUUUID)
 	l.Lock()
-	err = m.carveSteps(ctx, &next, func(step string) error {
+	err = m.carveSteps(ctx, &next, func(step carveStep) error {
 		steps[step] = true
 		return m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&next) })
 	})
@@ -242,14 +242,14 @@ func (m *Manager) repoint(ctx context.Context, att *store.Attachment, old, next 
 // unmove undoes a move that failed after the old placement was released:
 // what the new placement got is taken away, the old one carved again, and
 // the VM's config pointed back at it.
-func (m *Manager) unmove(ctx context.Context, att *store.Attachment, old, next store.Instance, steps map[string]bool, intent string) {
+func (m *Manager) unmove(ctx context.Context, att *store.Attachment, old, next store.Instance, steps map[carveStep]bool, intent string) {
 	uctx, cancel := context.WithTimeout(ctx, undoTimeout)
 	defer cancel()
 	parts, err := m.carvedParts(uctx, &next, steps)
 	if err == nil {
 		l := m.gpuLock(next.GPUUUID)
 		l.Lock()
-		err = m.release(uctx, &next, func(s string) bool { return parts[s] }, false)
+		err = m.release(uctx, &next, func(s carveStep) bool { return parts[s] }, false)
 		l.Unlock()
 		m.refreshGPU(uctx, next.GPUUUID)
 	}

@@ -19,7 +19,7 @@ func TestPlanCapacityAndDefragment(t *testing.T) {
 	e.tenant("acme", unlimited())
 	ctx := context.Background()
 	p, err := e.m.Plan(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb"})
-	if err != nil || !p.Fits || p.GPUPCI != h100MIG || p.Start < 0 {
+	if err != nil || !p.Fits || p.GPUPCI != sim.DefaultH100MIG || p.Start < 0 {
 		t.Fatalf("plan %+v, %v", p, err)
 	}
 	if strings.Contains(e.summary(), "gi") {
@@ -41,7 +41,7 @@ func TestPlanCapacityAndDefragment(t *testing.T) {
 	// three free slices (1, 2 and 7) and no legal 2g start (0, 2, 4).
 	var ones []store.Instance
 	for i := 0; i < 7; i++ {
-		ones = append(ones, e.mustCreate("acme", "1g.10gb", h100MIG))
+		ones = append(ones, e.mustCreate("acme", "1g.10gb", sim.DefaultH100MIG))
 	}
 	for _, r := range ones {
 		if r.GIStart == 1 || r.GIStart == 2 {
@@ -50,7 +50,7 @@ func TestPlanCapacityAndDefragment(t *testing.T) {
 			}
 		}
 	}
-	req := manager.CreateRequest{Tenant: "acme", Profile: "2g.20gb", GPU: h100MIG}
+	req := manager.CreateRequest{Tenant: "acme", Profile: "2g.20gb", GPU: sim.DefaultH100MIG}
 	if _, err := e.m.Create(ctx, req); !errors.Is(err, manager.ErrNoCapacity) || !strings.Contains(manager.Message(err), "fragment") {
 		t.Fatalf("fragmented create: %v", err)
 	}
@@ -71,7 +71,7 @@ func TestPlanCapacityAndDefragment(t *testing.T) {
 	if err != nil || moved.GIStart != res.Moves[0].ToStart {
 		t.Fatalf("moved instance %+v, %v; want start %d", moved, err, res.Moves[0].ToStart)
 	}
-	e.mustCreate("acme", "2g.20gb", h100MIG)
+	e.mustCreate("acme", "2g.20gb", sim.DefaultH100MIG)
 	assertConsistent(t, e)
 }
 
@@ -81,7 +81,7 @@ func fragmented(t *testing.T, e *env) manager.CreateRequest {
 	t.Helper()
 	var ones []store.Instance
 	for i := 0; i < 7; i++ {
-		ones = append(ones, e.mustCreate("acme", "1g.10gb", h100MIG))
+		ones = append(ones, e.mustCreate("acme", "1g.10gb", sim.DefaultH100MIG))
 	}
 	for _, r := range ones {
 		if r.GIStart == 1 || r.GIStart == 2 {
@@ -90,7 +90,7 @@ func fragmented(t *testing.T, e *env) manager.CreateRequest {
 			}
 		}
 	}
-	return manager.CreateRequest{Tenant: "acme", Profile: "2g.20gb", GPU: h100MIG}
+	return manager.CreateRequest{Tenant: "acme", Profile: "2g.20gb", GPU: sim.DefaultH100MIG}
 }
 
 // defragmentAndFit checks the host is consistent, then that defragment

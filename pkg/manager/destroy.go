@@ -38,7 +38,7 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 		}
 	}
 	intent := uuid.NewString()
-	defer m.live.add(intent, rec.UUID)()
+	defer m.inflight.add(intent, rec.UUID)()
 	started := m.now()
 	m.admit.Lock()
 	err = m.db.Update(func(tx *store.Tx) error {
@@ -73,7 +73,7 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 	case timedOut(ctx, err):
 		// A release call may still land: answer now, put the instance back
 		// once the host has settled (the intent stays held until then).
-		letGo := m.live.add(intent, rec.UUID)
+		letGo := m.inflight.add(intent, rec.UUID)
 		m.background(func() {
 			defer letGo()
 			m.putBack(context.Background(), rec, intent, "destroy")
@@ -145,7 +145,7 @@ func (m *Manager) putBack(ctx context.Context, rec store.Instance, intent, what 
 func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent string, started time.Time) error {
 	l := m.gpuLock(rec.GPUUUID)
 	l.Lock()
-	err := m.release(ctx, &rec, func(string) bool { return true }, true)
+	err := m.release(ctx, &rec, func(carveStep) bool { return true }, true)
 	l.Unlock()
 	defer m.refreshGPU(context.WithoutCancel(ctx), rec.GPUUUID)
 	if err != nil {

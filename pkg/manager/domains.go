@@ -38,7 +38,7 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 	m.confMu.RUnlock()
 	var release []string
 	for _, a := range atts {
-		if m.live.busy(a.Instance) {
+		if m.inflight.busy(a.Instance) {
 			continue // an attach or detach in flight settles it
 		}
 		if ctx.Err() != nil {
@@ -119,7 +119,7 @@ func (m *Manager) checkAttachment(ctx context.Context, a store.Attachment, r sto
 // instance meanwhile (it settles the record itself), and says whether it
 // did.
 func (m *Manager) forgetAttachment(a store.Attachment, why string, rep *ReconcileReport) bool {
-	if m.live.busy(a.Instance) {
+	if m.inflight.busy(a.Instance) {
 		return false
 	}
 	if err := m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) }); err != nil {
@@ -200,7 +200,7 @@ func (m *Manager) reconcileDomains(ctx context.Context, rep *ReconcileReport) {
 			continue
 		}
 		for _, x := range held {
-			if x.Instance == "" || m.live.busy(x.Instance) {
+			if x.Instance == "" || m.inflight.busy(x.Instance) {
 				continue
 			}
 			a, attached := atts[x.Instance]
@@ -228,7 +228,7 @@ func (m *Manager) reconcileDomains(ctx context.Context, rep *ReconcileReport) {
 			case !exists:
 				// Only while nothing else runs: an attach in flight may be
 				// giving this very device to another instance.
-				if _, err := m.Instance(x.Instance); !(errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidArgument)) || !m.live.idle() {
+				if _, err := m.Instance(x.Instance); !(errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidArgument)) || !m.inflight.idle() {
 					continue
 				}
 				dom, err := m.lv().Domain(ctx, d.Name)

@@ -188,3 +188,10 @@ func classify(err error, format string, args ...any) error {
 	}
 	return fail(ErrBackendFailure, err, "%s", msg)
 }
+
+// noModel is the failure of an operation on a record whose GPU model the
+// catalog in force no longer has: a reload dropped it (a profiles.d file
+// removed), while the record was admitted under a catalog that had it.
+func noModel(r store.Instance) error {
+	return fail(ErrBackendFailure, nil, "instance %s: GPU model %s is not in the catalog vgpud runs with; restore its file in /etc/vgpud/profiles.d and reload (systemctl reload vgpud)", r.UUID, r.Model)
+}

@@ -9,11 +9,25 @@ import (
 
 // Foreign is one device on the host that no record explains.
 type Foreign struct {
-	GPU    string `json:"gpu"`
-	Kind   string `json:"kind"` // gpu-instance, vf, mdev
-	ID     string `json:"id"`
-	Detail string `json:"detail,omitempty"`
+	GPU    string      `json:"gpu"`
+	Kind   ForeignKind `json:"kind"`
+	ID     string      `json:"id"`
+	Detail string      `json:"detail,omitempty"`
 }
+
+// ForeignKind is what a Foreign device is. The values are API: the D-Bus
+// Reconcile reply and the JSON "kind" field carry them as they are.
+type ForeignKind string
+
+const (
+	// ForeignGPUInstance: a MIG GPU instance; ID is its GPU instance id.
+	ForeignGPUInstance ForeignKind = "gpu-instance"
+	// ForeignVF: an SR-IOV virtual function holding a vGPU type; ID is
+	// its PCI address.
+	ForeignVF ForeignKind = "vf"
+	// ForeignMdev: a mediated device; ID is its UUID.
+	ForeignMdev ForeignKind = "mdev"
+)
 
 // foreign lists devices no record explains.
 func (m *Manager) foreign() []Foreign {
@@ -29,7 +43,7 @@ func (m *Manager) foreign() []Foreign {
 		g := &s.inv.GPUs[i]
 		for _, gi := range g.MIG.Instances {
 			if len(s.giRecords(g.UUID, gi.Placement.Start, gi.ProfileID)) == 0 {
-				out = append(out, Foreign{GPU: g.PCI, Kind: "gpu-instance", ID: fmt.Sprint(gi.ID),
+				out = append(out, Foreign{GPU: g.PCI, Kind: ForeignGPUInstance, ID: fmt.Sprint(gi.ID),
 					Detail: fmt.Sprintf("profile %d at %d+%d", gi.ProfileID, gi.Placement.Start, gi.Placement.Size)})
 			}
 		}
@@ -46,9 +60,9 @@ func (m *Manager) foreign() []Foreign {
 				name = d.typ.Name
 			}
 			if d.vf != "" {
-				out = append(out, Foreign{GPU: g.PCI, Kind: "vf", ID: d.vf, Detail: name})
+				out = append(out, Foreign{GPU: g.PCI, Kind: ForeignVF, ID: d.vf, Detail: name})
 			} else if d.mdev != "" {
-				out = append(out, Foreign{GPU: g.PCI, Kind: "mdev", ID: d.mdev, Detail: name})
+				out = append(out, Foreign{GPU: g.PCI, Kind: ForeignMdev, ID: d.mdev, Detail: name})
 			}
 		}
 	}

@@ -3,6 +3,8 @@ package manager_test
 import (
 	"strings"
 	"testing"
+
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
 // FuzzManagerOperations drives the manager on the simulated host with a
@@ -69,7 +71,7 @@ var (
 	fuzzTenants  = []string{"alpha", "beta", "gamma", "", " ", "alpha ", "ALPHA", "a_b", strings.Repeat("a", 300), "-"}
 	fuzzProfiles = []string{"1g.10gb", "2g.20gb", "3g.40gb", "H100XM-1-10C", "H100XM-10C", "L4-2Q", "A10-2Q", "passthrough",
 		"", " ", "1g.10gb ", "9g.900gb", "L4-24GB/passthrough", "NVIDIA A10-8Q"}
-	fuzzGPUs = []string{"", h100MIG, h100TS, l4, a10, "0", "3", "9", " ", "0000:ff:00.0", "GPU-00000000-0000-0000-0000-000000000000"}
+	fuzzGPUs = []string{"", sim.DefaultH100MIG, sim.DefaultH100TS, sim.DefaultL4, sim.DefaultA10, "0", "3", "9", " ", "0000:ff:00.0", "GPU-00000000-0000-0000-0000-000000000000"}
 	fuzzVMs  = []string{"vm1", "vm2", "", " ", "nosuch", "qemu:///system/vm1", "qemu:///elsewhere/vm1", "vm1\n", "VM1"}
 )
 
@@ -97,7 +99,7 @@ layout:
   - gpu: "0000:a1:00.0"
     instances:
       - {profile: A10-2Q, tenant: beta, count: 1}
-`, covers: []string{l4, a10}, tenants: []string{"alpha", "beta"}},
+`, covers: []string{sim.DefaultL4, sim.DefaultA10}, tenants: []string{"alpha", "beta"}},
 	{name: "prune-mig", data: `version: v1
 prune: true
 tenants:
@@ -107,18 +109,18 @@ layout:
     mig: true
     instances:
       - {profile: 1g.10gb, tenant: alpha, count: 2}
-`, covers: []string{h100MIG}, tenants: []string{"alpha"}, prune: true},
+`, covers: []string{sim.DefaultH100MIG}, tenants: []string{"alpha"}, prune: true},
 	{name: "all-empty", data: `version: v1
 layout:
   - all: true
     instances: []
-`, covers: []string{h100MIG, h100TS, l4, a10}},
+`, covers: []string{sim.DefaultH100MIG, sim.DefaultH100TS, sim.DefaultL4, sim.DefaultA10}},
 	{name: "empty-tenant", data: `version: v1
 layout:
   - gpu: "0000:81:00.0"
     instances:
       - {profile: L4-2Q, tenant: "", count: 1}
-`, covers: []string{l4}},
+`, covers: []string{sim.DefaultL4}},
 	{name: "mig-parted", selectConfig: "gpu0-3g.40gb@beta", data: `version: v1
 mig-configs:
   gpu0-3g.40gb:
@@ -126,7 +128,7 @@ mig-configs:
       mig-enabled: true
       mig-devices:
         "3g.40gb": 2
-`, covers: []string{h100MIG}, tenants: []string{"beta"}},
+`, covers: []string{sim.DefaultH100MIG}, tenants: []string{"beta"}},
 	{name: "mig-parted-no-tenant", selectConfig: "gpu0-3g.40gb@", data: `version: v1
 mig-configs:
   gpu0-3g.40gb:
@@ -134,7 +136,7 @@ mig-configs:
       mig-enabled: true
       mig-devices:
         "3g.40gb": 2
-`, covers: []string{h100MIG}},
+`, covers: []string{sim.DefaultH100MIG}},
 	{name: "unknown-gpu", data: `version: v1
 layout:
   - gpu: "0000:ff:00.0"

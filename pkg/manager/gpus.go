@@ -15,7 +15,7 @@ import (
 type GPUView struct {
 	gpu.GPU
 	// State is ok, lost, failed (an XID or fault) or passthrough.
-	State string `json:"state"`
+	State gpu.State `json:"state"`
 	// Reason says why a GPU is failed.
 	Reason string `json:"reason,omitempty"`
 	// Instances are the records on this GPU.
@@ -32,14 +32,14 @@ func (m *Manager) GPUs() ([]GPUView, error) {
 		}
 		for i := range s.inv.GPUs {
 			g := s.inv.GPUs[i]
-			v := GPUView{GPU: g, State: "ok"}
+			v := GPUView{GPU: g, State: gpu.StateOK}
 			switch {
 			case g.Lost:
-				v.State = "lost"
+				v.State = gpu.StateLost
 			case s.failed[g.UUID] != "":
-				v.State, v.Reason = "failed", s.failed[g.UUID]
+				v.State, v.Reason = gpu.StateFailed, s.failed[g.UUID]
 			case s.passthroughOn(g.UUID) != nil:
-				v.State = "passthrough"
+				v.State = gpu.StatePassthrough
 			}
 			for _, r := range s.byGPU[g.UUID] {
 				v.Instances = append(v.Instances, r.UUID)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -22,7 +23,7 @@ func TestFailedGPUFailsItsInstancesUntilCleared(t *testing.T) {
 	if got.State != store.StateFailed || !strings.Contains(got.Reason, "XID 48") {
 		t.Fatalf("instance on a failed GPU: %s %q", got.State, got.Reason)
 	}
-	if _, err := e.create("acme", "L4-4Q", l4); !errors.Is(err, manager.ErrNoCapacity) {
+	if _, err := e.create("acme", "L4-4Q", sim.DefaultL4); !errors.Is(err, manager.ErrNoCapacity) {
 		t.Fatalf("carving on a failed GPU: %v", err)
 	}
 	// A restart of vgpud does not return the GPU to service.
@@ -30,11 +31,11 @@ func TestFailedGPUFailsItsInstancesUntilCleared(t *testing.T) {
 	if got, _ := e.m.Instance(r.UUID); got.State != store.StateFailed {
 		t.Fatalf("after a restart: %s %q", got.State, got.Reason)
 	}
-	if _, err := e.create("acme", "L4-4Q", l4); !errors.Is(err, manager.ErrNoCapacity) {
+	if _, err := e.create("acme", "L4-4Q", sim.DefaultL4); !errors.Is(err, manager.ErrNoCapacity) {
 		t.Fatalf("carving on a failed GPU after a restart: %v", err)
 	}
 	// An operator does.
-	if _, err := e.m.ClearGPU(context.Background(), l4); err != nil {
+	if _, err := e.m.ClearGPU(context.Background(), sim.DefaultL4); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := e.m.Instance(r.UUID); got.State != store.StateReady {
@@ -64,15 +65,15 @@ func TestGPUModes(t *testing.T) {
 	ctx := context.Background()
 	// MIG off on the time-sliced H100 and on again: refused while an
 	// instance lives there, done otherwise.
-	r := e.mustCreate("acme", "H100XM-20C", h100TS)
-	if err := e.m.SetMIGMode(ctx, h100TS, true); !errors.Is(err, manager.ErrBusy) {
+	r := e.mustCreate("acme", "H100XM-20C", sim.DefaultH100TS)
+	if err := e.m.SetMIGMode(ctx, sim.DefaultH100TS, true); !errors.Is(err, manager.ErrBusy) {
 		t.Fatalf("MIG on under an instance: %v, want ErrBusy", err)
 	}
 	if err := e.m.Destroy(ctx, r.UUID, manager.DestroyOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err := e.m.SetMIGMode(ctx, h100TS, true)
-	g, _ := e.m.GPU(h100TS)
+	err := e.m.SetMIGMode(ctx, sim.DefaultH100TS, true)
+	g, _ := e.m.GPU(sim.DefaultH100TS)
 	switch {
 	case err == nil:
 		if !g.MIG.Enabled {
@@ -85,18 +86,18 @@ func TestGPUModes(t *testing.T) {
 	default:
 		t.Fatalf("MIG on: %v", err)
 	}
-	if err := e.m.SetMIGMode(ctx, l4, true); !errors.Is(err, manager.ErrInvalidArgument) {
+	if err := e.m.SetMIGMode(ctx, sim.DefaultL4, true); !errors.Is(err, manager.ErrInvalidArgument) {
 		t.Fatalf("MIG on an L4: %v, want ErrInvalidArgument", err)
 	}
 
 	// Heterogeneous mode on the L4: mixed sizes then fit; a reboot resets
 	// the mode and vgpud sets it again before re-creating them.
-	if err := e.m.SetHeterogeneous(ctx, l4, true); err != nil {
+	if err := e.m.SetHeterogeneous(ctx, sim.DefaultL4, true); err != nil {
 		t.Fatal(err)
 	}
-	a := e.mustCreate("acme", "L4-4Q", l4)
-	b := e.mustCreate("acme", "L4-8Q", l4)
-	if err := e.m.SetHeterogeneous(ctx, l4, false); !errors.Is(err, manager.ErrBusy) {
+	a := e.mustCreate("acme", "L4-4Q", sim.DefaultL4)
+	b := e.mustCreate("acme", "L4-8Q", sim.DefaultL4)
+	if err := e.m.SetHeterogeneous(ctx, sim.DefaultL4, false); !errors.Is(err, manager.ErrBusy) {
 		t.Fatalf("mode change under vGPUs: %v, want ErrBusy", err)
 	}
 	if err := e.sim.Reboot(); err != nil {
@@ -111,7 +112,7 @@ func TestGPUModes(t *testing.T) {
 			t.Fatalf("instance %s after a reboot: %s %q", id, got.State, got.Reason)
 		}
 	}
-	if g, _ := e.m.GPU(l4); !g.VGPU.Heterogeneous {
+	if g, _ := e.m.GPU(sim.DefaultL4); !g.VGPU.Heterogeneous {
 		t.Fatal("heterogeneous mode not applied again after the reboot")
 	}
 	assertConsistent(t, e)

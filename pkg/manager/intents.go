@@ -78,8 +78,8 @@ func (m *Manager) resolveCreate(ctx context.Context, it store.Intent, rec store.
 		m.emit(Event{Kind: EventInstanceAdded, ID: rec.UUID})
 		return nil
 	}
-	parts := map[string]bool{"gi": gi, "ci": ci, "vgpu": vg}
-	if err := m.release(ctx, &rec, func(s string) bool { return parts[s] }, false); err != nil {
+	parts := map[carveStep]bool{stepGI: gi, stepCI: ci, stepVGPU: vg}
+	if err := m.release(ctx, &rec, func(s carveStep) bool { return parts[s] }, false); err != nil {
 		return err
 	}
 	m.refreshGPU(ctx, rec.GPUUUID)
@@ -194,9 +194,9 @@ func (m *Manager) clearOtherPlacement(ctx context.Context, rec store.Instance, p
 	l := m.gpuLock(other.GPUUUID)
 	l.Lock()
 	defer l.Unlock()
-	parts := map[string]bool{"gi": gi, "ci": ci, "vgpu": vg}
+	parts := map[carveStep]bool{stepGI: gi, stepCI: ci, stepVGPU: vg}
 	m.dirty[other.GPUUUID] = true
-	return m.release(ctx, &other, func(s string) bool { return parts[s] }, false)
+	return m.release(ctx, &other, func(s carveStep) bool { return parts[s] }, false)
 }
 
 // resolveCreateAttach settles a create-and-attach a crash interrupted (its

@@ -11,7 +11,7 @@
 // libvirt and the store as small interfaces; transports (D-Bus) forward to
 // it and map its sentinel errors (errors.go) to their own names.
 //
-// Imports: internal/hostcall, pkg/gpu, pkg/placement, pkg/profile, pkg/store, pkg/tenant, pkg/virt.
+// Imports: internal/hostcall, pkg/discover, pkg/gpu, pkg/placement, pkg/profile, pkg/store, pkg/tenant, pkg/virt.
 package manager
 
 import (
@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/vgpud/vgpud/internal/hostcall"
+	"github.com/vgpud/vgpud/pkg/discover"
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/placement"
 	"github.com/vgpud/vgpud/pkg/profile"
@@ -59,8 +60,36 @@ type Discoverer interface {
 	GPU(ctx context.Context, uuid string) (gpu.GPU, error)
 }
 
-// Options configure a Manager.
-type Options struct {
+// NVMLBackend is the NVML backend as the manager uses it: the MIG and
+// mode changes it makes, and the reads its discovery joins with sysfs
+// (every GPU, and one GPU again).
+type NVMLBackend interface {
+	MIGBackend
+	discover.NVML
+	Describe(ctx context.Context, uuid string) (gpu.GPU, error)
+}
+
+// SysfsBackend is the sysfs backend as the manager uses it: the vGPU
+// changes it makes, and the PCI view its discovery reads.
+type SysfsBackend interface {
+	VGPUBackend
+	discover.Sysfs
+}
+
+// Config is what a Manager is made of and how it behaves.
+type Config struct {
+	// Catalog is the GPU catalog (SetCatalog replaces it).
+	Catalog *profile.Catalog
+	// Store holds the records and intents.
+	Store *store.DB
+	// NVML and Sysfs are the host's two backends; the manager discovers
+	// the host by joining them (pkg/discover).
+	NVML  NVMLBackend
+	Sysfs SysfsBackend
+	// Virt is the libvirt connection. nil: none yet (SetVirt sets it);
+	// attach operations then fail with ErrBackendFailure ("libvirt not
+	// configured").
+	Virt   Virt
 	Logger *slog.Logger
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
@@ -102,7 +131,7 @@ type Manager struct {
 	//     transaction is begun inside another.
 	//  4. Leaves, under which no other lock is taken and the store is not
 	//     called: invMu (read by snapshot inside transactions), confMu,
-	//     gpuMu (only inside gpuLock), live's and the event broadcaster's
+	//     gpuMu (only inside gpuLock), inflight's and the event broadcaster's
 	//     mutexes, opsMu.
 	//
 	// So admission (Create, UpdateTenant, UndefineTenant), Destroy's
@@ -144,8 +173,9 @@ type Manager struct {
 	// dirty are GPUs a reconcile pass changed and re-reads at its end
 	// (guarded by admit).
 	dirty map[string]bool
-	// live: intents of operations in flight, which reconcile leaves alone.
-	live liveSet
+	// inflight: intents of operations in flight, which reconcile leaves
+	// alone.
+	inflight inflightSet
 	// calls counts sysfs calls that outran their deadline (see settle).
 	calls hostcall.Tracker
 
@@ -157,14 +187,13 @@ type Manager struct {
 	closing bool
 }
 
-// New returns a manager. virt may be nil: attach operations then fail
-// with ErrBackendFailure ("libvirt not configured").
-func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, disc Discoverer, virt Virt, opts Options) *Manager {
+// New returns a manager made of c.
+func New(c Config) *Manager {
 	m := &Manager{
-		log: opts.Logger, db: db, mig: mig, vgpu: vg, disc: disc, virt: virt,
-		now: opts.Now, crash: opts.Crash, retry: opts.BusyRetry, degraded: opts.Degraded,
+		log: c.Logger, db: c.Store, mig: c.NVML, vgpu: c.Sysfs, disc: discover.Host{NVML: c.NVML, Sysfs: c.Sysfs}, virt: c.Virt,
+		now: c.Now, crash: c.Crash, retry: c.BusyRetry, degraded: c.Degraded,
 		gpuLocks:   map[string]*sync.Mutex{},
-		failedGPUs: map[string]GPUFault{}, boot: opts.BootID, undefinePolicy: opts.UndefinePolicy, events: newBroadcaster(), dirty: map[string]bool{}, readOf: map[string]uint64{},
+		failedGPUs: map[string]GPUFault{}, boot: c.BootID, undefinePolicy: c.UndefinePolicy, events: newBroadcaster(), dirty: map[string]bool{}, readOf: map[string]uint64{},
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
@@ -178,7 +207,7 @@ func New(cat *profile.Catalog, db *store.DB, mig MIGBackend, vg VGPUBackend, dis
 	if m.retry == 0 {
 		m.retry = 10 * time.Second
 	}
-	m.SetCatalog(cat)
+	m.SetCatalog(c.Catalog)
 	return m
 }
 

@@ -3,33 +3,23 @@ package manager_test
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/vgpud/vgpud/internal/testenv"
-	"github.com/vgpud/vgpud/pkg/discover"
-	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
-	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
-	"github.com/vgpud/vgpud/profiles"
 )
 
-// The default simulated host (see pkg/gpu/sim).
-const (
-	h100MIG = "0000:41:00.0"
-	h100TS  = "0000:61:00.0"
-	l4      = "0000:81:00.0"
-	a10     = "0000:a1:00.0"
-)
-
+// env is a manager on a simulated host (simhost); cat, sim, db and m
+// are the host's pieces, db and m those of the latest start.
 type env struct {
 	t     testing.TB
-	dir   string
+	host  *simhost.Host
 	cat   *profile.Catalog
 	sim   *sim.Host
 	db    *store.DB
@@ -39,45 +29,18 @@ type env struct {
 
 func newEnv(t testing.TB, spec *sim.Spec) *env {
 	t.Helper()
-	cat, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, dir: t.TempDir(), cat: cat}
-	e.sim, err = sim.Open(filepath.Join(e.dir, "sim"), spec, cat, sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.sim.Close() })
-	e.start()
-	return e
-}
-
-// start opens the store and a manager, as a daemon start does, and reconciles.
-func (e *env) start() manager.ReconcileReport {
-	e.t.Helper()
-	db, err := store.Open(filepath.Join(e.dir, "state.db"), store.Options{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.db = db
-	e.t.Cleanup(func() { db.Close() })
-	b := nvmlb.New(e.sim.NVML(), e.cat, nvmlb.Options{})
-	if err := b.Init(context.Background()); err != nil {
-		e.t.Fatal(err)
-	}
-	fs := sysfs.New(e.sim.FS())
-	e.m = manager.New(e.cat, db, b, fs, discover.Host{NVML: b, Sysfs: fs}, nil, manager.Options{
-		Crash:     func(p string) { e.crashAt(p) },
-		BusyRetry: 1,
-		BootID:    func() string { id, _ := e.sim.BootID(); return id },
-		Logger:    testenv.Logger(e.t),
+	e := &env{t: t}
+	e.host = simhost.Start(t, simhost.Options{
+		Spec: spec,
+		Manager: manager.Config{
+			Crash:     func(p string) { e.crashAt(p) },
+			BusyRetry: 1,
+			Logger:    testenv.Logger(t),
+		},
+		SimBootID: true,
 	})
-	rep, err := e.m.Reconcile(context.Background())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return rep
+	e.cat, e.sim, e.db, e.m = e.host.Catalog, e.host.Sim, e.host.DB, e.host.Manager
+	return e
 }
 
 func (e *env) crashAt(p string) {
@@ -89,9 +52,12 @@ func (e *env) crashAt(p string) {
 // restart simulates the daemon dying and starting again on the same state.
 func (e *env) restart() manager.ReconcileReport {
 	e.t.Helper()
-	e.db.Close()
 	e.crash = nil
-	return e.start()
+	if err := e.host.Restart(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	e.db, e.m = e.host.DB, e.host.Manager
+	return e.host.Report
 }
 
 func (e *env) tenant(name string, q tenant.Quota) {

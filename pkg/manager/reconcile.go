@@ -88,11 +88,11 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 		return intents[i].Op != store.OpCreateAttach && intents[j].Op == store.OpCreateAttach
 	})
 	for _, it := range intents {
-		if !m.live.claim(it.ID, it.Instance) {
+		if !m.inflight.claim(it.ID, it.Instance) {
 			continue // its operation is still running
 		}
 		err := m.resolveLeftover(ctx, it, &rep)
-		m.live.done(it.ID)
+		m.inflight.done(it.ID)
 		if err != nil {
 			m.log.Warn("reconcile intent left for a later pass", "intent", it.ID, "op", it.Op, "instance", it.Instance, "err", err)
 			rep.Pending = append(rep.Pending, fmt.Sprintf("%s of %s: %s", it.Op, it.Instance, Message(err)))
@@ -108,7 +108,7 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 		return rep, classify(err, "read instances")
 	}
 	for i := range recs {
-		if m.live.busy(recs[i].UUID) {
+		if m.inflight.busy(recs[i].UUID) {
 			continue // an operation in flight owns it
 		}
 		if err := m.restore(ctx, &recs[i], &rep); err != nil && ctx.Err() != nil {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -14,7 +15,7 @@ import (
 func TestRebootRecreatesSamePlacement(t *testing.T) {
 	e := newEnv(t, nil)
 	e.tenant("acme", unlimited())
-	mig := e.mustCreate("acme", "3g.40gb", h100MIG)
+	mig := e.mustCreate("acme", "3g.40gb", sim.DefaultH100MIG)
 	migv := e.mustCreate("acme", "H100XM-2-20C", "")
 	vf := e.mustCreate("acme", "L4-4Q", "")
 	md := e.mustCreate("acme", "A10-4Q", "")
@@ -81,7 +82,7 @@ func TestForeignDevicesCountAgainstCapacity(t *testing.T) {
 	e.tenant("acme", unlimited())
 	lib := e.sim.NVML()
 	lib.Init()
-	d, _ := lib.DeviceGetHandleByPciBusId(h100MIG)
+	d, _ := lib.DeviceGetHandleByPciBusId(sim.DefaultH100MIG)
 	info, _ := d.GetGpuInstanceProfileInfo(4) // 7g
 	if _, r := d.CreateGpuInstance(&info); r != 0 {
 		t.Fatalf("foreign GI: %v", r)
@@ -110,7 +111,7 @@ func TestReconcileLeavesOperationsInFlight(t *testing.T) {
 		op    func(e *env, uuid string) error
 	}{
 		{manager.CrashCreateGI, func(e *env, id string) error {
-			_, err := e.m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", GPU: h100MIG, UUID: id})
+			_, err := e.m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", GPU: sim.DefaultH100MIG, UUID: id})
 			return err
 		}},
 		{manager.CrashDestroyCI, func(e *env, id string) error {
@@ -122,7 +123,7 @@ func TestReconcileLeavesOperationsInFlight(t *testing.T) {
 			e.tenant("acme", unlimited())
 			id := "6f1b2c3d-0000-4000-8000-00000000a001"
 			if tc.point == manager.CrashDestroyCI {
-				if _, err := e.m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", GPU: h100MIG, UUID: id}); err != nil {
+				if _, err := e.m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", GPU: sim.DefaultH100MIG, UUID: id}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 )
 
@@ -21,13 +22,13 @@ func TestVGPURefusalCountsFullGPUs(t *testing.T) {
 		want    []string
 	}{
 		{"every VF taken", slices.Repeat([]string{"L4-1Q"}, 16), "L4-1Q", "",
-			[]string{"1 GPU offers it and it is full", l4 + ": all 16 of its VFs hold a vGPU", "creatable there now: nothing"}},
-		{"every VF taken, pinned", slices.Repeat([]string{"L4-1Q"}, 16), "L4-1Q", l4,
-			[]string{"the GPU asked for offers it and is full", l4 + ": all 16 of its VFs hold a vGPU"}},
+			[]string{"1 GPU offers it and it is full", sim.DefaultL4 + ": all 16 of its VFs hold a vGPU", "creatable there now: nothing"}},
+		{"every VF taken, pinned", slices.Repeat([]string{"L4-1Q"}, 16), "L4-1Q", sim.DefaultL4,
+			[]string{"the GPU asked for offers it and is full", sim.DefaultL4 + ": all 16 of its VFs hold a vGPU"}},
 		{"two GPUs offer it", slices.Repeat([]string{"H100XM-20C"}, 4), "H100XM-20C", "",
-			[]string{"2 GPUs offer it and all are full", h100MIG + ": MIG is on", h100TS + ": holds 4 of the 4 H100XM-20C it takes"}},
+			[]string{"2 GPUs offer it and all are full", sim.DefaultH100MIG + ": MIG is on", sim.DefaultH100TS + ": holds 4 of the 4 H100XM-20C it takes"}},
 		{"type at its maximum", slices.Repeat([]string{"L4-8Q"}, 3), "L4-8Q", "",
-			[]string{"1 GPU offers it and it is full", l4 + ": holds 3 of the 3 L4-8Q it takes"}},
+			[]string{"1 GPU offers it and it is full", sim.DefaultL4 + ": holds 3 of the 3 L4-8Q it takes"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -16,25 +16,25 @@ import (
 // for a destroy). Every step is idempotent and checks that what it removes
 // is still the record's, so a stale release cannot take another tenant's
 // device. destroy selects the destroy crash points.
-func (m *Manager) release(ctx context.Context, r *store.Instance, done func(string) bool, destroy bool) error {
+func (m *Manager) release(ctx context.Context, r *store.Instance, done func(carveStep) bool, destroy bool) error {
 	point := func(p string) {
 		if destroy {
 			m.crash(p)
 		}
 	}
-	if (r.Kind == store.KindVGPU || r.Kind == store.KindMIGVGPU) && done("vgpu") {
+	if (r.Kind == store.KindVGPU || r.Kind == store.KindMIGVGPU) && done(stepVGPU) {
 		if err := m.releaseVGPU(ctx, r); err != nil {
 			return err
 		}
 		point(CrashDestroyVGPU)
 	}
-	if r.Kind == store.KindMIG && done("ci") && r.CIID >= 0 {
+	if r.Kind == store.KindMIG && done(stepCI) && r.CIID >= 0 {
 		if err := m.mig.DestroyComputeInstance(ctx, r.GPUUUID, r.GIID, r.CIID); err != nil {
 			return classify(err, "destroy compute instance %d of GPU instance %d", r.CIID, r.GIID)
 		}
 		point(CrashDestroyCI)
 	}
-	if (r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU) && done("gi") && r.GIID >= 0 {
+	if (r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU) && done(stepGI) && r.GIID >= 0 {
 		shared, err := m.giShared(r)
 		if err != nil {
 			return err

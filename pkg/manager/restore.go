@@ -163,9 +163,10 @@ func (m *Manager) moveIfTaken(r *store.Instance, g *gpu.GPU) error {
 			s.byGPU[r.GPUUUID] = append(s.byGPU[r.GPUUUID], &s.recs[i])
 		}
 	}
-	// ok is not checked: a record's model was in the catalog it was
-	// admitted with; only a reload that dropped the model leaves md nil.
-	md, _ := m.catalog().Model(r.Model)
+	md, ok := m.catalog().Model(r.Model)
+	if !ok {
+		return noModel(*r)
+	}
 	p, ok := md.GPUInstanceProfileByID(r.GIProfileID)
 	if !ok {
 		return fail(ErrBackendFailure, nil, "GPU model %s lost profile %d from the catalog", r.Model, r.GIProfileID)

@@ -15,8 +15,8 @@ type family struct {
 }
 
 // snapshotFamilies are the families built from the collected snapshot at
-// each collection. The live families (histograms and event counters)
-// are in live.go; FamilyNames lists both.
+// each collection. The observed families (histograms and event counters,
+// updated as things happen) are in observed.go; FamilyNames lists both.
 func snapshotFamilies() []family {
 	g, c := prometheus.GaugeValue, prometheus.CounterValue
 	gpu := []string{"gpu"}
@@ -101,7 +101,7 @@ func FamilyNames() []string {
 	for _, f := range snapshotFamilies() {
 		out = append(out, f.name)
 	}
-	for _, f := range liveFamilies() {
+	for _, f := range observedFamilies() {
 		if f.histogram {
 			out = append(out, f.name+"_bucket", f.name+"_sum", f.name+"_count")
 		} else {

@@ -3,6 +3,7 @@ package metrics
 import (
 	"strconv"
 
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/share"
 )
 
@@ -31,10 +32,10 @@ func (c *Collector) collectInventory(b *batch, inv share.Inventory) {
 		}
 	}
 	for _, g := range inv.GPUs {
-		c.live.touchGPU(g.UUID)
+		c.observed.touchGPU(g.UUID)
 		b.add("vgpud_gpu_info", 1, g.UUID, g.PCI, g.Model, g.Product, strconv.FormatBool(g.MIG), g.Flavour)
-		b.add("vgpud_gpu_lost", boolf(g.State == "lost"), g.UUID)
-		b.add("vgpud_gpu_failed", boolf(g.State == "failed"), g.UUID)
+		b.add("vgpud_gpu_lost", boolf(g.State == gpu.StateLost), g.UUID)
+		b.add("vgpud_gpu_failed", boolf(g.State == gpu.StateFailed), g.UUID)
 		b.add("vgpud_gpu_framebuffer_allocated_bytes", float64(alloc[g.UUID]), g.UUID)
 		if !g.MIG {
 			continue

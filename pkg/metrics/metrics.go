@@ -7,10 +7,10 @@
 // events (XIDs, lost GPUs, operations) are counted as they happen.
 //
 // Every family has the vgpud_ prefix; docs/metrics.md lists them. It
-// imports pkg/share (for its snapshot and inventory types); cmd/vgpud
-// wires it.
+// imports pkg/share (for its snapshot and inventory types) and pkg/gpu (for
+// the GPU states); cmd/vgpud wires it.
 //
-// Imports: pkg/share.
+// Imports: pkg/gpu, pkg/share.
 package metrics
 
 import (
@@ -71,10 +71,10 @@ type Config struct {
 
 // Collector collects in the background and serves the latest rendering.
 type Collector struct {
-	cfg  Config
-	log  *slog.Logger
-	reg  *prometheus.Registry
-	live *live
+	cfg      Config
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	observed *observed
 	// fams are the snapshot families in the order they are rendered, and
 	// famIdx finds one by name.
 	fams   []family
@@ -154,7 +154,7 @@ func New(cfg Config) (*Collector, error) {
 	for i, f := range c.fams {
 		c.famIdx[f.name] = i
 	}
-	c.live = newLive(c.reg)
+	c.observed = newObserved(c.reg)
 	if cfg.Process {
 		c.proc = prometheus.NewRegistry()
 		c.proc.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
@@ -319,8 +319,8 @@ func (c *Collector) current() *rendering {
 	return r
 }
 
-// render writes a collection's exposition, with the live families as they
-// are now. Callers hold renderMu.
+// render writes a collection's exposition, with the observed families as
+// they are now. Callers hold renderMu.
 func (c *Collector) render(col *collection) *rendering {
 	if col == nil {
 		return &rendering{}
@@ -361,7 +361,7 @@ func (c *Collector) render(col *collection) *rendering {
 		buf.Grow(len(prev.text) + 4096)
 	}
 	b.write(&buf)
-	c.live.nvml.write(&buf)
+	c.observed.nvml.write(&buf)
 	c.bufs = b.bufs // the next rendering reuses their memory
 	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
 	for _, mf := range mfs {

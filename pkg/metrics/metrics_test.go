@@ -356,7 +356,7 @@ func TestScrapeServesTheSnapshot(t *testing.T) {
 }
 
 // A collection is rendered by the first scrape after it, once: later
-// scrapes serve the same bytes (live counters as they were then) until
+// scrapes serve the same bytes (observed counters as they were then) until
 // the next collection.
 func TestRenderedOncePerCollection(t *testing.T) {
 	c, err := metrics.New(metrics.Config{Source: share.SourceFunc(func(context.Context) (share.Inventory, error) { return share.Inventory{}, nil })})

@@ -31,9 +31,9 @@ type VGPUHost struct {
 	Model string
 	// Types are the time-sliced types the GPU offers, by name.
 	Types map[string]VGPUTypeCap
-	// Current is the live vGPU count per type.
+	// Current is the number of vGPUs the GPU holds, per type.
 	Current map[string]int
-	// Tenants is the live vGPU count per tenant, for affinity.
+	// Tenants is the number of vGPUs on the GPU per tenant, for affinity.
 	Tenants map[string]int
 	// Heterogeneous: mixed-size mode is on, so types of different sizes share
 	// the GPU within its framebuffer and each type's mixed maximum. Otherwise
@@ -143,7 +143,8 @@ func fill(h *VGPUHost) float64 {
 	return 1
 }
 
-func liveVGPUs(h *VGPUHost) int {
+// totalVGPUs is the number of vGPUs the GPU holds, of any type.
+func totalVGPUs(h *VGPUHost) int {
 	n := 0
 	for _, c := range h.Current {
 		n += c
@@ -219,7 +220,7 @@ func PlaceVGPU(hosts []VGPUHost, r VGPURequest) (VGPUDecision, error) {
 		switch {
 		case h.Current[r.Type] > 0:
 			c.tier = 0
-		case liveVGPUs(h) > 0:
+		case totalVGPUs(h) > 0:
 			c.tier = 1
 		default:
 			c.tier = 2

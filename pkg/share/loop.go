@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
 )
 
 // Loop polls every GPU, closes a window every Config.Window, and sets
@@ -147,7 +149,7 @@ func (l *Loop) refresh(ctx context.Context) error {
 }
 
 // polled reports whether a GPU is read at all (a lost GPU answers nothing).
-func polled(g GPU) bool { return g.State != "lost" && g.State != "passthrough" }
+func polled(g GPU) bool { return g.State != gpu.StateLost && g.State != gpu.StatePassthrough }
 
 // Step is one poll of every GPU, and the end of a window when one is due.
 func (l *Loop) Step(ctx context.Context) error {

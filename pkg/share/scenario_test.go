@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 	"github.com/vgpud/vgpud/pkg/share"
 	"github.com/vgpud/vgpud/pkg/share/sharetest"
 )
@@ -162,7 +162,7 @@ func TestAdaptiveReleaseWithHysteresis(t *testing.T) {
 	}
 	// The neighbour goes quiet: contention is gone, and after ReleaseHold
 	// the loop wants best effort back, which waits for the VMs again.
-	if err := x.H.SetWorkload(x.SC.Instance("noisy").Dev, sim.Workload{Kind: sim.WorkloadIdle}); err != nil {
+	if err := x.H.SetWorkload(x.SC.Instance("noisy").Dev, workload.Workload{Kind: workload.Idle}); err != nil {
 		t.Fatal(err)
 	}
 	x.Run(4 * time.Second)

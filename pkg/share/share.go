@@ -23,6 +23,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
 )
 
 // ErrBadConfig is wrapped by New's validation errors.
@@ -127,7 +129,7 @@ type GPU struct {
 	// Flavour is the vGPU flow (mdev, vfio, none).
 	Flavour string
 	// State is ok, lost, failed or passthrough.
-	State string
+	State gpu.State
 	// MIGSlots is the MIG grid's number of memory slices (0 without MIG).
 	MIGSlots int
 }

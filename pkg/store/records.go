@@ -84,6 +84,13 @@ type Instance struct {
 
 // Attachment records that an instance is a hostdev of a libvirt domain.
 // An instance has at most one.
+//
+// Live says the device is also in the running domain (libvirt's live
+// definition), not only in its persistent config; the D-Bus Live property
+// and the JSON "live" field report it. This is the one meaning of "live"
+// in vgpud: operations in flight ("inflight"), the settings a reload
+// applies ("reloadable") and the metrics updated as things happen
+// ("observed") are named otherwise.
 type Attachment struct {
 	Instance   string    `json:"instance"` // instance UUID
 	Domain     string    `json:"domain"`

@@ -325,8 +325,8 @@ func (c *Conn) disconnect(s *session) {
 	}
 }
 
-// session returns a live session, waiting for the supervisor to reconnect
-// if needed.
+// session returns a connected session, waiting for the supervisor to
+// reconnect if needed.
 func (c *Conn) session(ctx context.Context) (*session, error) {
 	for {
 		c.mu.Lock()
@@ -364,7 +364,7 @@ func (c *Conn) session(ctx context.Context) (*session, error) {
 	}
 }
 
-// do runs op within CallTimeout on a live session. When the connection
+// do runs op within CallTimeout on a connected session. When the connection
 // breaks under it, op is run again from the start on the next session; op
 // must therefore read before it writes and skip what is already done.
 func (c *Conn) do(ctx context.Context, name string, op func(r *rpc) error) error {

@@ -148,7 +148,7 @@ func (e *Env) removeDomain(t testing.TB, id string) {
 }
 
 // sweepStale removes domains a crashed earlier run defined. It only runs while
-// the machine-wide lock is held, so no live test owns them.
+// the machine-wide lock is held, so no running test owns them.
 func (e *Env) sweepStale(t testing.TB) {
 	t.Helper()
 	l, err := dial(e.socket)

@@ -68,7 +68,7 @@ const (
 )
 
 // inProcess keeps two Envs of one test binary from waiting on each other's
-// machine-wide lock forever: a second Start while one is live fails at once.
+// machine-wide lock forever: a second Start while one is in use fails at once.
 // It guards a process-wide resource (the one libvirtd a machine can run), which
 // is why it is package state.
 var inProcess sync.Mutex
@@ -94,11 +94,11 @@ type proc struct {
 }
 
 // Start returns a libvirtd for the test. It fails or skips the test when none
-// can be had. Only one Env may be live in a process at a time.
+// can be had. Only one Env may be in use in a process at a time.
 func Start(t testing.TB) *Env {
 	t.Helper()
 	if !inProcess.TryLock() {
-		t.Fatal("libvirtd.Start: another Env is live in this test binary; pass it down instead of starting a second one")
+		t.Fatal("libvirtd.Start: another Env is in use in this test binary; pass it down instead of starting a second one")
 	}
 	t.Cleanup(inProcess.Unlock)
 	lock := acquireLock(t)

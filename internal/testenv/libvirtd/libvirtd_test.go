@@ -110,7 +110,7 @@ func TestSecondStartInProcessFails(t *testing.T) {
 		Start(ft)
 	}()
 	if !ft.fatal {
-		t.Fatal("a second live Env in one process was allowed")
+		t.Fatal("a second Env in use in one process was allowed")
 	}
 }
 

@@ -76,7 +76,7 @@ func watchSim(t *testing.T) (*sim.Host, <-chan nvmlb.Event, map[string]string) {
 }
 
 func TestWatchEventsSimulated(t *testing.T) {
-	const h100, l4 = "0000:41:00.0", "0000:81:00.0"
+	const h100, l4 = sim.DefaultH100MIG, sim.DefaultL4
 	tests := []struct {
 		name   string
 		inject func(h *sim.Host) error

@@ -1,17 +1,26 @@
 // Package sim is the simulated GPU host every test and the demo run on. It
 // sits below the real backends: a fake NVML built on go-nvml's interfaces
-// (NVML returns an nvml.Interface) and a sysfs tree in a real directory whose
-// writes have the kernel's and the driver's effects (FS). Both are views of
-// one model of the hardware, kept in state.json in the host's directory, so
-// the simulated GPUs keep their MIG layout and vGPUs when the daemon dies,
-// and lose them on a simulated reboot, as real ones do.
+// (NVML returns an nvml.Interface) and a sysfs view (FS) whose writes have
+// the kernel's and the driver's effects. Both are views of one model of the
+// hardware, kept in state.json in the host's directory, so the simulated
+// GPUs keep their MIG layout and vGPUs when the daemon dies, and lose them
+// on a simulated reboot, as real ones do. The sysfs view is an in-memory
+// tree rendered from that state (again for a GPU whose state changed);
+// with OpenOptions.Mirror it is also written under the host's directory
+// (SysRoot) for people and tools that read files.
 //
 // The simulator refuses what the driver refuses, with the driver's NVML
-// return codes and errno values (see the host-interfaces reference). It
-// imports pkg/gpu, pkg/profile and pkg/uevent (UeventSource); only cmd/ and
-// tests import it.
+// return codes and errno values (see the host-interfaces reference). What
+// the GPUs do with the work their instances submit (scheduler, clocks,
+// power, utilization, ground truth) is the workload engine's,
+// pkg/gpu/sim/workload: the simulator describes each GPU to it and serves
+// the telemetry calls from what it reports.
 //
-// Imports: pkg/gpu, pkg/profile, pkg/uevent.
+// It imports pkg/gpu, pkg/gpu/sim/workload, pkg/profile and pkg/uevent
+// (UeventSource); only cmd/, test harnesses, benchmarks and tests import
+// it.
+//
+// Imports: pkg/gpu, pkg/gpu/sim/workload, pkg/profile, pkg/uevent.
 package sim
 
 import (
@@ -33,6 +42,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 	"github.com/vgpud/vgpud/pkg/profile"
 )
 
@@ -48,7 +58,7 @@ var (
 //
 //	DIR/state.json   the hardware and driver state
 //	DIR/lock         flock'ed by every operation (several processes may share a host)
-//	DIR/sys/         the sysfs tree (use FS to write it)
+//	DIR/sys/         the sysfs tree's mirror, with OpenOptions.Mirror (FS reads and writes the tree)
 type Host struct {
 	dir string
 	// state is DIR/state.json (every call stats it: joined once).
@@ -70,8 +80,8 @@ type Host struct {
 	mirror   bool
 	rendered map[string]entry
 	sleep    func(time.Duration)
-	// eng is the workload model's runtime (sched.go), guarded by mu.
-	eng *engine
+	// eng is the workload model's runtime (engine.go), guarded by mu.
+	eng *workload.Engine
 	// notify wakes event waiters at every change (notify.go).
 	notify notifier
 }

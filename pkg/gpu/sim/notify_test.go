@@ -35,7 +35,7 @@ func TestEventWaitWakesOnChange(t *testing.T) {
 			if ret != nvml.SUCCESS {
 				t.Fatal(ret)
 			}
-			if ret := e.dev(t, h100TS).RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
+			if ret := e.dev(t, sim.DefaultH100TS).RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
 				t.Fatal(ret)
 			}
 			if _, ret := set.Wait(0); ret != nvml.ERROR_TIMEOUT {
@@ -53,7 +53,7 @@ func TestEventWaitWakesOnChange(t *testing.T) {
 			// Not an assert: it lets the waiter block first, so the wake
 			// (not the first look) is what most runs exercise.
 			time.Sleep(50 * time.Millisecond)
-			if err := inj.InjectXID(h100TS, 43, -1); err != nil {
+			if err := inj.InjectXID(sim.DefaultH100TS, 43, -1); err != nil {
 				t.Fatal(err)
 			}
 			select {
@@ -75,7 +75,7 @@ func TestGPMCallsTakeFaults(t *testing.T) {
 	if err := e.h.UseManualClock(); err != nil {
 		t.Fatal(err)
 	}
-	d := e.dev(t, h100MIG)
+	d := e.dev(t, sim.DefaultH100MIG)
 	gi := mustGI(t, d, p1g, 0)
 	info, _ := gi.GetInfo()
 	sample := func() nvml.GpmSample {

@@ -177,24 +177,24 @@ func room(g *gpuState, t *profile.VGPUType, opts Options) int {
 	if g.MIGCurrent {
 		return 0
 	}
-	var live []*vgpu
+	var sliced []*vgpu
 	for _, v := range g.vgpus() {
 		if v.GI < 0 {
-			live = append(live, v)
+			sliced = append(sliced, v)
 		}
 	}
 	if !g.Heterogeneous {
-		for _, v := range live {
+		for _, v := range sliced {
 			u := g.typeOf(v)
 			if u.ID != t.ID && !(opts.MixSeries && u.FramebufferMiB == t.FramebufferMiB) {
 				return 0
 			}
 		}
-		return t.MaxInstances - len(live)
+		return t.MaxInstances - len(sliced)
 	}
 	var fb uint64
 	same := 0
-	for _, v := range live {
+	for _, v := range sliced {
 		u := g.typeOf(v)
 		fb += u.FramebufferMiB
 		if u.ID == t.ID {

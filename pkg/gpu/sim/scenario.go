@@ -10,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 )
 
 // ErrNoSuchScenario is returned by ScenarioByName for an unknown name.
@@ -46,7 +47,7 @@ type ScenarioInstance struct {
 	Profile string
 	// Start is a MIG instance's placement (-1: the first free one).
 	Start    int
-	Workload Workload
+	Workload workload.Workload
 
 	// Set by Build.
 	UUID      string // a stable instance UUID
@@ -287,8 +288,8 @@ func l4Host() *Spec {
 //   - mig-power-cap: a guaranteed 1g.10gb instance saturating its slice
 //     next to six noisy 1g neighbours on an H100 capped at 450 W.
 func Scenarios() []Scenario {
-	steady := func(d float64) Workload { return Workload{Kind: WorkloadSteady, Demand: d} }
-	noisy := Workload{Kind: WorkloadNoisy}
+	steady := func(d float64) workload.Workload { return workload.Workload{Kind: workload.Steady, Demand: d} }
+	noisy := workload.Workload{Kind: workload.Noisy}
 	victimVsNoisy := func(name, desc string) Scenario {
 		return Scenario{Name: name, Description: desc, Spec: l4Host(), Duration: time.Minute,
 			Instances: []ScenarioInstance{
@@ -334,7 +335,7 @@ func Scenarios() []Scenario {
 				{Name: "l4-b", Tenant: "bolt", Guaranteed: true, GPU: scenarioL4, Profile: "L4-12C", Start: -1, Workload: steady(0.3)},
 				{Name: "mig-a", Tenant: "acme", Guaranteed: true, GPU: scenarioH100, Profile: "1g.10gb", Start: 0, Workload: steady(0.1)},
 				{Name: "mig-b", Tenant: "bolt", Guaranteed: true, GPU: scenarioH100, Profile: "2g.20gb", Start: 2, Workload: steady(0.2)},
-				{Name: "mig-c", Tenant: "crunch", GPU: scenarioH100, Profile: "3g.40gb", Start: 4, Workload: Workload{Kind: WorkloadBursty, Demand: 0.15, Seed: 7}},
+				{Name: "mig-c", Tenant: "crunch", GPU: scenarioH100, Profile: "3g.40gb", Start: 4, Workload: workload.Workload{Kind: workload.Bursty, Demand: 0.15, Seed: 7}},
 			}},
 		victimVsNoisy("noisy-best-effort", "a guaranteed tenant at its full L4-12C share next to a noisy best-effort neighbour"),
 		adaptive,

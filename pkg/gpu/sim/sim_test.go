@@ -15,15 +15,6 @@ import (
 	"github.com/vgpud/vgpud/profiles"
 )
 
-// The default host: 0 = H100 MIG on (vfio), 1 = H100 MIG off (vfio),
-// 2 = L4 (vfio), 3 = A10 (mdev, SR-IOV: VFs are the mdev parents).
-const (
-	h100MIG = "0000:41:00.0"
-	h100TS  = "0000:61:00.0"
-	l4      = "0000:81:00.0"
-	a10     = "0000:a1:00.0"
-)
-
 func catalog(t testing.TB) *profile.Catalog {
 	t.Helper()
 	c, err := profile.Load(profiles.FS)
@@ -110,58 +101,58 @@ func TestNVMLRefusals(t *testing.T) {
 		want nvml.Return
 	}{
 		{"GI with MIG off", func(t *testing.T, e *env) nvml.Return {
-			_, r := createGI(t, e.dev(t, h100TS), p3g, 0)
+			_, r := createGI(t, e.dev(t, sim.DefaultH100TS), p3g, 0)
 			return r
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"GI at an illegal start", func(t *testing.T, e *env) nvml.Return {
-			_, r := createGI(t, e.dev(t, h100MIG), p3g, 2)
+			_, r := createGI(t, e.dev(t, sim.DefaultH100MIG), p3g, 2)
 			return r
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"GI overlapping another", func(t *testing.T, e *env) nvml.Return {
-			d := e.dev(t, h100MIG)
+			d := e.dev(t, sim.DefaultH100MIG)
 			mustGI(t, d, p3g, 0)
 			_, r := createGI(t, d, p2g, 2)
 			return r
 		}, nvml.ERROR_INSUFFICIENT_RESOURCES},
 		{"GI profile count exhausted (+me)", func(t *testing.T, e *env) nvml.Return {
-			d := e.dev(t, h100MIG)
+			d := e.dev(t, sim.DefaultH100MIG)
 			mustGI(t, d, p1gme, 0)
 			_, r := createGI(t, d, p1gme, 3)
 			return r
 		}, nvml.ERROR_INSUFFICIENT_RESOURCES},
 		{"GI at an illegal start with the profile's count exhausted", func(t *testing.T, e *env) nvml.Return {
-			d := e.dev(t, h100MIG)
+			d := e.dev(t, sim.DefaultH100MIG)
 			mustGI(t, d, p4g, 0)
 			_, r := createGI(t, d, p4g, 4)
 			return r
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"GI 4g after 3g at 4 (only start 0)", func(t *testing.T, e *env) nvml.Return {
-			d := e.dev(t, h100MIG)
+			d := e.dev(t, sim.DefaultH100MIG)
 			mustGI(t, d, p1g, 0)
 			_, r := createGI(t, d, p4g, 0)
 			return r
 		}, nvml.ERROR_INSUFFICIENT_RESOURCES},
 		{"GI without placement when full", func(t *testing.T, e *env) nvml.Return {
-			d := e.dev(t, h100MIG)
+			d := e.dev(t, sim.DefaultH100MIG)
 			mustGI(t, d, p7g, 0)
 			info := giInfo(t, d, p1g)
 			_, r := d.CreateGpuInstance(&info)
 			return r
 		}, nvml.ERROR_INSUFFICIENT_RESOURCES},
 		{"profile index out of range", func(t *testing.T, e *env) nvml.Return {
-			_, r := e.dev(t, h100MIG).GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_COUNT)
+			_, r := e.dev(t, sim.DefaultH100MIG).GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_COUNT)
 			return r
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"profile absent on this GPU (8-slice on H100)", func(t *testing.T, e *env) nvml.Return {
-			_, r := e.dev(t, h100MIG).GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_8_SLICE)
+			_, r := e.dev(t, sim.DefaultH100MIG).GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_8_SLICE)
 			return r
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"MIG query on a non-MIG GPU", func(t *testing.T, e *env) nvml.Return {
-			_, _, r := e.dev(t, l4).GetMigMode()
+			_, _, r := e.dev(t, sim.DefaultL4).GetMigMode()
 			return r
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"destroy GI with a compute instance", func(t *testing.T, e *env) nvml.Return {
-			gi := mustGI(t, e.dev(t, h100MIG), p3g, 4)
+			gi := mustGI(t, e.dev(t, sim.DefaultH100MIG), p3g, 4)
 			ci, r := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 			if r != nvml.SUCCESS {
 				t.Fatal(r)
@@ -172,7 +163,7 @@ func TestNVMLRefusals(t *testing.T) {
 			return gi.Destroy()
 		}, nvml.ERROR_IN_USE},
 		{"second full compute instance", func(t *testing.T, e *env) nvml.Return {
-			gi := mustGI(t, e.dev(t, h100MIG), p3g, 4)
+			gi := mustGI(t, e.dev(t, sim.DefaultH100MIG), p3g, 4)
 			ci, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 			if _, r := gi.CreateComputeInstance(&ci); r != nvml.SUCCESS {
 				t.Fatal(r)
@@ -181,17 +172,17 @@ func TestNVMLRefusals(t *testing.T) {
 			return r
 		}, nvml.ERROR_INSUFFICIENT_RESOURCES},
 		{"CI profile larger than the GI", func(t *testing.T, e *env) nvml.Return {
-			gi := mustGI(t, e.dev(t, h100MIG), p2g, 0)
+			gi := mustGI(t, e.dev(t, sim.DefaultH100MIG), p2g, 0)
 			_, r := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 			return r
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"destroy GI with a MIG-backed vGPU", func(t *testing.T, e *env) nvml.Return {
-			gi := mustGI(t, e.dev(t, h100MIG), p3g, 0)
+			gi := mustGI(t, e.dev(t, sim.DefaultH100MIG), p3g, 0)
 			writeOK(t, e, vfType(h100MIGVF(0)), typeID(t, e, "H100-SXM5-80GB", "H100XM-3-40C"))
 			return gi.Destroy()
 		}, nvml.ERROR_IN_USE},
 		{"stale GI handle after destroy", func(t *testing.T, e *env) nvml.Return {
-			gi := mustGI(t, e.dev(t, h100MIG), p3g, 0)
+			gi := mustGI(t, e.dev(t, sim.DefaultH100MIG), p3g, 0)
 			if r := gi.Destroy(); r != nvml.SUCCESS {
 				t.Fatal(r)
 			}
@@ -199,61 +190,61 @@ func TestNVMLRefusals(t *testing.T) {
 			return r
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"disable MIG with GPU instances", func(t *testing.T, e *env) nvml.Return {
-			d := e.dev(t, h100MIG)
+			d := e.dev(t, sim.DefaultH100MIG)
 			mustGI(t, d, p1g, 0)
 			_, r := d.SetMigMode(nvml.DEVICE_MIG_DISABLE)
 			return r
 		}, nvml.ERROR_IN_USE},
 		{"MIG mode on a non-MIG GPU", func(t *testing.T, e *env) nvml.Return {
-			_, r := e.dev(t, l4).SetMigMode(nvml.DEVICE_MIG_ENABLE)
+			_, r := e.dev(t, sim.DefaultL4).SetMigMode(nvml.DEVICE_MIG_ENABLE)
 			return r
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"MIG mode out of range", func(t *testing.T, e *env) nvml.Return {
-			_, r := e.dev(t, h100MIG).SetMigMode(7)
+			_, r := e.dev(t, sim.DefaultH100MIG).SetMigMode(7)
 			return r
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"heterogeneous mode with MIG on", func(t *testing.T, e *env) nvml.Return {
-			return e.dev(t, h100MIG).SetVgpuHeterogeneousMode(hetMode(1))
+			return e.dev(t, sim.DefaultH100MIG).SetVgpuHeterogeneousMode(hetMode(1))
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"heterogeneous mode with a vGPU", func(t *testing.T, e *env) nvml.Return {
-			writeOK(t, e, vfType(vfOf(l4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
-			return e.dev(t, l4).SetVgpuHeterogeneousMode(hetMode(1))
+			writeOK(t, e, vfType(vfOf(sim.DefaultL4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
+			return e.dev(t, sim.DefaultL4).SetVgpuHeterogeneousMode(hetMode(1))
 		}, nvml.ERROR_IN_USE},
 		{"heterogeneous mode, wrong struct version", func(t *testing.T, e *env) nvml.Return {
-			return e.dev(t, l4).SetVgpuHeterogeneousMode(nvml.VgpuHeterogeneousMode{Version: 1, Mode: 1})
+			return e.dev(t, sim.DefaultL4).SetVgpuHeterogeneousMode(nvml.VgpuHeterogeneousMode{Version: 1, Mode: 1})
 		}, nvml.ERROR_ARGUMENT_VERSION_MISMATCH},
 		{"scheduler under MIG", func(t *testing.T, e *env) nvml.Return {
-			_, r := e.dev(t, h100MIG).GetVgpuSchedulerState()
+			_, r := e.dev(t, sim.DefaultH100MIG).GetVgpuSchedulerState()
 			return r
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"scheduler set while a VM runs a vGPU", func(t *testing.T, e *env) nvml.Return {
-			writeOK(t, e, vfType(vfOf(l4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
-			if err := e.h.OpenDevice(vfOf(l4, 0), "5f1c0a24-8c4d-4c53-9b2e-4f1b1f7a0001", "vm1"); err != nil {
+			writeOK(t, e, vfType(vfOf(sim.DefaultL4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
+			if err := e.h.OpenDevice(vfOf(sim.DefaultL4, 0), "5f1c0a24-8c4d-4c53-9b2e-4f1b1f7a0001", "vm1"); err != nil {
 				t.Fatal(err)
 			}
-			return e.dev(t, l4).SetVgpuSchedulerState(&nvml.VgpuSchedulerSetState{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE})
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState(&nvml.VgpuSchedulerSetState{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE})
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"scheduler policy unknown", func(t *testing.T, e *env) nvml.Return {
-			return e.dev(t, l4).SetVgpuSchedulerState(&nvml.VgpuSchedulerSetState{SchedulerPolicy: 9})
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState(&nvml.VgpuSchedulerSetState{SchedulerPolicy: 9})
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"scheduler timeslice out of range", func(t *testing.T, e *env) nvml.Return {
 			s := nvml.VgpuSchedulerSetState{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE}
 			s.SchedulerParams[0] = 5 // 5 ns
-			return e.dev(t, l4).SetVgpuSchedulerState(&s)
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState(&s)
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"max instances of a type not on this GPU", func(t *testing.T, e *env) nvml.Return {
-			types, r := e.dev(t, l4).GetSupportedVgpus()
+			types, r := e.dev(t, sim.DefaultL4).GetSupportedVgpus()
 			if r != nvml.SUCCESS {
 				t.Fatal(r)
 			}
-			_, r = types[0].GetMaxInstances(e.dev(t, a10))
+			_, r = types[0].GetMaxInstances(e.dev(t, sim.DefaultA10))
 			return r
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"lost GPU", func(t *testing.T, e *env) nvml.Return {
-			if err := e.h.LoseGPU(l4); err != nil {
+			if err := e.h.LoseGPU(sim.DefaultL4); err != nil {
 				t.Fatal(err)
 			}
-			_, r := e.dev(t, l4).GetUUID()
+			_, r := e.dev(t, sim.DefaultL4).GetUUID()
 			return r
 		}, nvml.ERROR_GPU_IS_LOST},
 		{"unknown UUID", func(t *testing.T, e *env) nvml.Return {
@@ -264,7 +255,7 @@ func TestNVMLRefusals(t *testing.T) {
 			if err := e.h.AddFault(sim.Fault{Op: "CreateGpuInstanceWithPlacement", Return: int(nvml.ERROR_UNKNOWN), Count: 1}); err != nil {
 				t.Fatal(err)
 			}
-			d := e.dev(t, h100MIG)
+			d := e.dev(t, sim.DefaultH100MIG)
 			if _, r := createGI(t, d, p1g, 0); r != nvml.ERROR_UNKNOWN {
 				t.Fatalf("first call: %v, want ERROR_UNKNOWN", r)
 			}
@@ -317,7 +308,7 @@ func TestNVMLUninitialized(t *testing.T) {
 
 func TestMIGModePendingWhileVFsEnabled(t *testing.T) {
 	e := newEnv(t, nil)
-	d := e.dev(t, h100TS)
+	d := e.dev(t, sim.DefaultH100TS)
 	act, r := d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
 	if r != nvml.SUCCESS || act != nvml.ERROR_IN_USE {
 		t.Fatalf("SetMigMode = activation %v, ret %v; want IN_USE, SUCCESS", act, r)
@@ -349,7 +340,7 @@ func twoHex(n int) string {
 	return string([]byte{h[n>>4], h[n&15]})
 }
 
-func h100MIGVF(n int) string { return vfOf(h100MIG, n) }
+func h100MIGVF(n int) string { return vfOf(sim.DefaultH100MIG, n) }
 
 func vfType(vf string) string { return "bus/pci/devices/" + vf + "/nvidia/current_vgpu_type" }
 
@@ -402,91 +393,91 @@ func TestSysfsRefusals(t *testing.T) {
 		want syscall.Errno
 	}{
 		{"current_vgpu_type not a number", func(t *testing.T, e *env) error {
-			return write(e, vfType(vfOf(l4, 0)), "L4-4Q\n")
+			return write(e, vfType(vfOf(sim.DefaultL4, 0)), "L4-4Q\n")
 		}, syscall.EINVAL},
 		{"clear an idle VF", func(t *testing.T, e *env) error {
-			return write(e, vfType(vfOf(l4, 0)), "0\n")
+			return write(e, vfType(vfOf(sim.DefaultL4, 0)), "0\n")
 		}, syscall.EPERM},
 		{"type on a VF that has one", func(t *testing.T, e *env) error {
-			writeOK(t, e, vfType(vfOf(l4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
-			return write(e, vfType(vfOf(l4, 0)), itoa(typeID(t, e, "L4-24GB", "L4-4Q")))
+			writeOK(t, e, vfType(vfOf(sim.DefaultL4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
+			return write(e, vfType(vfOf(sim.DefaultL4, 0)), itoa(typeID(t, e, "L4-24GB", "L4-4Q")))
 		}, syscall.EPERM},
 		{"homogeneous: second type on the GPU", func(t *testing.T, e *env) error {
-			writeOK(t, e, vfType(vfOf(l4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
-			return write(e, vfType(vfOf(l4, 1)), itoa(typeID(t, e, "L4-24GB", "L4-8Q")))
+			writeOK(t, e, vfType(vfOf(sim.DefaultL4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
+			return write(e, vfType(vfOf(sim.DefaultL4, 1)), itoa(typeID(t, e, "L4-24GB", "L4-8Q")))
 		}, syscall.EIO},
 		{"max instances exhausted", func(t *testing.T, e *env) error {
-			writeOK(t, e, vfType(vfOf(l4, 0)), typeID(t, e, "L4-24GB", "L4-24Q"))
-			return write(e, vfType(vfOf(l4, 1)), itoa(typeID(t, e, "L4-24GB", "L4-24Q")))
+			writeOK(t, e, vfType(vfOf(sim.DefaultL4, 0)), typeID(t, e, "L4-24GB", "L4-24Q"))
+			return write(e, vfType(vfOf(sim.DefaultL4, 1)), itoa(typeID(t, e, "L4-24GB", "L4-24Q")))
 		}, syscall.EIO},
 		{"time-sliced type on a MIG GPU", func(t *testing.T, e *env) error {
 			return write(e, vfType(h100MIGVF(0)), itoa(typeID(t, e, "H100-SXM5-80GB", "H100XM-4C")))
 		}, syscall.EIO},
 		{"MIG-backed type without its GPU instance", func(t *testing.T, e *env) error {
-			mustGI(t, e.dev(t, h100MIG), p2g, 0)
+			mustGI(t, e.dev(t, sim.DefaultH100MIG), p2g, 0)
 			return write(e, vfType(h100MIGVF(0)), itoa(typeID(t, e, "H100-SXM5-80GB", "H100XM-3-40C")))
 		}, syscall.EIO},
 		{"type of another GPU model", func(t *testing.T, e *env) error {
-			return write(e, vfType(vfOf(l4, 0)), itoa(typeID(t, e, "H100-SXM5-80GB", "H100XM-4C")))
+			return write(e, vfType(vfOf(sim.DefaultL4, 0)), itoa(typeID(t, e, "H100-SXM5-80GB", "H100XM-4C")))
 		}, syscall.EIO},
 		{"clear while the VM holds the VF", func(t *testing.T, e *env) error {
-			writeOK(t, e, vfType(vfOf(l4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
-			if err := e.h.OpenDevice(vfOf(l4, 0), "5f1c0a24-8c4d-4c53-9b2e-4f1b1f7a0001", "vm1"); err != nil {
+			writeOK(t, e, vfType(vfOf(sim.DefaultL4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
+			if err := e.h.OpenDevice(vfOf(sim.DefaultL4, 0), "5f1c0a24-8c4d-4c53-9b2e-4f1b1f7a0001", "vm1"); err != nil {
 				t.Fatal(err)
 			}
-			return write(e, vfType(vfOf(l4, 0)), "0\n")
+			return write(e, vfType(vfOf(sim.DefaultL4, 0)), "0\n")
 		}, syscall.EPERM},
 		{"vgpu_params while the VM runs", func(t *testing.T, e *env) error {
-			writeOK(t, e, vfType(vfOf(l4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
-			if err := e.h.OpenDevice(vfOf(l4, 0), "5f1c0a24-8c4d-4c53-9b2e-4f1b1f7a0001", "vm1"); err != nil {
+			writeOK(t, e, vfType(vfOf(sim.DefaultL4, 0)), typeID(t, e, "L4-24GB", "L4-4Q"))
+			if err := e.h.OpenDevice(vfOf(sim.DefaultL4, 0), "5f1c0a24-8c4d-4c53-9b2e-4f1b1f7a0001", "vm1"); err != nil {
 				t.Fatal(err)
 			}
-			return write(e, "bus/pci/devices/"+vfOf(l4, 0)+"/nvidia/vgpu_params", "enable_uvm=1\n")
+			return write(e, "bus/pci/devices/"+vfOf(sim.DefaultL4, 0)+"/nvidia/vgpu_params", "enable_uvm=1\n")
 		}, syscall.EPERM},
 		{"vgpu_params too long", func(t *testing.T, e *env) error {
-			return write(e, "bus/pci/devices/"+vfOf(l4, 0)+"/nvidia/vgpu_params", strings.Repeat("x", 2000))
+			return write(e, "bus/pci/devices/"+vfOf(sim.DefaultL4, 0)+"/nvidia/vgpu_params", strings.Repeat("x", 2000))
 		}, syscall.E2BIG},
 		{"read-only attribute", func(t *testing.T, e *env) error {
-			return write(e, "bus/pci/devices/"+vfOf(l4, 0)+"/nvidia/creatable_vgpu_types", "1\n")
+			return write(e, "bus/pci/devices/"+vfOf(sim.DefaultL4, 0)+"/nvidia/creatable_vgpu_types", "1\n")
 		}, syscall.EACCES},
 		{"gpu_instance_id of an idle VF", func(t *testing.T, e *env) error {
 			_, err := e.fs.ReadFile("bus/pci/devices/" + h100MIGVF(0) + "/nvidia/gpu_instance_id")
 			return err
 		}, syscall.ENXIO},
 		{"mdev create: short UUID", func(t *testing.T, e *env) error {
-			return mdevCreate(e, vfOf(a10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), "4b20d080")
+			return mdevCreate(e, vfOf(sim.DefaultA10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), "4b20d080")
 		}, syscall.EINVAL},
 		{"mdev create: not a UUID", func(t *testing.T, e *env) error {
-			return mdevCreate(e, vfOf(a10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), "zzzzzzzz-1b54-4048-85b3-a6a62d165c01")
+			return mdevCreate(e, vfOf(sim.DefaultA10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), "zzzzzzzz-1b54-4048-85b3-a6a62d165c01")
 		}, syscall.EINVAL},
 		{"mdev create: UUID in use on another parent", func(t *testing.T, e *env) error {
 			id := typeID(t, e, "A10-24GB", "A10-4Q")
-			if err := mdevCreate(e, vfOf(a10, 0), id, uuid1); err != nil {
+			if err := mdevCreate(e, vfOf(sim.DefaultA10, 0), id, uuid1); err != nil {
 				t.Fatal(err)
 			}
-			return mdevCreate(e, vfOf(a10, 1), id, uuid1)
+			return mdevCreate(e, vfOf(sim.DefaultA10, 1), id, uuid1)
 		}, syscall.EEXIST},
 		{"mdev create: VF parent already holds one", func(t *testing.T, e *env) error {
 			id := typeID(t, e, "A10-24GB", "A10-4Q")
-			if err := mdevCreate(e, vfOf(a10, 0), id, uuid1); err != nil {
+			if err := mdevCreate(e, vfOf(sim.DefaultA10, 0), id, uuid1); err != nil {
 				t.Fatal(err)
 			}
-			return mdevCreate(e, vfOf(a10, 0), id, uuid2)
+			return mdevCreate(e, vfOf(sim.DefaultA10, 0), id, uuid2)
 		}, syscall.EIO},
 		{"mdev create: homogeneous conflict", func(t *testing.T, e *env) error {
-			if err := mdevCreate(e, vfOf(a10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), uuid1); err != nil {
+			if err := mdevCreate(e, vfOf(sim.DefaultA10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), uuid1); err != nil {
 				t.Fatal(err)
 			}
-			return mdevCreate(e, vfOf(a10, 1), typeID(t, e, "A10-24GB", "A10-8Q"), uuid2)
+			return mdevCreate(e, vfOf(sim.DefaultA10, 1), typeID(t, e, "A10-24GB", "A10-8Q"), uuid2)
 		}, syscall.EIO},
 		{"mdev remove: not a number", func(t *testing.T, e *env) error {
-			if err := mdevCreate(e, vfOf(a10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), uuid1); err != nil {
+			if err := mdevCreate(e, vfOf(sim.DefaultA10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), uuid1); err != nil {
 				t.Fatal(err)
 			}
 			return write(e, "bus/mdev/devices/"+uuid1+"/remove", "yes\n")
 		}, syscall.EINVAL},
 		{"mdev remove while open", func(t *testing.T, e *env) error {
-			if err := mdevCreate(e, vfOf(a10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), uuid1); err != nil {
+			if err := mdevCreate(e, vfOf(sim.DefaultA10, 0), typeID(t, e, "A10-24GB", "A10-4Q"), uuid1); err != nil {
 				t.Fatal(err)
 			}
 			if err := e.h.OpenDevice(uuid1, "5f1c0a24-8c4d-4c53-9b2e-4f1b1f7a0001", "vm1"); err != nil {
@@ -495,16 +486,16 @@ func TestSysfsRefusals(t *testing.T) {
 			return write(e, "bus/mdev/devices/"+uuid1+"/remove", "1\n")
 		}, syscall.EBUSY},
 		{"write to a lost GPU", func(t *testing.T, e *env) error {
-			if err := e.h.LoseGPU(l4); err != nil {
+			if err := e.h.LoseGPU(sim.DefaultL4); err != nil {
 				t.Fatal(err)
 			}
-			return write(e, vfType(vfOf(l4, 0)), itoa(typeID(t, e, "L4-24GB", "L4-4Q")))
+			return write(e, vfType(vfOf(sim.DefaultL4, 0)), itoa(typeID(t, e, "L4-24GB", "L4-4Q")))
 		}, syscall.EIO},
 		{"injected write fault", func(t *testing.T, e *env) error {
 			if err := e.h.AddFault(sim.Fault{Op: "write:current_vgpu_type", Errno: int(syscall.ENOMEM), Count: 1}); err != nil {
 				t.Fatal(err)
 			}
-			return write(e, vfType(vfOf(l4, 0)), itoa(typeID(t, e, "L4-24GB", "L4-4Q")))
+			return write(e, vfType(vfOf(sim.DefaultL4, 0)), itoa(typeID(t, e, "L4-24GB", "L4-4Q")))
 		}, syscall.ENOMEM},
 	}
 	for _, c := range cases {
@@ -522,21 +513,21 @@ func TestSysfsRefusals(t *testing.T) {
 func TestCreatableListsShrink(t *testing.T) {
 	e := newEnv(t, nil)
 	q4 := typeID(t, e, "L4-24GB", "L4-4Q")
-	writeOK(t, e, vfType(vfOf(l4, 0)), q4)
-	own, _ := e.fs.ReadFile("bus/pci/devices/" + vfOf(l4, 0) + "/nvidia/creatable_vgpu_types")
+	writeOK(t, e, vfType(vfOf(sim.DefaultL4, 0)), q4)
+	own, _ := e.fs.ReadFile("bus/pci/devices/" + vfOf(sim.DefaultL4, 0) + "/nvidia/creatable_vgpu_types")
 	if string(own) != "ID    : vGPU Name\n" {
 		t.Fatalf("VF with a vGPU lists %q, want the header only", own)
 	}
-	other, _ := e.fs.ReadFile("bus/pci/devices/" + vfOf(l4, 1) + "/nvidia/creatable_vgpu_types")
+	other, _ := e.fs.ReadFile("bus/pci/devices/" + vfOf(sim.DefaultL4, 1) + "/nvidia/creatable_vgpu_types")
 	lines := strings.Split(strings.TrimSpace(string(other)), "\n")
 	if len(lines) != 2 || !strings.HasSuffix(lines[1], "NVIDIA L4-4Q") {
 		t.Fatalf("free VF lists %q, want the header and L4-4Q only", other)
 	}
 	// The clear makes every type creatable again.
-	if err := write(e, vfType(vfOf(l4, 0)), "0\n"); err != nil {
+	if err := write(e, vfType(vfOf(sim.DefaultL4, 0)), "0\n"); err != nil {
 		t.Fatal(err)
 	}
-	other, _ = e.fs.ReadFile("bus/pci/devices/" + vfOf(l4, 1) + "/nvidia/creatable_vgpu_types")
+	other, _ = e.fs.ReadFile("bus/pci/devices/" + vfOf(sim.DefaultL4, 1) + "/nvidia/creatable_vgpu_types")
 	if n := strings.Count(string(other), "\n"); n < 10 {
 		t.Fatalf("after clear the free VF lists %d lines: %q", n, other)
 	}
@@ -552,13 +543,13 @@ func TestMdevEffects(t *testing.T) {
 		}
 		return strings.TrimSpace(string(b))
 	}
-	if a := avail(vfOf(a10, 0)); a != "1" {
+	if a := avail(vfOf(sim.DefaultA10, 0)); a != "1" {
 		t.Fatalf("available before = %s, want 1", a)
 	}
-	if err := mdevCreate(e, vfOf(a10, 0), id, strings.ToUpper(uuid1)+"\n"); err != nil {
+	if err := mdevCreate(e, vfOf(sim.DefaultA10, 0), id, strings.ToUpper(uuid1)+"\n"); err != nil {
 		t.Fatal(err)
 	}
-	if a := avail(vfOf(a10, 0)); a != "0" {
+	if a := avail(vfOf(sim.DefaultA10, 0)); a != "0" {
 		t.Fatalf("available after = %s, want 0", a)
 	}
 	link, err := e.fs.Readlink("bus/mdev/devices/" + uuid1 + "/mdev_type")
@@ -574,7 +565,7 @@ func TestMdevEffects(t *testing.T) {
 	if _, err := e.fs.Stat("bus/mdev/devices/" + uuid1); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("mdev still present: %v", err)
 	}
-	if a := avail(vfOf(a10, 0)); a != "1" {
+	if a := avail(vfOf(sim.DefaultA10, 0)); a != "1" {
 		t.Fatalf("available after remove = %s, want 1", a)
 	}
 	ev, _, err := e.h.UeventsSince(0)
@@ -585,7 +576,7 @@ func TestMdevEffects(t *testing.T) {
 
 func TestMIGBackedVGPUPicksMatchingGI(t *testing.T) {
 	e := newEnv(t, nil)
-	d := e.dev(t, h100MIG)
+	d := e.dev(t, sim.DefaultH100MIG)
 	gi := mustGI(t, d, p3g, 4)
 	info, _ := gi.GetInfo()
 	writeOK(t, e, vfType(h100MIGVF(3)), typeID(t, e, "H100-SXM5-80GB", "H100XM-3-40C"))
@@ -608,9 +599,9 @@ func TestStateSurvivesProcessAndReboot(t *testing.T) {
 	}
 	lib := h1.NVML()
 	lib.Init()
-	d, _ := lib.DeviceGetHandleByPciBusId(h100MIG)
+	d, _ := lib.DeviceGetHandleByPciBusId(sim.DefaultH100MIG)
 	mustGI(t, d, p3g, 0)
-	if err := h1.FS().WriteFile(vfType(vfOf(l4, 0)), []byte("1\n")); err == nil {
+	if err := h1.FS().WriteFile(vfType(vfOf(sim.DefaultL4, 0)), []byte("1\n")); err == nil {
 		t.Log("type 1 accepted?")
 	}
 	h1.Close()
@@ -631,12 +622,12 @@ func TestStateSurvivesProcessAndReboot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h3.Close()
-	if err := h3.LoseGPU(l4); err != nil {
+	if err := h3.LoseGPU(sim.DefaultL4); err != nil {
 		t.Fatal(err)
 	}
 	lib2 := h2.NVML()
 	lib2.Init()
-	d2, _ := lib2.DeviceGetHandleByPciBusId(l4)
+	d2, _ := lib2.DeviceGetHandleByPciBusId(sim.DefaultL4)
 	if _, r := d2.GetUUID(); r != nvml.ERROR_GPU_IS_LOST {
 		t.Fatalf("other process's GPU loss not seen: %v", r)
 	}
@@ -647,7 +638,7 @@ func TestStateSurvivesProcessAndReboot(t *testing.T) {
 	if strings.Contains(s, "gi") || strings.Contains(s, "lost=true") {
 		t.Fatalf("after reboot: %s", s)
 	}
-	if !strings.Contains(s, h100MIG+" H100-SXM5-80GB mig=true/true") {
+	if !strings.Contains(s, sim.DefaultH100MIG+" H100-SXM5-80GB mig=true/true") {
 		t.Fatalf("MIG mode lost on reboot: %s", s)
 	}
 	// A different host description on the same directory is refused.
@@ -691,13 +682,13 @@ func TestSpecValidation(t *testing.T) {
 // 2.1); -d takes the VFs and, on a legacy mdev GPU, the mdevs they parent.
 func TestSetVFs(t *testing.T) {
 	e := newEnv(t, nil)
-	mustGI(t, e.dev(t, h100MIG), p3g, 0)
+	mustGI(t, e.dev(t, sim.DefaultH100MIG), p3g, 0)
 	id := typeID(t, e, "A10-24GB", "A10-4Q")
-	if err := mdevCreate(e, vfOf(a10, 0), id, uuid1); err != nil {
+	if err := mdevCreate(e, vfOf(sim.DefaultA10, 0), id, uuid1); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := e.h.Summary()
-	for _, g := range []string{h100MIG, a10} {
+	for _, g := range []string{sim.DefaultH100MIG, sim.DefaultA10} {
 		if err := e.h.SetVFs(g, true); err != nil {
 			t.Fatalf("enable again on %s: %v", g, err)
 		}
@@ -705,7 +696,7 @@ func TestSetVFs(t *testing.T) {
 	if after, _ := e.h.Summary(); after != before {
 		t.Fatalf("enabling enabled VFs changed the host:\n%s\nwas\n%s", after, before)
 	}
-	if err := e.h.SetVFs(a10, false); err != nil {
+	if err := e.h.SetVFs(sim.DefaultA10, false); err != nil {
 		t.Fatal(err)
 	}
 	sum, _ := e.h.Summary()

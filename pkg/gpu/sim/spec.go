@@ -75,16 +75,29 @@ type Options struct {
 	CallLatency string `json:"callLatency,omitempty"`
 }
 
+// The PCI addresses of the built-in host's GPUs (DefaultSpec), by which
+// tests and examples name them.
+const (
+	// DefaultH100MIG is the H100 in MIG mode (vendor VFIO).
+	DefaultH100MIG = "0000:41:00.0"
+	// DefaultH100TS is the H100 with time-sliced vGPUs on its VFs.
+	DefaultH100TS = "0000:61:00.0"
+	// DefaultL4 is the L4 (vendor VFIO, NUMA node 1).
+	DefaultL4 = "0000:81:00.0"
+	// DefaultA10 is the A10 with legacy mdev vGPUs on its VFs (NUMA node 1).
+	DefaultA10 = "0000:a1:00.0"
+)
+
 // DefaultSpec is the built-in host: MIG on an H100, time-sliced vendor-VFIO
 // vGPUs on a second H100 and an L4, legacy mdev on an A10.
 func DefaultSpec() *Spec {
 	return &Spec{
 		Version: "v1",
 		GPUs: []GPUSpec{
-			{Model: "H100-SXM5-80GB", PCI: "0000:41:00.0", Flavour: gpu.FlavourVFIO, MIG: true},
-			{Model: "H100-SXM5-80GB", PCI: "0000:61:00.0", Flavour: gpu.FlavourVFIO},
-			{Model: "L4-24GB", PCI: "0000:81:00.0", Flavour: gpu.FlavourVFIO, NUMANode: 1},
-			{Model: "A10-24GB", PCI: "0000:a1:00.0", Flavour: gpu.FlavourMdev, NUMANode: 1},
+			{Model: "H100-SXM5-80GB", PCI: DefaultH100MIG, Flavour: gpu.FlavourVFIO, MIG: true},
+			{Model: "H100-SXM5-80GB", PCI: DefaultH100TS, Flavour: gpu.FlavourVFIO},
+			{Model: "L4-24GB", PCI: DefaultL4, Flavour: gpu.FlavourVFIO, NUMANode: 1},
+			{Model: "A10-24GB", PCI: DefaultA10, Flavour: gpu.FlavourMdev, NUMANode: 1},
 		},
 	}
 }

@@ -121,7 +121,7 @@ func TestFailedWriteIsNotKept(t *testing.T) {
 	if err := os.Mkdir(tmp, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.LoseGPU(l4); err == nil {
+	if err := h.LoseGPU(sim.DefaultL4); err == nil {
 		t.Fatal("LoseGPU succeeded without writing state.json")
 	}
 	if got, err := h.Summary(); err != nil || got != before {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 	"github.com/vgpud/vgpud/pkg/profile"
 )
 
@@ -31,8 +32,8 @@ type state struct {
 	NextGroup    int         `json:"nextIommuGroup"`
 	// Workloads holds the demand model per vGPU / MIG instance (see
 	// workload.go), by mdev UUID, VF address or GPU-UUID/giN. The model's
-	// runtime and clock live in the Host (sched.go), not here.
-	Workloads map[string]*Workload `json:"workloads,omitempty"`
+	// runtime and clock live in the Host (engine.go), not here.
+	Workloads map[string]*workload.Workload `json:"workloads,omitempty"`
 }
 
 type gpuState struct {
@@ -55,6 +56,10 @@ type gpuState struct {
 	PowerCapW int `json:"powerCapW,omitempty"`
 
 	model *profile.Model
+	// engine is what the workload engine was last told of this GPU, at
+	// the state's generation engineGen (engine.go).
+	engine    *workload.GPU
+	engineGen uint64
 }
 
 type gi struct {
@@ -196,6 +201,15 @@ func (g *gpuState) giByID(id int) *gi {
 	for _, x := range g.GIs {
 		if x.ID == id {
 			return x
+		}
+	}
+	return nil
+}
+
+func (x *gi) ciByID(id int) *ci {
+	for _, c := range x.CIs {
+		if c.ID == id {
+			return c
 		}
 	}
 	return nil

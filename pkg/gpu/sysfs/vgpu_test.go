@@ -37,7 +37,7 @@ func typeID(t *testing.T, cat *profile.Catalog, model, name string) int {
 
 func TestVFLifecycle(t *testing.T) {
 	h, s, cat := setup(t)
-	pf, err := s.Device("0000:81:00.0")
+	pf, err := s.Device(sim.DefaultL4)
 	if err != nil {
 		t.Fatal(err)
 	}

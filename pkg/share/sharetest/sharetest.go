@@ -2,7 +2,7 @@
 // lockstep on the simulated clock, for the share loop's and the
 // exporter's tests. Only tests import it.
 //
-// Imports: pkg/gpu/nvml, pkg/gpu/sim, pkg/profile, pkg/share, pkg/share/nvmldriver, profiles.
+// Imports: pkg/gpu, pkg/gpu/nvml, pkg/gpu/sim, pkg/gpu/sim/workload, pkg/profile, pkg/share, pkg/share/nvmldriver, profiles.
 package sharetest
 
 import (
@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/share"
 	"github.com/vgpud/vgpud/pkg/share/nvmldriver"
@@ -39,7 +41,7 @@ type Harness struct {
 	events []share.Event
 	// Windows holds each closed window's snapshot with the truth over it.
 	Windows []Window
-	prev    sim.Truth
+	prev    workload.Truth
 	// OnWindow, when set, runs after every closed window.
 	OnWindow func(w Window)
 }
@@ -49,7 +51,7 @@ type Harness struct {
 type Window struct {
 	At    time.Duration
 	Snap  *share.Snapshot
-	Truth func(key string) sim.Shares
+	Truth func(key string) workload.Shares
 }
 
 func Catalog(t testing.TB) *profile.Catalog {
@@ -70,7 +72,7 @@ func scenarioInventory(t testing.TB, h *sim.Host, sc *sim.Scenario) share.Invent
 		t.Fatal(err)
 	}
 	for i, g := range gpus {
-		inv.GPUs = append(inv.GPUs, share.GPU{UUID: g[1], PCI: g[0], Model: sc.Spec.GPUs[i].Model, MIG: sc.Spec.GPUs[i].MIG, State: "ok"})
+		inv.GPUs = append(inv.GPUs, share.GPU{UUID: g[1], PCI: g[0], Model: sc.Spec.GPUs[i].Model, MIG: sc.Spec.GPUs[i].MIG, State: gpu.StateOK})
 	}
 	tenants := map[string]bool{}
 	for _, x := range sc.Instances {
@@ -164,7 +166,7 @@ func (x *Harness) Run(d time.Duration) {
 				x.t.Fatal(err)
 			}
 			prev := x.prev
-			w := Window{At: x.Elapsed(), Snap: s, Truth: func(k string) sim.Shares { return now.Between(prev, k) }}
+			w := Window{At: x.Elapsed(), Snap: s, Truth: func(k string) workload.Shares { return now.Between(prev, k) }}
 			x.Windows = append(x.Windows, w)
 			x.prev = now
 			if x.OnWindow != nil {
@@ -236,7 +238,7 @@ func WithinIndex(got, want float64) bool {
 // max(achieved, nominal) (docs/metrics.md), which is checked against the
 // truth's achieved share and the nominal share, and it must not exceed
 // the true demand when that is at least the nominal share (a lower bound).
-func Mismatches(inst share.Instance, got share.InstanceShare, tr sim.Shares) []string {
+func Mismatches(inst share.Instance, got share.InstanceShare, tr workload.Shares) []string {
 	var out []string
 	if !Within(got.Achieved, tr.Achieved, ShareFloor) {
 		out = append(out, fmt.Sprintf("achieved %.4f, truth %.4f", got.Achieved, tr.Achieved))

@@ -1,8 +1,6 @@
-package sim_test
+package workload_test
 
 import (
-	"encoding/binary"
-	"errors"
 	"math"
 	"testing"
 	"time"
@@ -10,7 +8,22 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
+	"github.com/vgpud/vgpud/pkg/profile"
+	"github.com/vgpud/vgpud/profiles"
 )
+
+// The model's figures, measured on the simulated host that feeds it: the
+// calibration's published figures (docs/metrics.md) and the policies.
+
+func catalog(t testing.TB) *profile.Catalog {
+	t.Helper()
+	c, err := profile.Load(profiles.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
 
 // scenarioHost opens a fresh host for a scenario on the manual clock and builds it.
 func scenarioHost(t testing.TB, name string, edit func(*sim.Scenario)) (*sim.Host, *sim.Scenario) {
@@ -38,7 +51,7 @@ func scenarioHost(t testing.TB, name string, edit func(*sim.Scenario)) (*sim.Hos
 
 // measure advances d in steps and returns the truth shares of every
 // instance over the last `window` of it.
-func measure(t testing.TB, h *sim.Host, d, window time.Duration) func(key string) sim.Shares {
+func measure(t testing.TB, h *sim.Host, d, window time.Duration) func(key string) workload.Shares {
 	t.Helper()
 	if err := h.Advance(d - window); err != nil {
 		t.Fatal(err)
@@ -56,7 +69,7 @@ func measure(t testing.TB, h *sim.Host, d, window time.Duration) func(key string
 	if err != nil {
 		t.Fatal(err)
 	}
-	return func(key string) sim.Shares { return b.Between(a, key) }
+	return func(key string) workload.Shares { return b.Between(a, key) }
 }
 
 func TestCalibrationTimeSlicedNoisyNeighbour(t *testing.T) {
@@ -68,7 +81,7 @@ func TestCalibrationTimeSlicedNoisyNeighbour(t *testing.T) {
 		h, sc := scenarioHost(t, "noisy-best-effort", func(s *sim.Scenario) {
 			s.Instance("victim").Workload.Demand = demand
 			if !withNoisy {
-				s.Instance("noisy").Workload = sim.Workload{Kind: sim.WorkloadIdle}
+				s.Instance("noisy").Workload = workload.Workload{Kind: workload.Idle}
 			}
 		})
 		return measure(t, h, 12*time.Second, 10*time.Second)(sc.Instance("victim").Key).Achieved
@@ -87,17 +100,17 @@ func TestCalibrationTimeSlicedNoisyNeighbour(t *testing.T) {
 func TestCalibrationMIG(t *testing.T) {
 	// MIG neighbours cost a victim about 1-2% (shared power at the default
 	// limit); a saturated MIG instance gets its slice within 5%.
-	run := func(neighbours bool) (victim float64, all map[string]sim.Shares) {
+	run := func(neighbours bool) (victim float64, all map[string]workload.Shares) {
 		h, sc := scenarioHost(t, "mig-power-cap", func(s *sim.Scenario) {
 			s.PowerCaps = nil
 			if !neighbours {
 				for i := range s.Instances[1:] {
-					s.Instances[1+i].Workload = sim.Workload{Kind: sim.WorkloadIdle}
+					s.Instances[1+i].Workload = workload.Workload{Kind: workload.Idle}
 				}
 			}
 		})
 		m := measure(t, h, 6*time.Second, 5*time.Second)
-		all = map[string]sim.Shares{}
+		all = map[string]workload.Shares{}
 		for _, x := range sc.Instances {
 			all[x.Name] = m(x.Key)
 		}
@@ -191,133 +204,5 @@ func TestTimeSlicedPolicies(t *testing.T) {
 				t.Errorf("victim achieved %.4f, want %.2f..%.2f", got, c.min, c.max)
 			}
 		})
-	}
-}
-
-func TestSchedulerLog(t *testing.T) {
-	h, sc := scenarioHost(t, "noisy-best-effort", nil)
-	lib := h.NVML()
-	lib.Init()
-	d, _ := lib.DeviceGetHandleByPciBusId(sc.Instance("victim").GPU)
-	if err := h.Advance(200 * time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	log, ret := d.GetVgpuSchedulerLog()
-	if ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	if log.EntriesCount == 0 || log.EntriesCount >= 200 {
-		t.Fatalf("%d entries after 200 ms, want some and fewer than the ring", log.EntriesCount)
-	}
-	if log.SchedulerPolicy != nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT || binary.LittleEndian.Uint32(log.SchedulerParams[:4]) != 2_000_000 {
-		t.Errorf("log policy %d timeslice %d", log.SchedulerPolicy, binary.LittleEndian.Uint32(log.SchedulerParams[:4]))
-	}
-	sum := map[uint32]uint64{}
-	var prev uint64
-	for _, e := range log.LogEntries[:log.EntriesCount] {
-		if e.Timestamp <= prev {
-			t.Fatalf("entries out of order: %d after %d", e.Timestamp, prev)
-		}
-		prev = e.Timestamp
-		sum[e.SwRunlistId] += e.TimeRun
-		if e.TimeRunTotal != sum[e.SwRunlistId] {
-			t.Fatalf("runlist %d: total %d, sum of runs %d", e.SwRunlistId, e.TimeRunTotal, sum[e.SwRunlistId])
-		}
-	}
-	if len(sum) != 2 {
-		t.Errorf("%d runlists in the log, want the two vGPUs", len(sum))
-	}
-	// Unread for two seconds, the ring keeps only its last 200 entries.
-	if err := h.Advance(2 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	log, _ = d.GetVgpuSchedulerLog()
-	if log.EntriesCount != 200 || log.LogEntries[0].Timestamp <= prev {
-		t.Errorf("after 2s: %d entries, oldest %d (last read %d): want a full ring that overran", log.EntriesCount, log.LogEntries[0].Timestamp, prev)
-	}
-}
-
-func TestTelemetryRules(t *testing.T) {
-	h, sc := scenarioHost(t, "quiet", nil)
-	lib := h.NVML()
-	lib.Init()
-	mig, _ := lib.DeviceGetHandleByPciBusId(sc.Instance("mig-a").GPU)
-	ts, _ := lib.DeviceGetHandleByPciBusId(sc.Instance("l4-a").GPU)
-	if err := h.Advance(1500 * time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	if _, ret := mig.GetVgpuSchedulerLog(); ret != nvml.ERROR_NOT_SUPPORTED {
-		t.Errorf("scheduler log with MIG on: %v, want NOT_SUPPORTED", ret)
-	}
-	if _, ret := mig.GetUtilizationRates(); ret != nvml.ERROR_NOT_SUPPORTED {
-		t.Errorf("utilization rates with MIG on: %v, want NOT_SUPPORTED", ret)
-	}
-	u, ret := ts.GetUtilizationRates()
-	if ret != nvml.SUCCESS || u.Gpu < 50 || u.Gpu > 60 {
-		t.Errorf("L4 utilization %d%% (%v), want about 55%%", u.Gpu, ret)
-	}
-	_, samples, ret := ts.GetVgpuUtilization(0)
-	if ret != nvml.SUCCESS || len(samples) == 0 {
-		t.Fatalf("vGPU utilization: %v, %d samples", ret, len(samples))
-	}
-	last := samples[len(samples)-1].TimeStamp
-	if _, _, ret := ts.GetVgpuUtilization(last); ret != nvml.ERROR_NOT_FOUND {
-		t.Errorf("no sample newer than the last: %v, want NOT_FOUND", ret)
-	}
-	// GPM on the MIG GPU: the 1g instance at 0.1 of the GPU keeps 70% of its slice busy.
-	a, _ := lib.GpmSampleAlloc()
-	b, _ := lib.GpmSampleAlloc()
-	gi := sc.Instance("mig-a").GIID
-	if ret := lib.GpmMigSampleGet(mig, gi, a); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	h.Advance(time.Second)
-	lib.GpmMigSampleGet(mig, gi, b)
-	m := nvml.GpmMetricsGetType{Version: nvml.GPM_METRICS_GET_VERSION, NumMetrics: 1, Sample1: a, Sample2: b}
-	m.Metrics[0].MetricId = uint32(nvml.GPM_METRIC_SM_UTIL)
-	if ret := lib.GpmMetricsGet(&m); ret != nvml.SUCCESS || math.Abs(m.Metrics[0].Value-70) > 0.5 {
-		t.Errorf("GPM SM util %.2f%% (%v), want 70%%", m.Metrics[0].Value, ret)
-	}
-	found := false
-	for i := 0; ; i++ {
-		md, ret := mig.GetMigDeviceHandleByIndex(i)
-		if ret == nvml.ERROR_NOT_FOUND {
-			break
-		}
-		if ret != nvml.SUCCESS {
-			t.Fatal(ret)
-		}
-		if id, _ := md.GetGpuInstanceId(); id == gi {
-			found = true
-			mem, _ := md.GetMemoryInfo()
-			if mem.Used == 0 || mem.Used > mem.Total {
-				t.Errorf("MIG device %d of GI %d: memory %+v", i, gi, mem)
-			}
-		}
-	}
-	if !found {
-		t.Errorf("no MIG device for GI %d", gi)
-	}
-}
-
-func TestManualClock(t *testing.T) {
-	h, err := sim.Open(t.TempDir(), nil, catalog(t), sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := h.Advance(time.Second); !errors.Is(err, sim.ErrRealTime) {
-		t.Errorf("Advance on the wall clock: %v, want ErrRealTime", err)
-	}
-	if err := h.UseManualClock(); err != nil {
-		t.Fatal(err)
-	}
-	t0 := h.Now()
-	h.Advance(90 * time.Second)
-	if got := h.Now().Sub(t0); got != 90*time.Second {
-		t.Errorf("manual clock moved %v, want 90s", got)
-	}
-	if err := h.SetWorkload("nonesuch", sim.Workload{Kind: sim.WorkloadSteady}); !errors.Is(err, sim.ErrNoSuchDevice) {
-		t.Errorf("workload on an unknown device: %v", err)
 	}
 }

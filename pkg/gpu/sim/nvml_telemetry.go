@@ -5,15 +5,19 @@ import (
 	"math"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 )
 
-// NVML device calls served by the workload model: the vGPU scheduler log,
-// utilization, power, clocks, clock event reasons and temperature.
+// NVML device calls served by the workload model (pkg/gpu/sim/workload):
+// the vGPU scheduler log, utilization, power, clocks, clock event reasons
+// and temperature. The model says what the GPU did; these calls add the
+// driver's rules (what is NOT_SUPPORTED when) and its encodings.
 
 // telemetry runs a read-only call on the GPU's model, advanced to now.
-func (d *device) telemetry(op string, fn func(g *gpuState, r *gpuRun) nvml.Return) nvml.Return {
+func (d *device) telemetry(op string, fn func(g *gpuState, r *workload.GPURun) nvml.Return) nvml.Return {
 	return d.read(op, func(st *state, g *gpuState) nvml.Return {
-		return fn(g, d.h.engine().at(st, g))
+		return fn(g, d.h.run(st, g))
 	})
 }
 
@@ -21,17 +25,14 @@ func (d *device) telemetry(op string, fn func(g *gpuState, r *gpuRun) nvml.Retur
 // runs, oldest first. NOT_SUPPORTED with MIG on (reference 5.3).
 func (d *device) GetVgpuSchedulerLog() (nvml.VgpuSchedulerLog, nvml.Return) {
 	var out nvml.VgpuSchedulerLog
-	ret := d.telemetry("GetVgpuSchedulerLog", func(g *gpuState, r *gpuRun) nvml.Return {
+	ret := d.telemetry("GetVgpuSchedulerLog", func(g *gpuState, r *workload.GPURun) nvml.Return {
 		if rr := schedSupported(g); rr != nvml.SUCCESS {
 			return rr
 		}
 		out.EngineId = nvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS
 		out.SchedulerPolicy, out.ArrMode = g.Sched.Policy, g.Sched.ARR
 		binary.LittleEndian.PutUint32(out.SchedulerParams[0:4], g.timeslice())
-		out.EntriesCount = uint32(r.log.n)
-		for i := 0; i < r.log.n; i++ {
-			out.LogEntries[i] = r.log.entries[(r.log.head+i)%logSize]
-		}
+		out.EntriesCount = uint32(r.SchedulerLog(out.LogEntries[:]))
 		return nvml.SUCCESS
 	})
 	return out, ret
@@ -43,17 +44,12 @@ func (d *device) GetVgpuSchedulerLog() (nvml.VgpuSchedulerLog, nvml.Return) {
 // where vGPU activity is not attributed (reference 5.4).
 func (d *device) GetVgpuUtilization(lastSeen uint64) (nvml.ValueType, []nvml.VgpuInstanceUtilizationSample, nvml.Return) {
 	var out []nvml.VgpuInstanceUtilizationSample
-	ret := d.telemetry("GetVgpuUtilization", func(g *gpuState, r *gpuRun) nvml.Return {
+	ret := d.telemetry("GetVgpuUtilization", func(g *gpuState, r *workload.GPURun) nvml.Return {
 		if rr := schedSupported(g); rr != nvml.SUCCESS {
 			return rr
 		}
-		for _, x := range r.order {
-			for _, s := range x.samples {
-				if s.ts <= lastSeen {
-					continue
-				}
-				out = append(out, utilSampleOf(x.handle, s))
-			}
+		for _, s := range r.Samples(lastSeen) {
+			out = append(out, utilSampleOf(s))
 		}
 		if len(out) == 0 {
 			return nvml.ERROR_NOT_FOUND
@@ -63,41 +59,22 @@ func (d *device) GetVgpuUtilization(lastSeen uint64) (nvml.ValueType, []nvml.Vgp
 	return nvml.VALUE_TYPE_UNSIGNED_INT, out, ret
 }
 
-func utilSampleOf(handle uint32, s utilSample) nvml.VgpuInstanceUtilizationSample {
-	v := nvml.VgpuInstanceUtilizationSample{VgpuInstance: handle, TimeStamp: s.ts}
-	binary.LittleEndian.PutUint32(v.SmUtil[:4], s.sm)
-	binary.LittleEndian.PutUint32(v.MemUtil[:4], s.mem)
+func utilSampleOf(s workload.Sample) nvml.VgpuInstanceUtilizationSample {
+	v := nvml.VgpuInstanceUtilizationSample{VgpuInstance: s.Handle, TimeStamp: s.TimeUs}
+	binary.LittleEndian.PutUint32(v.SmUtil[:4], s.SM)
+	binary.LittleEndian.PutUint32(v.MemUtil[:4], s.Mem)
 	return v
-}
-
-// lastSecond averages the GPU's buckets over the last second.
-func (r *gpuRun) lastSecond() (busy, mem, watts float64, ok bool) {
-	n := len(r.buckets)
-	if n == 0 {
-		return 0, 0, r.powerW, false
-	}
-	k := min(n, int(int64(1e9)/bucketNs))
-	for _, b := range r.buckets[n-k:] {
-		busy += b.busy
-		mem += b.mem
-	}
-	watts = r.powerW
-	if n > k {
-		first, last := r.buckets[n-k-1], r.buckets[n-1]
-		watts = (last.energyMJ - first.energyMJ) / 1e3 / (float64(last.t-first.t) / 1e9)
-	}
-	return busy / float64(k), mem / float64(k), watts, true
 }
 
 // GetUtilizationRates is the whole GPU's busy percent over the last
 // second; NOT_SUPPORTED with MIG on (reference 5.4).
 func (d *device) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 	var u nvml.Utilization
-	ret := d.telemetry("GetUtilizationRates", func(g *gpuState, r *gpuRun) nvml.Return {
+	ret := d.telemetry("GetUtilizationRates", func(g *gpuState, r *workload.GPURun) nvml.Return {
 		if g.MIGCurrent {
 			return nvml.ERROR_NOT_SUPPORTED
 		}
-		busy, mem, _, _ := r.lastSecond()
+		busy, mem, _, _ := r.LastSecond()
 		u.Gpu, u.Memory = uint32(math.Round(100*busy)), uint32(math.Round(100*mem))
 		return nvml.SUCCESS
 	})
@@ -107,8 +84,8 @@ func (d *device) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 // GetPowerUsage is the power draw in milliwatts averaged over the last second.
 func (d *device) GetPowerUsage() (uint32, nvml.Return) {
 	var mw uint32
-	ret := d.telemetry("GetPowerUsage", func(_ *gpuState, r *gpuRun) nvml.Return {
-		_, _, w, _ := r.lastSecond()
+	ret := d.telemetry("GetPowerUsage", func(_ *gpuState, r *workload.GPURun) nvml.Return {
+		_, _, w, _ := r.LastSecond()
 		mw = uint32(math.Round(w * 1000))
 		return nvml.SUCCESS
 	})
@@ -118,8 +95,8 @@ func (d *device) GetPowerUsage() (uint32, nvml.Return) {
 // GetTotalEnergyConsumption is the energy drawn since the model started, in mJ.
 func (d *device) GetTotalEnergyConsumption() (uint64, nvml.Return) {
 	var mj uint64
-	ret := d.telemetry("GetTotalEnergyConsumption", func(_ *gpuState, r *gpuRun) nvml.Return {
-		mj = uint64(r.energyMJ)
+	ret := d.telemetry("GetTotalEnergyConsumption", func(_ *gpuState, r *workload.GPURun) nvml.Return {
+		mj = uint64(r.EnergyMJ())
 		return nvml.SUCCESS
 	})
 	return mj, ret
@@ -144,7 +121,7 @@ func (d *device) GetPowerManagementLimit() (uint32, nvml.Return) {
 func (d *device) GetPowerManagementDefaultLimit() (uint32, nvml.Return) {
 	var mw uint32
 	ret := d.read("GetPowerManagementDefaultLimit", func(_ *state, g *gpuState) nvml.Return {
-		mw = uint32(powerOf(g.model).TDPW * 1000)
+		mw = uint32(workload.PowerOf(g.model.Name).TDPW * 1000)
 		return nvml.SUCCESS
 	})
 	return mw, ret
@@ -154,8 +131,8 @@ func (d *device) GetPowerManagementDefaultLimit() (uint32, nvml.Return) {
 func (d *device) GetPowerManagementLimitConstraints() (uint32, uint32, nvml.Return) {
 	var lo, hi uint32
 	ret := d.read("GetPowerManagementLimitConstraints", func(_ *state, g *gpuState) nvml.Return {
-		p := powerOf(g.model)
-		lo, hi = uint32(p.minCapW()*1000), uint32(p.TDPW*1000)
+		p := workload.PowerOf(g.model.Name)
+		lo, hi = uint32(p.MinCapW()*1000), uint32(p.TDPW*1000)
 		return nvml.SUCCESS
 	})
 	return lo, hi, ret
@@ -165,9 +142,9 @@ func (d *device) GetPowerManagementLimitConstraints() (uint32, uint32, nvml.Retu
 // outside the constraints.
 func (d *device) SetPowerManagementLimit(mw uint32) nvml.Return {
 	return d.write("SetPowerManagementLimit", func(st *state, g *gpuState) (bool, nvml.Return) {
-		p := powerOf(g.model)
+		p := workload.PowerOf(g.model.Name)
 		w := int(mw / 1000)
-		if w < p.minCapW() || w > p.TDPW {
+		if w < p.MinCapW() || w > p.TDPW {
 			return false, nvml.ERROR_INVALID_ARGUMENT
 		}
 		if w == p.TDPW {
@@ -176,7 +153,7 @@ func (d *device) SetPowerManagementLimit(mw uint32) nvml.Return {
 		if w == g.PowerCapW {
 			return false, nvml.SUCCESS
 		}
-		d.h.engine().at(st, g)
+		d.h.run(st, g)
 		g.PowerCapW = w
 		return true, nvml.SUCCESS
 	})
@@ -191,8 +168,8 @@ const supportedReasons = nvml.ClocksEventReasonGpuIdle | nvml.ClocksEventReasonA
 // they are now (reference 5.5).
 func (d *device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
 	var m uint64
-	ret := d.telemetry("GetCurrentClocksEventReasons", func(_ *gpuState, r *gpuRun) nvml.Return {
-		m = r.reasons
+	ret := d.telemetry("GetCurrentClocksEventReasons", func(_ *gpuState, r *workload.GPURun) nvml.Return {
+		m = r.Reasons()
 		return nvml.SUCCESS
 	})
 	return m, ret
@@ -217,17 +194,10 @@ func (d *device) GetSupportedClocksThrottleReasons() (uint64, nvml.Return) {
 // GetClockInfo is the current clock in MHz.
 func (d *device) GetClockInfo(t nvml.ClockType) (uint32, nvml.Return) {
 	var mhz uint32
-	ret := d.telemetry("GetClockInfo", func(g *gpuState, r *gpuRun) nvml.Return {
-		p := powerOf(g.model)
-		switch t {
-		case nvml.CLOCK_SM, nvml.CLOCK_GRAPHICS:
-			mhz = uint32(math.Round(float64(p.SMMHz) * r.cf))
-		case nvml.CLOCK_MEM:
-			mhz = uint32(p.MemMHz)
-		default:
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		return nvml.SUCCESS
+	ret := d.telemetry("GetClockInfo", func(g *gpuState, r *workload.GPURun) nvml.Return {
+		m, rr := clockMHz(g, t, r.ClockFactor())
+		mhz = m
+		return rr
 	})
 	return mhz, ret
 }
@@ -236,29 +206,35 @@ func (d *device) GetClockInfo(t nvml.ClockType) (uint32, nvml.Return) {
 func (d *device) GetMaxClockInfo(t nvml.ClockType) (uint32, nvml.Return) {
 	var mhz uint32
 	ret := d.read("GetMaxClockInfo", func(_ *state, g *gpuState) nvml.Return {
-		p := powerOf(g.model)
-		switch t {
-		case nvml.CLOCK_SM, nvml.CLOCK_GRAPHICS:
-			mhz = uint32(p.SMMHz)
-		case nvml.CLOCK_MEM:
-			mhz = uint32(p.MemMHz)
-		default:
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		return nvml.SUCCESS
+		m, rr := clockMHz(g, t, 1)
+		mhz = m
+		return rr
 	})
 	return mhz, ret
+}
+
+// clockMHz is g's clock t in MHz with the SM clock at the fraction cf of
+// its maximum (the memory clock does not move).
+func clockMHz(g *gpuState, t nvml.ClockType, cf float64) (uint32, nvml.Return) {
+	p := workload.PowerOf(g.model.Name)
+	switch t {
+	case nvml.CLOCK_SM, nvml.CLOCK_GRAPHICS:
+		return uint32(math.Round(float64(p.SMMHz) * cf)), nvml.SUCCESS
+	case nvml.CLOCK_MEM:
+		return uint32(p.MemMHz), nvml.SUCCESS
+	}
+	return 0, nvml.ERROR_INVALID_ARGUMENT
 }
 
 // GetTemperature is the die temperature in °C.
 func (d *device) GetTemperature(s nvml.TemperatureSensors) (uint32, nvml.Return) {
 	var c uint32
-	ret := d.telemetry("GetTemperature", func(g *gpuState, r *gpuRun) nvml.Return {
+	ret := d.telemetry("GetTemperature", func(g *gpuState, r *workload.GPURun) nvml.Return {
 		if s != nvml.TEMPERATURE_GPU {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
-		_, _, w, _ := r.lastSecond()
-		c = uint32(math.Round(temperature(powerOf(g.model), w)))
+		_, _, w, _ := r.LastSecond()
+		c = uint32(math.Round(workload.PowerOf(g.model.Name).Temperature(w)))
 		return nvml.SUCCESS
 	})
 	return c, ret

@@ -1,11 +1,10 @@
-package sim
+package workload
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"time"
-
-	"github.com/vgpud/vgpud/pkg/profile"
 )
 
 // Calibration holds the workload model's constants. The defaults are set
@@ -53,7 +52,7 @@ func DefaultCalibration() Calibration {
 		Kernel:              500 * time.Microsecond,
 		NoisyKernel:         4600 * time.Microsecond,
 		NoisyPower:          1.15,
-		Timeslice:           defaultTimesliceNs * time.Nanosecond,
+		Timeslice:           2 * time.Millisecond,
 		SwitchCost:          25 * time.Microsecond,
 		BacklogCap:          50 * time.Millisecond,
 		MIGPower:            0.92,
@@ -62,50 +61,56 @@ func DefaultCalibration() Calibration {
 	}
 }
 
-// powerModel is a GPU model's power and clock figures.
-type powerModel struct {
+// Validate checks that every constant is positive (SwitchCost may be
+// zero); it wraps ErrInvalid.
+func (c Calibration) Validate() error {
+	if c.Timeslice <= 0 || c.Kernel <= 0 || c.NoisyKernel <= 0 || c.BacklogCap <= 0 || c.PowerExponent <= 0 ||
+		c.MIGPower <= 0 || c.TimeSlicedOccupancy <= 0 || c.SwitchCost < 0 {
+		return fmt.Errorf("%w: calibration %+v has a non-positive constant", ErrInvalid, c)
+	}
+	return nil
+}
+
+// Power is a GPU model's power and clock figures: its board power (TDP)
+// and idle draw in watts, and its maximum SM and memory clocks in MHz.
+type Power struct {
 	TDPW   int
 	IdleW  float64
 	SMMHz  int
 	MemMHz int
 }
 
-func (p powerModel) minCapW() int { return p.TDPW / 2 }
+// MinCapW is the lowest power limit the board accepts, in watts.
+func (p Power) MinCapW() int { return p.TDPW / 2 }
 
-// powerModels holds public board figures (TDP, max boost SM clock) per
+// powers holds public board figures (TDP, max boost SM clock) per
 // catalog family; the idle draw is a plausible figure, not published.
-var powerModels = []struct {
+var powers = []struct {
 	prefix string
-	p      powerModel
+	p      Power
 }{
-	{"H100", powerModel{TDPW: 700, IdleW: 70, SMMHz: 1980, MemMHz: 2619}},
-	{"H200", powerModel{TDPW: 700, IdleW: 75, SMMHz: 1980, MemMHz: 3201}},
-	{"B200", powerModel{TDPW: 1000, IdleW: 120, SMMHz: 1965, MemMHz: 3996}},
-	{"A100", powerModel{TDPW: 400, IdleW: 55, SMMHz: 1410, MemMHz: 1593}},
-	{"A30", powerModel{TDPW: 165, IdleW: 30, SMMHz: 1440, MemMHz: 1215}},
-	{"A10", powerModel{TDPW: 150, IdleW: 25, SMMHz: 1695, MemMHz: 6251}},
-	{"L40S", powerModel{TDPW: 350, IdleW: 35, SMMHz: 2520, MemMHz: 9001}},
-	{"L4", powerModel{TDPW: 72, IdleW: 16, SMMHz: 2040, MemMHz: 6251}},
-	{"T4", powerModel{TDPW: 70, IdleW: 10, SMMHz: 1590, MemMHz: 5001}},
-	{"RTX", powerModel{TDPW: 600, IdleW: 40, SMMHz: 2617, MemMHz: 14001}},
+	{"H100", Power{TDPW: 700, IdleW: 70, SMMHz: 1980, MemMHz: 2619}},
+	{"H200", Power{TDPW: 700, IdleW: 75, SMMHz: 1980, MemMHz: 3201}},
+	{"B200", Power{TDPW: 1000, IdleW: 120, SMMHz: 1965, MemMHz: 3996}},
+	{"A100", Power{TDPW: 400, IdleW: 55, SMMHz: 1410, MemMHz: 1593}},
+	{"A30", Power{TDPW: 165, IdleW: 30, SMMHz: 1440, MemMHz: 1215}},
+	{"A10", Power{TDPW: 150, IdleW: 25, SMMHz: 1695, MemMHz: 6251}},
+	{"L40S", Power{TDPW: 350, IdleW: 35, SMMHz: 2520, MemMHz: 9001}},
+	{"L4", Power{TDPW: 72, IdleW: 16, SMMHz: 2040, MemMHz: 6251}},
+	{"T4", Power{TDPW: 70, IdleW: 10, SMMHz: 1590, MemMHz: 5001}},
+	{"RTX", Power{TDPW: 600, IdleW: 40, SMMHz: 2617, MemMHz: 14001}},
 }
 
-func powerOf(m *profile.Model) powerModel {
-	for _, e := range powerModels {
-		if strings.HasPrefix(m.Name, e.prefix) {
+// PowerOf returns the figures of the GPU model called name (a catalog
+// model name, "H100-SXM5-80GB"), by its family; a plausible default for a
+// family it does not know.
+func PowerOf(name string) Power {
+	for _, e := range powers {
+		if strings.HasPrefix(name, e.prefix) {
 			return e.p
 		}
 	}
-	return powerModel{TDPW: 300, IdleW: 40, SMMHz: 1800, MemMHz: 5001}
-}
-
-// capW is the power limit in force on g.
-func (g *gpuState) capW() float64 {
-	p := powerOf(g.model)
-	if g.PowerCapW > 0 && g.PowerCapW < p.TDPW {
-		return float64(g.PowerCapW)
-	}
-	return float64(p.TDPW)
+	return Power{TDPW: 300, IdleW: 40, SMMHz: 1800, MemMHz: 5001}
 }
 
 // clockFor returns the clock factor (f/fmax, 1 = full clock) at which
@@ -133,11 +138,11 @@ func clockFor(limit float64, power func(cf float64) float64) float64 {
 
 // tsRunPower is the power while one time-sliced context runs at clock
 // factor cf with power intensity w, busy for the fraction busy of the time.
-func tsRunPower(p powerModel, cal Calibration, w, busy, cf float64) float64 {
+func tsRunPower(p Power, cal Calibration, w, busy, cf float64) float64 {
 	return p.IdleW + (float64(p.TDPW)-p.IdleW)*cal.MIGPower*cal.TimeSlicedOccupancy*w*busy*math.Pow(cf, cal.PowerExponent)
 }
 
-// temperature is the steady-state die temperature at power watts.
-func temperature(p powerModel, watts float64) float64 {
+// Temperature is the steady-state die temperature, in °C, at power watts.
+func (p Power) Temperature(watts float64) float64 {
 	return 28 + 52*watts/float64(p.TDPW)
 }

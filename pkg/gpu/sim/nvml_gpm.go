@@ -1,16 +1,17 @@
 package sim
 
 import (
-	"sort"
-	"strconv"
-
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 )
 
-// GPU Performance Monitoring (GPM) and MIG device handles: how a Hopper or
-// newer host reads a MIG instance's activity and memory (reference 5.4:
-// whole-GPU utilization is NOT_SUPPORTED with MIG on).
+// GPU Performance Monitoring (GPM): how a Hopper or newer host reads a MIG
+// instance's activity (reference 5.4: whole-GPU utilization is
+// NOT_SUPPORTED with MIG on). The samples are the workload model's
+// activity counters; its memory is read through a MIG device handle
+// (nvml_mig.go).
 
 // gpmSample is a simulated GPM sample: the model's cumulative activity
 // counters of one GPU or GPU instance at one time.
@@ -116,22 +117,19 @@ func (s *gpmSample) take(dev nvml.Device, giID int) nvml.Return {
 	if giID >= 0 {
 		op = "GpmMigSampleGet"
 	}
-	return d.telemetry(op, func(g *gpuState, r *gpuRun) nvml.Return {
+	return d.telemetry(op, func(g *gpuState, r *workload.GPURun) nvml.Return {
 		if !gpmCapable(g) {
 			return nvml.ERROR_NOT_SUPPORTED
 		}
-		s.gpu, s.gi, s.t, s.valid = g.UUID, giID, r.t, true
+		s.gpu, s.gi, s.t, s.valid = g.UUID, giID, r.Time(), true
 		if giID < 0 {
-			s.busy, s.dram = r.busy, r.memBusy
+			s.busy, s.dram = r.Activity(-1)
 			return nvml.SUCCESS
 		}
 		if !g.MIGCurrent || g.giByID(giID) == nil {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
-		s.busy, s.dram = 0, 0
-		if x := r.gis[giID]; x != nil {
-			s.busy, s.dram = x.busy, x.dram
-		}
+		s.busy, s.dram = r.Activity(giID)
 		return nvml.SUCCESS
 	})
 }
@@ -181,130 +179,4 @@ func gpmMetrics(m *nvml.GpmMetricsGetType) nvml.Return {
 		}
 	}
 	return nvml.SUCCESS
-}
-
-// --- MIG device handles ---
-
-// migDevice is a MIG device handle: one compute instance of a GPU instance.
-type migDevice struct {
-	*mock.Device
-	d      *device
-	gi, ci int
-}
-
-var _ nvml.Device = (*migDevice)(nil)
-
-func (d *device) IsMigDeviceHandle() (bool, nvml.Return) {
-	ret := d.read("IsMigDeviceHandle", func(*state, *gpuState) nvml.Return { return nvml.SUCCESS })
-	return false, ret
-}
-
-// migDevices lists (gi, ci) pairs in the order MIG device indices follow.
-func migDevices(g *gpuState) [][2]int {
-	var out [][2]int
-	gis := append([]*gi(nil), g.GIs...)
-	sort.Slice(gis, func(i, j int) bool { return gis[i].ID < gis[j].ID })
-	for _, x := range gis {
-		cis := append([]*ci(nil), x.CIs...)
-		sort.Slice(cis, func(i, j int) bool { return cis[i].ID < cis[j].ID })
-		for _, c := range cis {
-			out = append(out, [2]int{x.ID, c.ID})
-		}
-	}
-	return out
-}
-
-// GetMigDeviceHandleByIndex returns the idx-th MIG device; NOT_FOUND past the last.
-func (d *device) GetMigDeviceHandleByIndex(idx int) (nvml.Device, nvml.Return) {
-	var pair [2]int
-	ret := d.read("GetMigDeviceHandleByIndex", func(_ *state, g *gpuState) nvml.Return {
-		if g.model.MIG == nil || !g.MIGCurrent {
-			return nvml.ERROR_NOT_SUPPORTED
-		}
-		if idx < 0 || idx >= g.model.MIG.ComputeSlices {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		list := migDevices(g)
-		if idx >= len(list) {
-			return nvml.ERROR_NOT_FOUND
-		}
-		pair = list[idx]
-		return nvml.SUCCESS
-	})
-	if ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	return &migDevice{Device: baseDevice, d: d, gi: pair[0], ci: pair[1]}, nvml.SUCCESS
-}
-
-func (m *migDevice) read(op string, fn func(st *state, g *gpuState, x *gi) nvml.Return) nvml.Return {
-	return m.d.read(op, func(st *state, g *gpuState) nvml.Return {
-		x := g.giByID(m.gi)
-		if x == nil || !g.MIGCurrent {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		found := false
-		for _, c := range x.CIs {
-			found = found || c.ID == m.ci
-		}
-		if !found {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		return fn(st, g, x)
-	})
-}
-
-func (m *migDevice) IsMigDeviceHandle() (bool, nvml.Return) {
-	ret := m.read("IsMigDeviceHandle", func(*state, *gpuState, *gi) nvml.Return { return nvml.SUCCESS })
-	return true, ret
-}
-
-func (m *migDevice) GetGpuInstanceId() (int, nvml.Return) {
-	ret := m.read("GetGpuInstanceId", func(*state, *gpuState, *gi) nvml.Return { return nvml.SUCCESS })
-	return m.gi, ret
-}
-
-func (m *migDevice) GetComputeInstanceId() (int, nvml.Return) {
-	ret := m.read("GetComputeInstanceId", func(*state, *gpuState, *gi) nvml.Return { return nvml.SUCCESS })
-	return m.ci, ret
-}
-
-func (m *migDevice) GetDeviceHandleFromMigDeviceHandle() (nvml.Device, nvml.Return) {
-	ret := m.read("GetDeviceHandleFromMigDeviceHandle", func(*state, *gpuState, *gi) nvml.Return { return nvml.SUCCESS })
-	return m.d, ret
-}
-
-func (m *migDevice) GetUUID() (string, nvml.Return) {
-	var s string
-	ret := m.read("GetUUID", func(_ *state, g *gpuState, x *gi) nvml.Return {
-		s = "MIG-" + hashUUID("mig:"+g.UUID+":"+strconv.Itoa(x.ID)+":"+strconv.Itoa(m.ci))
-		return nvml.SUCCESS
-	})
-	return s, ret
-}
-
-// GetMemoryInfo is the GPU instance's framebuffer and what its workloads use.
-func (m *migDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
-	var mem nvml.Memory
-	ret := m.read("GetMemoryInfo", func(st *state, g *gpuState, x *gi) nvml.Return {
-		p := giProfileOf(g, x)
-		if p == nil {
-			return nvml.ERROR_UNKNOWN
-		}
-		mem.Total = p.MemoryMiB << 20
-		frac := 0.0
-		if w := st.Workloads[migKey(g.UUID, x.ID)]; w != nil {
-			frac = w.FB
-		}
-		for _, v := range g.vgpusOnGI(x.ID) {
-			mem.Used += v.FbUsed
-		}
-		mem.Used += uint64(frac * float64(mem.Total))
-		if mem.Used > mem.Total {
-			mem.Used = mem.Total
-		}
-		mem.Free = mem.Total - mem.Used
-		return nvml.SUCCESS
-	})
-	return mem, ret
 }

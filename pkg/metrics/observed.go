@@ -10,16 +10,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The live instruments: updated as things happen (NVML calls, manager
-// events), read at each collection.
+// The observed instruments: updated as things happen (NVML calls through
+// ObserveNVML, manager events through Observe), read at each collection,
+// unlike the snapshot families, which each collection builds afresh.
 
-type liveFamily struct {
+type observedFamily struct {
 	name      string
 	histogram bool
 }
 
-func liveFamilies() []liveFamily {
-	return []liveFamily{
+func observedFamilies() []observedFamily {
+	return []observedFamily{
 		{"vgpud_nvml_call_duration_seconds", true},
 		{"vgpud_nvml_call_errors_total", false},
 		{"vgpud_xid_events_total", false},
@@ -39,7 +40,7 @@ var (
 	watchedXIDs = []uint64{13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
 )
 
-type live struct {
+type observed struct {
 	nvml       nvmlStats
 	xid        *prometheus.CounterVec
 	lost       *prometheus.CounterVec
@@ -48,8 +49,8 @@ type live struct {
 	gpus       map[string]bool
 }
 
-func newLive(reg *prometheus.Registry) *live {
-	l := &live{
+func newObserved(reg *prometheus.Registry) *observed {
+	l := &observed{
 		nvml: nvmlStats{ops: map[string]*opStats{}},
 		xid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_xid_events_total",
 			Help: "NVML XID critical error events by GPU and XID code."}, []string{"gpu", "xid"}),
@@ -74,7 +75,7 @@ func newLive(reg *prometheus.Registry) *live {
 
 // touchGPU creates a GPU's event counters at 0 the first time it is seen.
 // Called from the collection goroutine only.
-func (l *live) touchGPU(uuid string) {
+func (l *observed) touchGPU(uuid string) {
 	if l.gpus[uuid] {
 		return
 	}
@@ -88,7 +89,7 @@ func (l *live) touchGPU(uuid string) {
 // ObserveNVML records one NVML call: its latency, and its return code
 // when it failed (code "" means success). Safe for concurrent use.
 func (c *Collector) ObserveNVML(op string, took time.Duration, code string) {
-	c.live.nvml.observe(op, took, code)
+	c.observed.nvml.observe(op, took, code)
 }
 
 // nvmlBuckets are the NVML call latency histogram's upper bounds (s).
@@ -96,7 +97,7 @@ var nvmlBuckets = [...]float64{5e-6, 25e-6, 100e-6, 500e-6, 0.002, 0.01, 0.05, 0
 
 // nvmlStats is the NVML call histogram and error counts. It is rendered
 // straight to text: with a series per operation and bucket it is the
-// largest live family, and a registry's Gather of it costs more than the
+// largest observed family, and a registry's Gather of it costs more than the
 // rest of a collection.
 type nvmlStats struct {
 	mu  sync.Mutex
@@ -227,17 +228,17 @@ type Event struct {
 func (c *Collector) Observe(e Event) {
 	switch e.Kind {
 	case EventXID:
-		c.live.xid.WithLabelValues(e.GPU, strconv.FormatUint(e.XID, 10)).Inc()
+		c.observed.xid.WithLabelValues(e.GPU, strconv.FormatUint(e.XID, 10)).Inc()
 	case EventGPULost:
-		c.live.lost.WithLabelValues(e.GPU).Inc()
+		c.observed.lost.WithLabelValues(e.GPU).Inc()
 	case EventOperation:
 		outcome := "success"
 		if !e.OK {
 			outcome = "failure"
 		}
-		c.live.ops.WithLabelValues(e.Op, outcome).Inc()
+		c.observed.ops.WithLabelValues(e.Op, outcome).Inc()
 		if e.Duration > 0 {
-			c.live.opDuration.WithLabelValues(e.Op, outcome).Observe(e.Duration.Seconds())
+			c.observed.opDuration.WithLabelValues(e.Op, outcome).Observe(e.Duration.Seconds())
 		}
 	}
 }

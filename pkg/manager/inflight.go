@@ -2,7 +2,7 @@ package manager
 
 import "sync"
 
-// liveSet names the intents that this process is working on. Reconcile
+// inflightSet names the intents that this process is working on. Reconcile
 // runs while other operations are in flight (on demand, or when libvirtd
 // comes back or a VM starts); an intent in the set belongs to its
 // operation (or to the undo that finishes it in the background), and
@@ -14,38 +14,38 @@ import "sync"
 // a leftover or already deleted; reconcile claims it and reads it again
 // to tell the two apart. Holders are counted: an operation that hands its
 // intent to a background undo adds it again before it lets go.
-type liveSet struct {
+type inflightSet struct {
 	mu  sync.Mutex
-	ids map[string]*liveEntry
+	ids map[string]*inflightEntry
 }
 
-type liveEntry struct {
+type inflightEntry struct {
 	instance string
 	holders  int
 }
 
 // add holds an intent; the returned func lets go of it.
-func (l *liveSet) add(intent, instance string) func() {
+func (l *inflightSet) add(intent, instance string) func() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.hold(intent, instance)
 	return func() { l.done(intent) }
 }
 
-func (l *liveSet) hold(intent, instance string) {
+func (l *inflightSet) hold(intent, instance string) {
 	if l.ids == nil {
-		l.ids = map[string]*liveEntry{}
+		l.ids = map[string]*inflightEntry{}
 	}
 	e := l.ids[intent]
 	if e == nil {
-		e = &liveEntry{instance: instance}
+		e = &inflightEntry{instance: instance}
 		l.ids[intent] = e
 	}
 	e.holders++
 }
 
 // claim holds an intent unless someone holds it already.
-func (l *liveSet) claim(intent, instance string) bool {
+func (l *inflightSet) claim(intent, instance string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.ids[intent]; ok {
@@ -56,7 +56,7 @@ func (l *liveSet) claim(intent, instance string) bool {
 }
 
 // done lets go of an intent once.
-func (l *liveSet) done(intent string) {
+func (l *inflightSet) done(intent string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if e := l.ids[intent]; e != nil {
@@ -67,7 +67,7 @@ func (l *liveSet) done(intent string) {
 }
 
 // busy reports whether an operation is working on an instance.
-func (l *liveSet) busy(instance string) bool {
+func (l *inflightSet) busy(instance string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range l.ids {
@@ -79,7 +79,7 @@ func (l *liveSet) busy(instance string) bool {
 }
 
 // idle reports whether no operation is in flight.
-func (l *liveSet) idle() bool {
+func (l *inflightSet) idle() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.ids) == 0
