@@ -86,6 +86,7 @@ func copyRefused(path string, size int64) (string, error) {
 	}
 	defer func() {
 		if tmp != nil {
+			// Cleanup after a failed copy: the copy's own error is reported.
 			_ = tmp.Close()
 			_ = os.Remove(tmp.Name())
 		}

@@ -154,6 +154,7 @@ func inspect(path string, timeout time.Duration) (version int, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			if file != nil {
+				// Cleanup before the panic is turned into an error.
 				_ = file.Close()
 			}
 			version, err = 0, fmt.Errorf("%s: %w: reading it failed: %v", path, ErrCorrupt, r)

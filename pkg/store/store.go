@@ -152,6 +152,7 @@ func Open(path string, opts Options) (*DB, error) {
 	}
 	db := &DB{bolt: bdb, path: path, version: sch.current(), now: now}
 	if err := db.prepare(found, sch, log); err != nil {
+		// prepare's error is the one to report; the file was only read.
 		_ = bdb.Close()
 		if found == sch.current() && refusedForContent(err) {
 			// Nothing was migrated, so the file is as it was found (a
@@ -299,6 +300,7 @@ func (db *DB) backup(v int) (string, error) {
 		err = syncDir(filepath.Dir(dst))
 	}
 	if err != nil {
+		// Cleanup of a half-written backup; the backup's error is reported.
 		_ = os.Remove(tmp)
 		return "", fmt.Errorf("store: back up %s to %s before migrating: %w", db.path, dst, err)
 	}

@@ -1,6 +1,13 @@
 package simhost
 
-import "strings"
+import (
+	"strings"
+	"testing"
+
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/profile"
+	"github.com/vgpud/vgpud/profiles"
+)
 
 // DevPath is the kernel device path (sysfs-relative, as a uevent's
 // DEVPATH) of the simulated host's PCI function pci.
@@ -15,4 +22,34 @@ func SummaryLine(summary, pci string) string {
 		}
 	}
 	return ""
+}
+
+// Scenario opens a fresh simulated host for the named scenario (see
+// sim.ScenarioByName), edited by edit when it is not nil, on the manual
+// clock, and builds it; the host is closed when the test ends.
+func Scenario(t testing.TB, name string, edit func(*sim.Scenario)) (*sim.Host, *sim.Scenario) {
+	t.Helper()
+	sc, err := sim.ScenarioByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(&sc)
+	}
+	cat, err := profile.Load(profiles.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := sim.Open(t.TempDir(), sc.Spec, cat, sim.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	if err := h.UseManualClock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Build(h); err != nil {
+		t.Fatal(err)
+	}
+	return h, &sc
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 )
@@ -16,32 +17,8 @@ import (
 // The NVML calls the workload model serves and the Host's clock: what the
 // driver reports of the model, and when it refuses.
 
-// scenarioHost opens a fresh host for a scenario on the manual clock and builds it.
-func scenarioHost(t testing.TB, name string, edit func(*sim.Scenario)) (*sim.Host, *sim.Scenario) {
-	t.Helper()
-	sc, err := sim.ScenarioByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if edit != nil {
-		edit(&sc)
-	}
-	h, err := sim.Open(t.TempDir(), sc.Spec, catalog(t), sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	if err := h.UseManualClock(); err != nil {
-		t.Fatal(err)
-	}
-	if err := sc.Build(h); err != nil {
-		t.Fatal(err)
-	}
-	return h, &sc
-}
-
 func TestSchedulerLog(t *testing.T) {
-	h, sc := scenarioHost(t, "noisy-best-effort", nil)
+	h, sc := simhost.Scenario(t, "noisy-best-effort", nil)
 	lib := h.NVML()
 	lib.Init()
 	d, _ := lib.DeviceGetHandleByPciBusId(sc.Instance("victim").GPU)
@@ -84,7 +61,7 @@ func TestSchedulerLog(t *testing.T) {
 }
 
 func TestTelemetryRules(t *testing.T) {
-	h, sc := scenarioHost(t, "quiet", nil)
+	h, sc := simhost.Scenario(t, "quiet", nil)
 	lib := h.NVML()
 	lib.Init()
 	mig, _ := lib.DeviceGetHandleByPciBusId(sc.Instance("mig-a").GPU)

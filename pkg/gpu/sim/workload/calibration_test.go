@@ -7,47 +7,13 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
-	"github.com/vgpud/vgpud/pkg/profile"
-	"github.com/vgpud/vgpud/profiles"
 )
 
 // The model's figures, measured on the simulated host that feeds it: the
 // calibration's published figures (docs/metrics.md) and the policies.
-
-func catalog(t testing.TB) *profile.Catalog {
-	t.Helper()
-	c, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// scenarioHost opens a fresh host for a scenario on the manual clock and builds it.
-func scenarioHost(t testing.TB, name string, edit func(*sim.Scenario)) (*sim.Host, *sim.Scenario) {
-	t.Helper()
-	sc, err := sim.ScenarioByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if edit != nil {
-		edit(&sc)
-	}
-	h, err := sim.Open(t.TempDir(), sc.Spec, catalog(t), sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	if err := h.UseManualClock(); err != nil {
-		t.Fatal(err)
-	}
-	if err := sc.Build(h); err != nil {
-		t.Fatal(err)
-	}
-	return h, &sc
-}
 
 // measure advances d in steps and returns the truth shares of every
 // instance over the last `window` of it.
@@ -78,7 +44,7 @@ func TestCalibrationTimeSlicedNoisyNeighbour(t *testing.T) {
 	// share (0.4 of the GPU), best-effort scheduler, defaults.
 	const demand = 0.4
 	alone := func(withNoisy bool) float64 {
-		h, sc := scenarioHost(t, "noisy-best-effort", func(s *sim.Scenario) {
+		h, sc := simhost.Scenario(t, "noisy-best-effort", func(s *sim.Scenario) {
 			s.Instance("victim").Workload.Demand = demand
 			if !withNoisy {
 				s.Instance("noisy").Workload = workload.Workload{Kind: workload.Idle}
@@ -101,7 +67,7 @@ func TestCalibrationMIG(t *testing.T) {
 	// MIG neighbours cost a victim about 1-2% (shared power at the default
 	// limit); a saturated MIG instance gets its slice within 5%.
 	run := func(neighbours bool) (victim float64, all map[string]workload.Shares) {
-		h, sc := scenarioHost(t, "mig-power-cap", func(s *sim.Scenario) {
+		h, sc := simhost.Scenario(t, "mig-power-cap", func(s *sim.Scenario) {
 			s.PowerCaps = nil
 			if !neighbours {
 				for i := range s.Instances[1:] {
@@ -131,7 +97,7 @@ func TestCalibrationMIG(t *testing.T) {
 }
 
 func TestPowerCapThrottlesMIG(t *testing.T) {
-	h, sc := scenarioHost(t, "mig-power-cap", nil)
+	h, sc := simhost.Scenario(t, "mig-power-cap", nil)
 	s := measure(t, h, 6*time.Second, 5*time.Second)(sc.Instance("victim").Key)
 	idx := 1 - s.Achieved/(1.0/7)
 	t.Logf("capped MIG victim: achieved %.4f, index %.3f, throttled %.2fs of 5s", s.Achieved, idx, s.Throttle[1])
@@ -176,7 +142,7 @@ func TestTimeSlicedPolicies(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h, sc := scenarioHost(t, "noisy-best-effort", nil)
+			h, sc := simhost.Scenario(t, "noisy-best-effort", nil)
 			victim, noisy := sc.Instance("victim"), sc.Instance("noisy")
 			lib := h.NVML()
 			lib.Init()
