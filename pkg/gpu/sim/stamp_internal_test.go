@@ -4,9 +4,6 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/vgpud/vgpud/pkg/profile"
-	"github.com/vgpud/vgpud/profiles"
 )
 
 // The check readers make without the file lock finds each version by its
@@ -15,15 +12,7 @@ import (
 // in state), every read would take the lock and parse the whole file:
 // correct, but slow.
 func TestCommittedStamp(t *testing.T) {
-	cat, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := Open(t.TempDir(), nil, cat, OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := openDefault(t)
 	for i := 0; i < 12; i++ {
 		if err := h.SetDriverLoaded(true); err != nil {
 			t.Fatal(err)

@@ -2,23 +2,12 @@ package sim
 
 import (
 	"testing"
-
-	"github.com/vgpud/vgpud/pkg/profile"
-	"github.com/vgpud/vgpud/profiles"
 )
 
 // UeventsSince finds the first event after a sequence number in the ring,
 // also once the ring has wrapped.
 func TestUeventsSince(t *testing.T) {
-	cat, err := profile.Load(profiles.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := Open(t.TempDir(), nil, cat, OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := openDefault(t)
 	// One mutation: 5000 fsynced ones would take a minute.
 	if err := h.mutate(func(st *state) (bool, error) {
 		for i := 0; i < 5000; i++ {

@@ -2,7 +2,7 @@
 // lockstep on the simulated clock, for the share loop's and the
 // exporter's tests. Only tests import it.
 //
-// Imports: pkg/gpu, pkg/gpu/nvml, pkg/gpu/sim, pkg/gpu/sim/workload, pkg/profile, pkg/share, pkg/share/nvmldriver, profiles.
+// Imports: internal/testenv/simhost, pkg/gpu, pkg/gpu/nvml, pkg/gpu/sim, pkg/gpu/sim/workload, pkg/profile, pkg/share, pkg/share/nvmldriver, profiles.
 package sharetest
 
 import (
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
@@ -93,31 +94,13 @@ func scenarioInventory(t testing.TB, h *sim.Host, sc *sim.Scenario) share.Invent
 
 func New(t testing.TB, name string, cfg share.Config, edit func(*sim.Scenario)) *Harness {
 	t.Helper()
-	sc, err := sim.ScenarioByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if edit != nil {
-		edit(&sc)
-	}
-	cat := Catalog(t)
-	h, err := sim.Open(t.TempDir(), sc.Spec, cat, sim.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	if err := h.UseManualClock(); err != nil {
-		t.Fatal(err)
-	}
-	if err := sc.Build(h); err != nil {
-		t.Fatal(err)
-	}
-	b := nvml.New(h.NVML(), cat, nvml.Options{})
+	h, sc := simhost.Scenario(t, name, edit)
+	b := nvml.New(h.NVML(), Catalog(t), nvml.Options{})
 	if err := b.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	x := &Harness{t: t, H: h, SC: &sc, Start: h.Now(), Backend: b}
-	x.Inv = scenarioInventory(t, h, &sc)
+	x := &Harness{t: t, H: h, SC: sc, Start: h.Now(), Backend: b}
+	x.Inv = scenarioInventory(t, h, sc)
 	cfg.Now = h.Now
 	cfg.OnEvent = func(e share.Event) {
 		x.mu.Lock()
