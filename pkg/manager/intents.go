@@ -79,7 +79,13 @@ func (m *Manager) resolveCreate(ctx context.Context, it store.Intent, rec store.
 		return nil
 	}
 	parts := map[carveStep]bool{stepGI: gi, stepCI: ci, stepVGPU: vg}
-	if err := m.release(ctx, &rec, func(s carveStep) bool { return parts[s] }, false); err != nil {
+	// Under the GPU's lock, as every other release: an on-demand reconcile
+	// runs beside creates that may be carving on the same GPU.
+	l := m.gpuLock(rec.GPUUUID)
+	l.Lock()
+	err := m.release(ctx, &rec, func(s carveStep) bool { return parts[s] }, false)
+	l.Unlock()
+	if err != nil {
 		return err
 	}
 	m.refreshGPU(ctx, rec.GPUUUID)
