@@ -184,7 +184,13 @@ func (a *app) api(ctx context.Context) (api, error) {
 	if a.client != nil {
 		return a.client, nil
 	}
-	c, err := a.dial(ctx, a.connect)
+	addr := a.connect
+	if addr == "" {
+		// Read here, not as the flag's default: help would show the
+		// variable's value as a second default beside the documented order.
+		addr = os.Getenv("VGPUCTL_CONNECT")
+	}
+	c, err := a.dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +237,7 @@ Exit codes: 0 ok, 1 failure, 2 usage or invalid argument, 3 access denied,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err.Error()} })
 	pf := root.PersistentFlags()
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
-	pf.StringVarP(&a.connect, "connect", "c", os.Getenv("VGPUCTL_CONNECT"), "D-Bus address of vgpud's bus, e.g. unix:path=/run/dbus/system_bus_socket (default: $VGPUCTL_CONNECT, $DBUS_SYSTEM_BUS_ADDRESS, the system bus)")
+	pf.StringVarP(&a.connect, "connect", "c", "", "D-Bus address of vgpud's bus, e.g. unix:path=/run/dbus/system_bus_socket (default: $VGPUCTL_CONNECT, $DBUS_SYSTEM_BUS_ADDRESS, the system bus)")
 	pf.DurationVar(&a.timeout, "timeout", 2*time.Minute, "give up (and have vgpud cancel and undo the operation) after this long")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 

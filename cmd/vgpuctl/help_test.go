@@ -1,0 +1,36 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// TestFlagHelpReadsRight: every flag's help shows a placeholder of its own
+// and one default. A back-quoted word in a flag's usage becomes its
+// placeholder in help ("--tenant vgpuctl tenant list"), and a usage that
+// spells its default while the flag has one shows two.
+func TestFlagHelpReadsRight(t *testing.T) {
+	t.Setenv("VGPUCTL_CONNECT", "unix:path=/run/somewhere")
+	a := &app{dial: func(context.Context, string) (api, error) { return nil, nil }}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		check := func(f *pflag.Flag) {
+			if strings.Contains(f.Usage, "`") {
+				t.Errorf("%s --%s: usage %q has a back-quoted word, which help shows as the flag's placeholder", c.CommandPath(), f.Name, f.Usage)
+			}
+			if strings.Contains(f.Usage, "(default") && f.DefValue != "" && f.DefValue != "false" && f.DefValue != "[]" {
+				t.Errorf("%s --%s: usage %q spells a default beside the flag's own %q: help shows two", c.CommandPath(), f.Name, f.Usage, f.DefValue)
+			}
+		}
+		c.Flags().VisitAll(check)
+		c.PersistentFlags().VisitAll(check)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(a.rootCmd())
+}
