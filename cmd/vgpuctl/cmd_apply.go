@@ -82,10 +82,10 @@ func (a *app) runApply(cmd *cobra.Command, file, sel string, dryRun bool) error 
 	return a.emit(applyDoc{hdr(kind), res}, func(w io.Writer) error {
 		summary := strings.TrimRight(res.Summary, "\n")
 		switch {
-		case summary == "" && dryRun:
-			fmt.Fprintln(w, "no changes: the host already matches "+name)
 		case summary == "":
-			fmt.Fprintln(w, "no changes were needed")
+			// One line, dry run or not: nothing was or would be done.
+			fmt.Fprintln(w, "no changes: the host already matches "+name)
+			return nil
 		default:
 			if dryRun {
 				fmt.Fprintln(w, "would change:")

@@ -27,6 +27,8 @@ type fake struct {
 	// defined is the last DefineTenant spec.
 	defined dbusapi.TenantSpec
 	quota   dbusapi.Quota
+	// applyNothing makes Apply find the host as the file describes it.
+	applyNothing bool
 }
 
 func (f *fake) record(format string, args ...any) error {
@@ -226,6 +228,13 @@ func (f *fake) UndefineTenant(_ context.Context, name string, force bool) error 
 }
 
 func (f *fake) Apply(_ context.Context, name string, data []byte, sel string, dryRun bool) (dbusapi.ApplyResult, error) {
+	if f.applyNothing {
+		result := []byte(`{"done":[],"remaining":[]}`)
+		if dryRun {
+			result = []byte("null")
+		}
+		return dbusapi.ApplyResult{DryRun: dryRun, Changes: []byte(`{"changes":[]}`), Result: result}, f.record("Apply %s %d %s %v", name, len(data), sel, dryRun)
+	}
 	return dbusapi.ApplyResult{DryRun: dryRun, Changes: []byte(`{"changes":[{"op":"create","profile":"1g.10gb"}]}`), Result: []byte("null"),
 		Summary: "create 1g.10gb for tenant acme on 0000:41:00.0\n"}, f.record("Apply %s %d %s %v", name, len(data), sel, dryRun)
 }

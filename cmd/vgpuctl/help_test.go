@@ -34,3 +34,17 @@ func TestFlagHelpReadsRight(t *testing.T) {
 	}
 	walk(a.rootCmd())
 }
+
+// TestApplyWithNothingToDo: one line says so, with or without --dry-run
+// (not "no changes were needed" and then "0 changes done").
+func TestApplyWithNothingToDo(t *testing.T) {
+	for _, args := range [][]string{{"apply", "-f", "testdata/layout.yaml"}, {"apply", "-f", "testdata/layout.yaml", "--dry-run"}} {
+		out, errOut, code := runFake(&fake{applyNothing: true}, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut)
+		}
+		if want := "no changes: the host already matches layout.yaml\n"; out != want {
+			t.Errorf("%v printed %q, want %q", args, out, want)
+		}
+	}
+}
