@@ -109,14 +109,9 @@ func another(t *testing.T, cs apply.ChangeSet, profile string) apply.Change {
 	return apply.Change{}
 }
 
-// The scenario the pre-flight exists for, scaled below the change bound:
-// each of 500 tenants asks for a vGPU on the one L4, which has room for
-// 16. It is refused at once, by Diff and by Execute, naming the GPU, the
-// type and how many fit; no tenant is defined and no vGPU made.
-func TestPreflightRefusesBeforeAnyChange(t *testing.T) {
-	e := newEnv(t)
-	ctx := context.Background()
-	const n = 500
+// tenantsOnL4 is a document in which each of n tenants asks for an L4-1Q
+// on the one L4.
+func tenantsOnL4(n int) string {
 	var doc strings.Builder
 	doc.WriteString("version: v1\ntenants:\n")
 	for i := range n {
@@ -126,12 +121,24 @@ func TestPreflightRefusesBeforeAnyChange(t *testing.T) {
 	for i := range n {
 		fmt.Fprintf(&doc, "      - {profile: L4-1Q, tenant: t%d}\n", i)
 	}
+	return doc.String()
+}
+
+// The scenario the pre-flight exists for, scaled below the change bound:
+// each of 500 tenants asks for a vGPU on the one L4, which has room for
+// 16. It is refused at once, by Diff and by Execute, naming the GPU, the
+// type and how many fit; no tenant is defined and no vGPU made.
+func TestPreflightRefusesBeforeAnyChange(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const n = 500
+	doc := tenantsOnL4(n)
 	want := []string{
 		"GPU 0000:81:00.0 (L4-24GB): L4-1Q×500 wanted, at most 16 fit",
 		"500 vGPUs wanted need a VF each; 16 of its 16 VFs are free",
 		"nothing was changed",
 	}
-	_, err := apply.Diff(ctx, e.m, parseDoc(t, doc.String()))
+	_, err := apply.Diff(ctx, e.m, parseDoc(t, doc))
 	if !errors.Is(err, manager.ErrNoCapacity) {
 		t.Fatalf("diff: error %v, want NoCapacity", err)
 	}
@@ -249,17 +256,9 @@ func TestChangeBound(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	const n = 3000
-	var doc strings.Builder
-	doc.WriteString("version: v1\ntenants:\n")
-	for i := range n {
-		fmt.Fprintf(&doc, "  - {name: t%d}\n", i)
-	}
-	fmt.Fprintf(&doc, "layout:\n  - gpu: %q\n    instances:\n", sim.DefaultL4)
-	for i := range n {
-		fmt.Fprintf(&doc, "      - {profile: L4-1Q, tenant: t%d}\n", i)
-	}
+	doc := tenantsOnL4(n)
 	want := []string{"6000 changes, more than the 1024", "applyMaxChanges"}
-	_, err := apply.Diff(ctx, e.m, parseDoc(t, doc.String()))
+	_, err := apply.Diff(ctx, e.m, parseDoc(t, doc))
 	if !errors.Is(err, manager.ErrInvalidArgument) {
 		t.Fatalf("diff: error %v, want InvalidArgument", err)
 	}

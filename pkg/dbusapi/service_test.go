@@ -12,6 +12,7 @@ import (
 
 	"github.com/godbus/dbus/v5"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/pkg/apply"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
@@ -605,16 +606,10 @@ func TestDBusCallerLeavingCancels(t *testing.T) {
 	call := leaver.mgr.Go(ManagerInterface+".CreateInstance", 0, make(chan *dbus.Call, 1), "acme", "1g.10gb", map[string]dbus.Variant{})
 	// The create is in flight once the manager admitted it (it emits
 	// nothing before; its record is what the daemon holds).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if insts, _ := e.m.TenantInstances("acme"); len(insts) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("create never admitted")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the create to be admitted", 10*time.Second, func() bool {
+		insts, _ := e.m.TenantInstances("acme")
+		return len(insts) == 1
+	})
 	start := time.Now()
 	leaver.Close()
 	<-call.Done

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
@@ -26,16 +27,10 @@ func TestDBusStopAnswersOperationsInFlight(t *testing.T) {
 		_, err := e.client.Create(ctxT(t), CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: sim.DefaultH100MIG})
 		done <- err
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if insts, _ := e.m.TenantInstances("acme"); len(insts) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("create never admitted")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the create to be admitted", 10*time.Second, func() bool {
+		insts, _ := e.m.TenantInstances("acme")
+		return len(insts) == 1
+	})
 
 	grace, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
