@@ -119,6 +119,11 @@ func (p *gpuPoller) stateFor(policy Policy) State {
 		if p.caps.MaxTimeslice > 0 && s.Timeslice > p.caps.MaxTimeslice {
 			s.Timeslice = p.caps.MaxTimeslice
 		}
+		// The driver takes a slice as a frequency in whole Hz
+		// (nvmlDeviceSetVgpuSchedulerState_v2) and reports 1 s / that
+		// frequency: want what it will report, or the loop would never
+		// see its state reached.
+		s.Timeslice = time.Second / max(1, (time.Second+s.Timeslice/2)/s.Timeslice)
 	}
 	return s
 }

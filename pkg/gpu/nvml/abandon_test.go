@@ -70,11 +70,13 @@ func TestAbandonedCallsDoNotRace(t *testing.T) {
 		},
 		{
 			name: "probe-telemetry", op: "GetMaxClockInfo",
-			lib: func(_ *mock.Interface, d *mock.Device) {
+			lib: func(l *mock.Interface, d *mock.Device) {
+				// A driver without nvmlDeviceGetTemperatureV: the temperature is
+				// skipped as unsupported, and the read goes on.
+				l.ExtensionsFunc = func() gonvml.ExtendedInterface { return lacking("nvmlDeviceGetTemperatureV") }
 				d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) { return gonvml.Utilization{Gpu: 50}, gonvml.SUCCESS }
 				d.GetPowerUsageFunc = func() (uint32, gonvml.Return) { return 100000, gonvml.SUCCESS }
 				d.GetTotalEnergyConsumptionFunc = func() (uint64, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
-				d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return 40, gonvml.SUCCESS }
 				d.GetEnforcedPowerLimitFunc = func() (uint32, gonvml.Return) { return 300000, gonvml.SUCCESS }
 				d.GetMaxClockInfoFunc = func(gonvml.ClockType) (uint32, gonvml.Return) { slow(); return 1980, gonvml.SUCCESS }
 			},

@@ -51,6 +51,9 @@ type Backend struct {
 
 	// calls counts driver calls that outran their deadline.
 	calls hostcall.Tracker
+
+	// symbols caches symbol's answers, by C function name.
+	symbols map[string]error
 }
 
 // Options configure a Backend.
@@ -65,7 +68,8 @@ func New(lib gonvml.Interface, cat *profile.Catalog, opts Options) *Backend {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Backend{lib: lib, cat: cat, log: log, observe: opts.Observer, profiles: map[string]map[int]int{}, known: map[int]gpu.GPU{}}
+	return &Backend{lib: lib, cat: cat, log: log, observe: opts.Observer, profiles: map[string]map[int]int{}, known: map[int]gpu.GPU{},
+		symbols: map[string]error{}}
 }
 
 // SetCatalog replaces the catalog used to name models and profiles.
@@ -79,6 +83,29 @@ func (b *Backend) catalog() *profile.Catalog {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.cat
+}
+
+// symbol checks that the driver's NVML has the C function name before
+// the backend calls it: go-nvml binds functions newer than some drivers
+// (the _v2 scheduler calls, nvmlDeviceGetTemperatureV), and a call to one
+// the library lacks would end the process instead of returning an error.
+// A missing function is gpu.ErrNotSupported. The answer is kept: the
+// library does not change under a running process. The lookup is a local
+// dlsym, so it needs no deadline.
+func (b *Backend) symbol(name string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err, ok := b.symbols[name]; ok {
+		return err
+	}
+	var err error
+	if ext := b.lib.Extensions(); ext == nil {
+		err = fmt.Errorf("%w: NVML %s: the library answers no symbol lookups", gpu.ErrNotSupported, name)
+	} else if lerr := ext.LookupSymbol(name); lerr != nil {
+		err = fmt.Errorf("%w: NVML %s: this driver's library lacks it (a newer driver has it): %w", gpu.ErrNotSupported, name, lerr)
+	}
+	b.symbols[name] = err
+	return err
 }
 
 // wrap turns an nvml.Return into an error carrying the matching gpu sentinel.

@@ -2,7 +2,6 @@ package nvml
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -14,7 +13,8 @@ import (
 )
 
 // The device-level vGPU scheduler (reference 5.3): capabilities, state,
-// changing the policy, and the log of runs. Every call is NOT_SUPPORTED
+// changing the policy, and the log of runs, through NVML's _v2 calls (the
+// unversioned ones are deprecated). Every call is NOT_SUPPORTED
 // (gpu.ErrNotSupported) with MIG on or without the vGPU manager; a policy
 // change is NOT_SUPPORTED while a VM with a vGPU runs on the GPU.
 
@@ -172,42 +172,64 @@ func (p *Probe) SchedulerCapabilities(ctx context.Context) (SchedulerCaps, error
 	return out, nil
 }
 
-// SchedulerState reads the scheduler's policy and parameters.
+// SchedulerState reads the scheduler's policy and parameters (the graphics
+// engine's). The _v2 call reports no ARR flag: a non-zero average factor
+// is ARR at work; and no frequency, which under ARR is 1 s / Timeslice.
 func (p *Probe) SchedulerState(ctx context.Context) (SchedulerState, error) {
-	s, err := onDevice(ctx, p, "GetVgpuSchedulerState", gonvml.Device.GetVgpuSchedulerState)
+	if err := p.b.symbol("nvmlDeviceGetVgpuSchedulerState_v2"); err != nil {
+		return SchedulerState{}, fmt.Errorf("GPU %s: %w", p.uuid, err)
+	}
+	s, err := onDevice(ctx, p, "GetVgpuSchedulerState_v2", func(d gonvml.Device) (gonvml.VgpuSchedulerStateInfo_v2, gonvml.Return) {
+		return d.GetVgpuSchedulerState_v2(gonvml.VgpuSchedulerStateInfo_v2{EngineId: gonvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS})
+	})
 	if err != nil {
 		return SchedulerState{}, err
 	}
-	out := SchedulerState{Policy: s.SchedulerPolicy, ARR: s.ArrMode == gonvml.VGPU_SCHEDULER_ARR_ENABLE}
-	if out.ARR {
-		out.AvgFactor = binary.LittleEndian.Uint32(s.SchedulerParams[0:4])
-		out.Timeslice = time.Duration(binary.LittleEndian.Uint32(s.SchedulerParams[4:8]))
-	} else {
-		out.Timeslice = time.Duration(binary.LittleEndian.Uint32(s.SchedulerParams[0:4]))
+	return SchedulerState{Policy: s.SchedulerPolicy, ARR: s.AvgFactor != 0, AvgFactor: s.AvgFactor, Timeslice: time.Duration(s.Timeslice)}, nil
+}
+
+// SliceFrequency is the frequency, in whole Hz, that SetSchedulerState
+// asks for to get time slice ts: the _v2 call takes a frequency, not a
+// slice, so a slice that is not 1 s / n comes back as the nearest one.
+func SliceFrequency(ts time.Duration) uint32 {
+	if ts <= 0 {
+		return 0
 	}
-	return out, nil
+	return uint32(max(1, (time.Second+ts/2)/ts))
 }
 
 // SetSchedulerState changes the scheduler. The driver accepts it only
 // while no VM with a vGPU runs on the GPU: otherwise, and with MIG on, it
-// fails with gpu.ErrNotSupported wrapping NOT_SUPPORTED.
+// fails with gpu.ErrNotSupported wrapping NOT_SUPPORTED. The _v2 call
+// takes the policy, ARR's average factor and a frequency (0: the driver's
+// default for each); a plain time slice is set as its frequency
+// (SliceFrequency).
 func (p *Probe) SetSchedulerState(ctx context.Context, s SchedulerState) error {
-	set := gonvml.VgpuSchedulerSetState{SchedulerPolicy: s.Policy, EnableARRMode: gonvml.VGPU_SCHEDULER_ARR_DISABLE}
-	if s.ARR {
-		set.EnableARRMode = gonvml.VGPU_SCHEDULER_ARR_ENABLE
-		binary.LittleEndian.PutUint32(set.SchedulerParams[0:4], s.AvgFactor)
-		binary.LittleEndian.PutUint32(set.SchedulerParams[4:8], s.Frequency)
-	} else {
-		binary.LittleEndian.PutUint32(set.SchedulerParams[0:4], uint32(s.Timeslice))
+	if err := p.b.symbol("nvmlDeviceSetVgpuSchedulerState_v2"); err != nil {
+		return fmt.Errorf("GPU %s: %w", p.uuid, err)
 	}
-	_, err := onDevice(ctx, p, "SetVgpuSchedulerState", func(d gonvml.Device) (struct{}, gonvml.Return) { return struct{}{}, d.SetVgpuSchedulerState(&set) })
+	set := gonvml.VgpuSchedulerState_v2{EngineId: gonvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS, SchedulerPolicy: s.Policy}
+	if s.ARR {
+		set.AvgFactor, set.Frequency = s.AvgFactor, s.Frequency
+	} else {
+		set.Frequency = SliceFrequency(s.Timeslice)
+	}
+	_, err := onDevice(ctx, p, "SetVgpuSchedulerState_v2", func(d gonvml.Device) (struct{}, gonvml.Return) {
+		return struct{}{}, d.SetVgpuSchedulerState_v2(&set)
+	})
 	return err
 }
 
-// SchedulerLog reads the scheduler's log of recent runs. The ring holds
-// 200 entries: read it at least five times a second for a complete log.
+// SchedulerLog reads the scheduler's log of recent runs (the graphics
+// engine's). The ring holds 200 entries: read it at least five times a
+// second for a complete log.
 func (p *Probe) SchedulerLog(ctx context.Context) (SchedulerLog, error) {
-	l, err := onDevice(ctx, p, "GetVgpuSchedulerLog", gonvml.Device.GetVgpuSchedulerLog)
+	if err := p.b.symbol("nvmlDeviceGetVgpuSchedulerLog_v2"); err != nil {
+		return SchedulerLog{}, fmt.Errorf("GPU %s: %w", p.uuid, err)
+	}
+	l, err := onDevice(ctx, p, "GetVgpuSchedulerLog_v2", func(d gonvml.Device) (gonvml.VgpuSchedulerLogInfo_v2, gonvml.Return) {
+		return d.GetVgpuSchedulerLog_v2(gonvml.VgpuSchedulerLogInfo_v2{EngineId: gonvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS})
+	})
 	if err != nil {
 		return SchedulerLog{}, err
 	}

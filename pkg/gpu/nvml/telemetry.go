@@ -220,11 +220,11 @@ func (p *Probe) Telemetry(ctx context.Context, full bool) (Telemetry, error) {
 			t.HasEnergy = false
 		}
 	}
-	c, err := onDevice(ctx, p, "GetTemperature", func(d gonvml.Device) (uint32, gonvml.Return) { return d.GetTemperature(gonvml.TEMPERATURE_GPU) })
+	c, err := p.temperature(ctx)
 	if err := soft(err); err != nil {
 		return t, err
 	}
-	t.TemperatureC = float64(c)
+	t.TemperatureC = float64(c.Temperature)
 	if full {
 		limit, err := onDevice(ctx, p, "GetEnforcedPowerLimit", gonvml.Device.GetEnforcedPowerLimit)
 		if err := soft(err); err != nil {
@@ -423,3 +423,27 @@ func (b *Backend) SetObserver(o Observer) { b.observe = o }
 
 // Observer returns the hook in place (nil: none).
 func (b *Backend) Observer() Observer { return b.observe }
+
+// TemperatureReader is how a Device that is not the NVML library's own
+// (the simulator's) serves nvmlDeviceGetTemperatureV: go-nvml's
+// GetTemperatureV returns a handler bound to the library's device type,
+// which no other Device can make, so the backend asks for this first.
+type TemperatureReader interface {
+	// TemperatureV1 answers as GetTemperatureV().V1() does: the GPU
+	// sensor's reading in °C.
+	TemperatureV1() (gonvml.Temperature, gonvml.Return)
+}
+
+// temperature reads the GPU die's temperature (nvmlDeviceGetTemperatureV,
+// version 1, whose zero sensor type is NVML_TEMPERATURE_GPU).
+func (p *Probe) temperature(ctx context.Context) (gonvml.Temperature, error) {
+	return onDevice(ctx, p, "GetTemperatureV", func(d gonvml.Device) (gonvml.Temperature, gonvml.Return) {
+		if r, ok := d.(TemperatureReader); ok {
+			return r.TemperatureV1()
+		}
+		if err := p.b.symbol("nvmlDeviceGetTemperatureV"); err != nil {
+			return gonvml.Temperature{}, gonvml.ERROR_NOT_SUPPORTED
+		}
+		return d.GetTemperatureV().V1()
+	})
+}

@@ -123,6 +123,15 @@ func (l *lib) Shutdown() nvml.Return {
 
 func (l *lib) ErrorString(r nvml.Return) string { return r.Error() }
 
+// Extensions answers symbol lookups as the current driver's library does:
+// it has every function the simulator serves, the _v2 and V calls among
+// them. (An unserved function answers NOT_SUPPORTED when called.)
+func (l *lib) Extensions() nvml.ExtendedInterface { return symbols{} }
+
+type symbols struct{}
+
+func (symbols) LookupSymbol(string) error { return nil }
+
 func (l *lib) SystemGetDriverVersion() (string, nvml.Return) {
 	var v string
 	ret := l.libCall("SystemGetDriverVersion", func(st *state) { v = st.Spec.Driver.Version })

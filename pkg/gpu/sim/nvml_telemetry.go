@@ -21,21 +21,31 @@ func (d *device) telemetry(op string, fn func(g *gpuState, r *workload.GPURun) n
 	})
 }
 
-// GetVgpuSchedulerLog returns the device-level scheduler log: the last 200
-// runs, oldest first. NOT_SUPPORTED with MIG on (reference 5.3).
-func (d *device) GetVgpuSchedulerLog() (nvml.VgpuSchedulerLog, nvml.Return) {
-	var out nvml.VgpuSchedulerLog
-	ret := d.telemetry("GetVgpuSchedulerLog", func(g *gpuState, r *workload.GPURun) nvml.Return {
+// GetVgpuSchedulerLog_v2 returns the device-level scheduler log: the last
+// 200 runs, oldest first. NOT_SUPPORTED with MIG on (reference 5.3). The
+// model keeps no runlist weights: Weight is 0.
+func (d *device) GetVgpuSchedulerLog_v2(info nvml.VgpuSchedulerLogInfo_v2) (nvml.VgpuSchedulerLogInfo_v2, nvml.Return) {
+	ret := d.telemetry("GetVgpuSchedulerLog_v2", func(g *gpuState, r *workload.GPURun) nvml.Return {
 		if rr := schedSupported(g); rr != nvml.SUCCESS {
 			return rr
 		}
-		out.EngineId = nvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS
-		out.SchedulerPolicy, out.ArrMode = g.Sched.Policy, g.Sched.ARR
-		binary.LittleEndian.PutUint32(out.SchedulerParams[0:4], g.timeslice())
-		out.EntriesCount = uint32(r.SchedulerLog(out.LogEntries[:]))
+		if rr := engineSupported(info.EngineId); rr != nvml.SUCCESS {
+			return rr
+		}
+		info.SchedulerPolicy, info.Timeslice, info.AvgFactor = g.Sched.Policy, g.timeslice(), 0
+		if g.Sched.ARR == nvml.VGPU_SCHEDULER_ARR_ENABLE {
+			info.AvgFactor = g.Sched.AvgFactor
+		}
+		var entries [len(info.LogEntries)]nvml.VgpuSchedulerLogEntry
+		n := r.SchedulerLog(entries[:])
+		info.EntriesCount = uint32(n)
+		for i, e := range entries[:n] {
+			info.LogEntries[i] = nvml.VgpuSchedulerLogEntry_v2{Timestamp: e.Timestamp, TimeRunTotal: e.TimeRunTotal, TimeRun: e.TimeRun,
+				SwRunlistId: e.SwRunlistId, TargetTimeSlice: e.TargetTimeSlice, CumulativePreemptionTime: e.CumulativePreemptionTime}
+		}
 		return nvml.SUCCESS
 	})
-	return out, ret
+	return info, ret
 }
 
 // GetVgpuUtilization returns the utilization samples of the running vGPUs
@@ -175,20 +185,10 @@ func (d *device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
 	return m, ret
 }
 
-// GetCurrentClocksThrottleReasons is the deprecated name of GetCurrentClocksEventReasons.
-func (d *device) GetCurrentClocksThrottleReasons() (uint64, nvml.Return) {
-	return d.GetCurrentClocksEventReasons()
-}
-
 // GetSupportedClocksEventReasons lists the reasons the GPU can report.
 func (d *device) GetSupportedClocksEventReasons() (uint64, nvml.Return) {
 	ret := d.read("GetSupportedClocksEventReasons", func(*state, *gpuState) nvml.Return { return nvml.SUCCESS })
 	return supportedReasons, ret
-}
-
-// GetSupportedClocksThrottleReasons is the deprecated name of GetSupportedClocksEventReasons.
-func (d *device) GetSupportedClocksThrottleReasons() (uint64, nvml.Return) {
-	return d.GetSupportedClocksEventReasons()
 }
 
 // GetClockInfo is the current clock in MHz.
@@ -226,18 +226,18 @@ func clockMHz(g *gpuState, t nvml.ClockType, cf float64) (uint32, nvml.Return) {
 	return 0, nvml.ERROR_INVALID_ARGUMENT
 }
 
-// GetTemperature is the die temperature in °C.
-func (d *device) GetTemperature(s nvml.TemperatureSensors) (uint32, nvml.Return) {
-	var c uint32
-	ret := d.telemetry("GetTemperature", func(g *gpuState, r *workload.GPURun) nvml.Return {
-		if s != nvml.TEMPERATURE_GPU {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
+// TemperatureV1 serves nvmlDeviceGetTemperatureV (version 1, the GPU
+// sensor): the die temperature in °C. go-nvml's GetTemperatureV handler
+// can only call the C library, so the backend asks a device for this
+// method first (nvml.TemperatureReader in pkg/gpu/nvml).
+func (d *device) TemperatureV1() (nvml.Temperature, nvml.Return) {
+	t := nvml.Temperature{Version: nvml.STRUCT_VERSION(nvml.Temperature{}, 1), SensorType: uint32(nvml.TEMPERATURE_GPU)}
+	ret := d.telemetry("GetTemperatureV", func(g *gpuState, r *workload.GPURun) nvml.Return {
 		_, _, w, _ := r.LastSecond()
-		c = uint32(math.Round(workload.PowerOf(g.model.Name).Temperature(w)))
+		t.Temperature = int32(math.Round(workload.PowerOf(g.model.Name).Temperature(w)))
 		return nvml.SUCCESS
 	})
-	return c, ret
+	return t, ret
 }
 
 // GetID returns the vGPU instance's NVML handle (the C API's

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"encoding/binary"
 	"fmt"
 	"strconv"
 	"strings"
@@ -171,62 +170,60 @@ func (g *gpuState) timeslice() uint32 {
 	return g.Sched.TimesliceNs
 }
 
-func (d *device) GetVgpuSchedulerState() (nvml.VgpuSchedulerGetState, nvml.Return) {
-	var s nvml.VgpuSchedulerGetState
-	ret := d.read("GetVgpuSchedulerState", func(_ *state, g *gpuState) nvml.Return {
+// engineSupported checks the _v2 calls' engine: the simulator models the
+// graphics engine's scheduler; NVENC engines' are NOT_SUPPORTED here, and
+// anything that is no engine is an invalid argument.
+func engineSupported(engine uint32) nvml.Return {
+	switch engine {
+	case nvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS:
+		return nvml.SUCCESS
+	case nvml.VGPU_SCHEDULER_ENGINE_TYPE_NVENC0, nvml.VGPU_SCHEDULER_ENGINE_TYPE_NVENC1:
+		return nvml.ERROR_NOT_SUPPORTED
+	}
+	return nvml.ERROR_INVALID_ARGUMENT
+}
+
+// GetVgpuSchedulerState_v2 reports the policy, ARR's average factor (0
+// without ARR) and the time slice in force.
+func (d *device) GetVgpuSchedulerState_v2(info nvml.VgpuSchedulerStateInfo_v2) (nvml.VgpuSchedulerStateInfo_v2, nvml.Return) {
+	ret := d.read("GetVgpuSchedulerState_v2", func(_ *state, g *gpuState) nvml.Return {
 		if r := schedSupported(g); r != nvml.SUCCESS {
 			return r
 		}
-		s.SchedulerPolicy, s.ArrMode = g.Sched.Policy, g.Sched.ARR
+		if r := engineSupported(info.EngineId); r != nvml.SUCCESS {
+			return r
+		}
+		info.SchedulerPolicy, info.Timeslice, info.AvgFactor = g.Sched.Policy, g.timeslice(), 0
 		if g.Sched.ARR == nvml.VGPU_SCHEDULER_ARR_ENABLE {
-			binary.LittleEndian.PutUint32(s.SchedulerParams[0:4], g.Sched.AvgFactor)
-			binary.LittleEndian.PutUint32(s.SchedulerParams[4:8], g.timeslice())
-		} else {
-			binary.LittleEndian.PutUint32(s.SchedulerParams[0:4], g.timeslice())
+			info.AvgFactor = g.Sched.AvgFactor
 		}
 		return nvml.SUCCESS
 	})
-	return s, ret
+	return info, ret
 }
 
-// SetVgpuSchedulerState is allowed only while no VM with a vGPU runs on the
-// GPU (NOT_SUPPORTED otherwise, nvml.h), and validates policy and ranges.
-func (d *device) SetVgpuSchedulerState(s *nvml.VgpuSchedulerSetState) nvml.Return {
-	return d.write("SetVgpuSchedulerState", func(_ *state, g *gpuState) (bool, nvml.Return) {
+// SetVgpuSchedulerState_v2 is allowed only while no VM with a vGPU runs on
+// the GPU (NOT_SUPPORTED otherwise, nvml.h), and validates policy and
+// ranges. The call has no time-slice field: the slice is 1 s / frequency
+// (0: the default slice); a non-zero average factor turns ARR on, with the
+// frequency (0: ARR's lowest) as its rate.
+func (d *device) SetVgpuSchedulerState_v2(s *nvml.VgpuSchedulerState_v2) nvml.Return {
+	return d.write("SetVgpuSchedulerState_v2", func(_ *state, g *gpuState) (bool, nvml.Return) {
 		if r := schedSupported(g); r != nvml.SUCCESS {
 			return false, r
 		}
 		if s == nil {
 			return false, nvml.ERROR_INVALID_ARGUMENT
 		}
+		if r := engineSupported(s.EngineId); r != nvml.SUCCESS {
+			return false, r
+		}
 		if len(g.activeVGPUs()) > 0 {
 			return false, nvml.ERROR_NOT_SUPPORTED
 		}
-		switch s.SchedulerPolicy {
-		case nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT, nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE, nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE:
-		default:
-			return false, nvml.ERROR_INVALID_ARGUMENT
-		}
-		next := sched{Policy: s.SchedulerPolicy}
-		switch s.EnableARRMode {
-		case nvml.VGPU_SCHEDULER_ARR_DEFAULT, nvml.VGPU_SCHEDULER_ARR_DISABLE:
-			next.ARR = s.EnableARRMode
-			ts := binary.LittleEndian.Uint32(s.SchedulerParams[0:4])
-			if ts != 0 && (ts < minTimesliceNs || ts > maxTimesliceNs) {
-				return false, nvml.ERROR_INVALID_ARGUMENT
-			}
-			next.TimesliceNs = ts
-		case nvml.VGPU_SCHEDULER_ARR_ENABLE:
-			next.ARR = s.EnableARRMode
-			avg := binary.LittleEndian.Uint32(s.SchedulerParams[0:4])
-			freq := binary.LittleEndian.Uint32(s.SchedulerParams[4:8])
-			if avg < minARRAvgFactor || avg > maxARRAvgFactor || freq < minARRFrequency || freq > maxARRFrequency {
-				return false, nvml.ERROR_INVALID_ARGUMENT
-			}
-			next.AvgFactor, next.Frequency = avg, freq
-			next.TimesliceNs = 1_000_000_000 / freq
-		default:
-			return false, nvml.ERROR_INVALID_ARGUMENT
+		next, r := schedFromV2(s)
+		if r != nvml.SUCCESS {
+			return false, r
 		}
 		if next == g.Sched {
 			return false, nvml.SUCCESS
@@ -234,6 +231,37 @@ func (d *device) SetVgpuSchedulerState(s *nvml.VgpuSchedulerSetState) nvml.Retur
 		g.Sched = next
 		return true, nvml.SUCCESS
 	})
+}
+
+// schedFromV2 is the scheduler state a _v2 set asks for, or
+// INVALID_ARGUMENT for a policy, factor or slice out of range.
+func schedFromV2(s *nvml.VgpuSchedulerState_v2) (sched, nvml.Return) {
+	switch s.SchedulerPolicy {
+	case nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT, nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE, nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE:
+	default:
+		return sched{}, nvml.ERROR_INVALID_ARGUMENT
+	}
+	next := sched{Policy: s.SchedulerPolicy, ARR: nvml.VGPU_SCHEDULER_ARR_DEFAULT}
+	if s.Frequency > maxARRFrequency {
+		return sched{}, nvml.ERROR_INVALID_ARGUMENT
+	}
+	if s.AvgFactor != 0 {
+		if s.AvgFactor < minARRAvgFactor || s.AvgFactor > maxARRAvgFactor {
+			return sched{}, nvml.ERROR_INVALID_ARGUMENT
+		}
+		freq := max(s.Frequency, minARRFrequency)
+		next.ARR, next.AvgFactor, next.Frequency = nvml.VGPU_SCHEDULER_ARR_ENABLE, s.AvgFactor, freq
+		next.TimesliceNs = 1_000_000_000 / freq
+		return next, nvml.SUCCESS
+	}
+	if s.Frequency != 0 {
+		ts := 1_000_000_000 / s.Frequency
+		if ts < minTimesliceNs || ts > maxTimesliceNs {
+			return sched{}, nvml.ERROR_INVALID_ARGUMENT
+		}
+		next.TimesliceNs = ts
+	}
+	return next, nvml.SUCCESS
 }
 
 // --- vGPU types ---
@@ -525,12 +553,6 @@ func (v *vgpuInstance) GetFrameRateLimit() (uint32, nvml.Return) {
 		n = uint32(frl)
 		return nvml.SUCCESS
 	})
-	return n, ret
-}
-
-func (v *vgpuInstance) GetLicenseStatus() (int, nvml.Return) {
-	n := 0
-	ret := v.find("VgpuInstanceGetLicenseStatus", func(*gpuState, *vgpu, string) nvml.Return { n = 1; return nvml.SUCCESS })
 	return n, ret
 }
 

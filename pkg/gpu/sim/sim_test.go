@@ -84,6 +84,9 @@ func mustGI(t testing.TB, d nvml.Device, profileIndex, start int) nvml.GpuInstan
 	return gi
 }
 
+// graphics is the engine whose vGPU scheduler the _v2 calls address.
+const graphics = uint32(nvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS)
+
 // H100 NVML profile indexes (reference 3.1).
 const (
 	p1g   = nvml.GPU_INSTANCE_PROFILE_1_SLICE
@@ -214,7 +217,11 @@ func TestNVMLRefusals(t *testing.T) {
 			return e.dev(t, sim.DefaultL4).SetVgpuHeterogeneousMode(nvml.VgpuHeterogeneousMode{Version: 1, Mode: 1})
 		}, nvml.ERROR_ARGUMENT_VERSION_MISMATCH},
 		{"scheduler under MIG", func(t *testing.T, e *env) nvml.Return {
-			_, r := e.dev(t, sim.DefaultH100MIG).GetVgpuSchedulerState()
+			_, r := e.dev(t, sim.DefaultH100MIG).GetVgpuSchedulerState_v2(nvml.VgpuSchedulerStateInfo_v2{EngineId: graphics})
+			return r
+		}, nvml.ERROR_NOT_SUPPORTED},
+		{"scheduler log under MIG", func(t *testing.T, e *env) nvml.Return {
+			_, r := e.dev(t, sim.DefaultH100MIG).GetVgpuSchedulerLog_v2(nvml.VgpuSchedulerLogInfo_v2{EngineId: graphics})
 			return r
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"scheduler set while a VM runs a vGPU", func(t *testing.T, e *env) nvml.Return {
@@ -222,15 +229,29 @@ func TestNVMLRefusals(t *testing.T) {
 			if err := e.h.OpenDevice(vfOf(sim.DefaultL4, 0), "5f1c0a24-8c4d-4c53-9b2e-4f1b1f7a0001", "vm1"); err != nil {
 				t.Fatal(err)
 			}
-			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState(&nvml.VgpuSchedulerSetState{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE})
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState_v2(&nvml.VgpuSchedulerState_v2{EngineId: graphics, SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE})
 		}, nvml.ERROR_NOT_SUPPORTED},
 		{"scheduler policy unknown", func(t *testing.T, e *env) nvml.Return {
-			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState(&nvml.VgpuSchedulerSetState{SchedulerPolicy: 9})
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState_v2(&nvml.VgpuSchedulerState_v2{EngineId: graphics, SchedulerPolicy: 9})
 		}, nvml.ERROR_INVALID_ARGUMENT},
-		{"scheduler timeslice out of range", func(t *testing.T, e *env) nvml.Return {
-			s := nvml.VgpuSchedulerSetState{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE}
-			s.SchedulerParams[0] = 5 // 5 ns
-			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState(&s)
+		{"scheduler set without a state", func(t *testing.T, e *env) nvml.Return {
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState_v2(nil)
+		}, nvml.ERROR_INVALID_ARGUMENT},
+		{"scheduler engine that is none", func(t *testing.T, e *env) nvml.Return {
+			_, r := e.dev(t, sim.DefaultL4).GetVgpuSchedulerState_v2(nvml.VgpuSchedulerStateInfo_v2{EngineId: 0})
+			return r
+		}, nvml.ERROR_INVALID_ARGUMENT},
+		{"scheduler of an NVENC engine", func(t *testing.T, e *env) nvml.Return {
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState_v2(&nvml.VgpuSchedulerState_v2{EngineId: nvml.VGPU_SCHEDULER_ENGINE_TYPE_NVENC0, SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE})
+		}, nvml.ERROR_NOT_SUPPORTED},
+		{"scheduler frequency over ARR's", func(t *testing.T, e *env) nvml.Return {
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState_v2(&nvml.VgpuSchedulerState_v2{EngineId: graphics, SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE, Frequency: 5000})
+		}, nvml.ERROR_INVALID_ARGUMENT},
+		{"scheduler time slice (1 s / frequency) over the longest", func(t *testing.T, e *env) nvml.Return {
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState_v2(&nvml.VgpuSchedulerState_v2{EngineId: graphics, SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE, Frequency: 10})
+		}, nvml.ERROR_INVALID_ARGUMENT},
+		{"scheduler average factor out of range", func(t *testing.T, e *env) nvml.Return {
+			return e.dev(t, sim.DefaultL4).SetVgpuSchedulerState_v2(&nvml.VgpuSchedulerState_v2{EngineId: graphics, SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE, AvgFactor: 61, Frequency: 100})
 		}, nvml.ERROR_INVALID_ARGUMENT},
 		{"max instances of a type not on this GPU", func(t *testing.T, e *env) nvml.Return {
 			types, r := e.dev(t, sim.DefaultL4).GetSupportedVgpus()

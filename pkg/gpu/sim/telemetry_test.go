@@ -1,7 +1,6 @@
 package sim_test
 
 import (
-	"encoding/binary"
 	"errors"
 	"math"
 	"testing"
@@ -25,15 +24,15 @@ func TestSchedulerLog(t *testing.T) {
 	if err := h.Advance(200 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	log, ret := d.GetVgpuSchedulerLog()
+	log, ret := d.GetVgpuSchedulerLog_v2(nvml.VgpuSchedulerLogInfo_v2{EngineId: graphics})
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
 	if log.EntriesCount == 0 || log.EntriesCount >= 200 {
 		t.Fatalf("%d entries after 200 ms, want some and fewer than the ring", log.EntriesCount)
 	}
-	if log.SchedulerPolicy != nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT || binary.LittleEndian.Uint32(log.SchedulerParams[:4]) != 2_000_000 {
-		t.Errorf("log policy %d timeslice %d", log.SchedulerPolicy, binary.LittleEndian.Uint32(log.SchedulerParams[:4]))
+	if log.SchedulerPolicy != nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT || log.Timeslice != 2_000_000 || log.AvgFactor != 0 {
+		t.Errorf("log policy %d timeslice %d average factor %d", log.SchedulerPolicy, log.Timeslice, log.AvgFactor)
 	}
 	sum := map[uint32]uint64{}
 	var prev uint64
@@ -54,7 +53,7 @@ func TestSchedulerLog(t *testing.T) {
 	if err := h.Advance(2 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	log, _ = d.GetVgpuSchedulerLog()
+	log, _ = d.GetVgpuSchedulerLog_v2(nvml.VgpuSchedulerLogInfo_v2{EngineId: graphics})
 	if log.EntriesCount != 200 || log.LogEntries[0].Timestamp <= prev {
 		t.Errorf("after 2s: %d entries, oldest %d (last read %d): want a full ring that overran", log.EntriesCount, log.LogEntries[0].Timestamp, prev)
 	}
@@ -69,7 +68,7 @@ func TestTelemetryRules(t *testing.T) {
 	if err := h.Advance(1500 * time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if _, ret := mig.GetVgpuSchedulerLog(); ret != nvml.ERROR_NOT_SUPPORTED {
+	if _, ret := mig.GetVgpuSchedulerLog_v2(nvml.VgpuSchedulerLogInfo_v2{EngineId: graphics}); ret != nvml.ERROR_NOT_SUPPORTED {
 		t.Errorf("scheduler log with MIG on: %v, want NOT_SUPPORTED", ret)
 	}
 	if _, ret := mig.GetUtilizationRates(); ret != nvml.ERROR_NOT_SUPPORTED {
@@ -142,5 +141,61 @@ func TestManualClock(t *testing.T) {
 	}
 	if err := h.SetWorkload("nonesuch", workload.Workload{Kind: workload.Steady}); !errors.Is(err, sim.ErrNoSuchDevice) {
 		t.Errorf("workload on an unknown device: %v", err)
+	}
+}
+
+// The _v2 scheduler calls round-trip: a frequency sets the time slice
+// (1 s / frequency), an average factor turns ARR on, and a set of the
+// state in force changes nothing. The temperature is served through
+// nvmlDeviceGetTemperatureV's version 1.
+func TestSchedulerV2AndTemperature(t *testing.T) {
+	e := newEnv(t, nil)
+	lib, d := e.lib, e.dev(t, sim.DefaultL4)
+	get := func() nvml.VgpuSchedulerStateInfo_v2 {
+		t.Helper()
+		s, ret := d.GetVgpuSchedulerState_v2(nvml.VgpuSchedulerStateInfo_v2{EngineId: graphics})
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		return s
+	}
+	if s := get(); s.Timeslice != 2_000_000 || s.AvgFactor != 0 {
+		t.Errorf("default state %+v, want the 2 ms slice without ARR", s)
+	}
+	for _, tc := range []struct {
+		set  nvml.VgpuSchedulerState_v2
+		want nvml.VgpuSchedulerStateInfo_v2
+	}{
+		{nvml.VgpuSchedulerState_v2{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE, Frequency: 250},
+			nvml.VgpuSchedulerStateInfo_v2{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE, Timeslice: 4_000_000}},
+		{nvml.VgpuSchedulerState_v2{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE, AvgFactor: 3, Frequency: 100},
+			nvml.VgpuSchedulerStateInfo_v2{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE, AvgFactor: 3, Timeslice: 10_000_000}},
+		{nvml.VgpuSchedulerState_v2{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT},
+			nvml.VgpuSchedulerStateInfo_v2{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT, Timeslice: 2_000_000}},
+	} {
+		tc.set.EngineId, tc.want.EngineId = graphics, graphics
+		for range 2 { // the second set is of the state in force
+			if ret := d.SetVgpuSchedulerState_v2(&tc.set); ret != nvml.SUCCESS {
+				t.Fatalf("set %+v: %v", tc.set, ret)
+			}
+			if s := get(); s != tc.want {
+				t.Errorf("after set %+v: %+v, want %+v", tc.set, s, tc.want)
+			}
+		}
+	}
+	r, ok := d.(interface { // pkg/gpu/nvml's TemperatureReader
+		TemperatureV1() (nvml.Temperature, nvml.Return)
+	})
+	if !ok {
+		t.Fatal("the simulated device serves no nvmlDeviceGetTemperatureV")
+	}
+	temp, ret := r.TemperatureV1()
+	if ret != nvml.SUCCESS || temp.Temperature < 20 || temp.Temperature > 100 || temp.SensorType != uint32(nvml.TEMPERATURE_GPU) {
+		t.Errorf("temperature %+v (%v)", temp, ret)
+	}
+	for _, name := range []string{"nvmlDeviceGetVgpuSchedulerState_v2", "nvmlDeviceSetVgpuSchedulerState_v2", "nvmlDeviceGetVgpuSchedulerLog_v2"} {
+		if err := lib.Extensions().LookupSymbol(name); err != nil {
+			t.Errorf("the simulated library lacks %s: %v", name, err)
+		}
 	}
 }

@@ -147,8 +147,8 @@ func TestTimeSlicedPolicies(t *testing.T) {
 			lib := h.NVML()
 			lib.Init()
 			d, _ := lib.DeviceGetHandleByPciBusId(victim.GPU)
-			set := nvml.VgpuSchedulerSetState{SchedulerPolicy: c.policy}
-			if ret := d.SetVgpuSchedulerState(&set); c.policy != nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT && ret != nvml.ERROR_NOT_SUPPORTED {
+			set := nvml.VgpuSchedulerState_v2{EngineId: nvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS, SchedulerPolicy: c.policy}
+			if ret := d.SetVgpuSchedulerState_v2(&set); c.policy != nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT && ret != nvml.ERROR_NOT_SUPPORTED {
 				t.Fatalf("scheduler change with VMs running: %v, want NOT_SUPPORTED", ret)
 			}
 			for _, x := range []*sim.ScenarioInstance{victim, noisy} {
@@ -156,7 +156,7 @@ func TestTimeSlicedPolicies(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if ret := d.SetVgpuSchedulerState(&set); ret != nvml.SUCCESS {
+			if ret := d.SetVgpuSchedulerState_v2(&set); ret != nvml.SUCCESS {
 				t.Fatalf("scheduler change with no VM: %v", ret)
 			}
 			for _, x := range []*sim.ScenarioInstance{victim, noisy} {
