@@ -113,7 +113,6 @@ func TestSchedulerV2MissingFromDriver(t *testing.T) {
 	}
 }
 
-
 func TestSliceFrequency(t *testing.T) {
 	for ts, want := range map[time.Duration]uint32{0: 0, time.Millisecond: 1000, 2 * time.Millisecond: 500, 3 * time.Millisecond: 333, 30 * time.Millisecond: 33, 2 * time.Second: 1} {
 		if got := nvmlb.SliceFrequency(ts); got != want {
