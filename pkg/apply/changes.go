@@ -138,6 +138,10 @@ type ChangeSet struct {
 	Changes []Change `json:"changes"`
 	// Kept are the instances that already fit the layout, left untouched.
 	Kept []string `json:"kept,omitempty"`
+	// Skipped are the optional entries (those of NVIDIA's formats) that
+	// select no GPU of this host, each with why, as mig-parted and
+	// vgpu-device-manager skip them.
+	Skipped []string `json:"skipped,omitempty"`
 	// Warnings are what the operator should know and nothing will change:
 	// entries that cover no GPU, lost GPUs, devices vgpud did not create.
 	Warnings []string `json:"warnings,omitempty"`
@@ -146,11 +150,15 @@ type ChangeSet struct {
 // Empty reports whether the host already is as described.
 func (cs ChangeSet) Empty() bool { return len(cs.Changes) == 0 }
 
-// String lists the changes one per line, then the warnings.
+// String lists the changes one per line, then the skipped entries, then
+// the warnings.
 func (cs ChangeSet) String() string {
 	var b strings.Builder
 	for _, c := range cs.Changes {
 		b.WriteString(c.String() + "\n")
+	}
+	for _, s := range cs.Skipped {
+		b.WriteString("skipped " + s + "\n")
 	}
 	for _, w := range cs.Warnings {
 		b.WriteString("warning: " + w + "\n")

@@ -157,6 +157,12 @@ func (c Count) Value() (uint64, error) {
 // covers is described completely (within Scope): vgpud instances on it
 // that the entry does not list are destroyed. When entries overlap, a GPU
 // entry wins over a Model entry, which wins over an All entry.
+// Index orders of LayoutEntry.IndexOrder.
+const (
+	IndexNVML = "nvml"
+	IndexPCI  = "pci"
+)
+
 type LayoutEntry struct {
 	// GPU is one GPU by PCI address, UUID or NVML index.
 	GPU string `json:"gpu,omitempty"`
@@ -177,6 +183,16 @@ type LayoutEntry struct {
 	Scope []store.InstanceKind `json:"scope,omitempty"`
 	// Instances are the wanted instances.
 	Instances []InstanceSpec `json:"instances,omitempty"`
+	// IndexOrder says how a numeric GPU counts: "" (or "nvml") by NVML's
+	// index, as mig-parted counts; "pci" by PCI address, the n-th GPU in
+	// address order, as vgpu-device-manager counts.
+	IndexOrder string `json:"indexOrder,omitempty"`
+	// Optional entries are skipped when they select no GPU of this host,
+	// as mig-parted and vgpu-device-manager skip an entry whose devices or
+	// device filter match nothing: one config can then hold entries for
+	// several models. Diff lists what it skipped, and fails when it skips
+	// every entry. NVIDIA's formats set it on every entry.
+	Optional bool `json:"optional,omitempty"`
 	// Source says where the entry was written ("layout[2]",
 	// "mig-configs.custom[1]"); errors name it. Parse sets it.
 	Source string `json:"source,omitempty"`
@@ -344,8 +360,10 @@ type vgpudEntry struct {
 	All       bool                 `json:"all,omitempty"`
 	DeviceIDs []string             `json:"deviceIDs,omitempty"`
 	MIG       *bool                `json:"mig,omitempty"`
-	Scope     []store.InstanceKind `json:"scope,omitempty"`
-	Instances []InstanceSpec       `json:"instances,omitempty"`
+	Scope      []store.InstanceKind `json:"scope,omitempty"`
+	Instances  []InstanceSpec       `json:"instances,omitempty"`
+	IndexOrder string               `json:"indexOrder,omitempty"`
+	Optional   bool                 `json:"optional,omitempty"`
 }
 
 func parseVgpud(name string, data []byte) (*Desired, error) {
@@ -359,7 +377,8 @@ func parseVgpud(name string, data []byte) (*Desired, error) {
 	d := &Desired{Version: Version, Format: FormatVgpud, Source: name, Prune: f.Prune, Tenants: f.Tenants}
 	for i, e := range f.Layout {
 		d.Layout = append(d.Layout, LayoutEntry{GPU: e.GPU, Model: e.Model, All: e.All, DeviceIDs: e.DeviceIDs,
-			MIG: e.MIG, Scope: e.Scope, Instances: e.Instances, Source: fmt.Sprintf("layout[%d]", i)})
+			MIG: e.MIG, Scope: e.Scope, Instances: e.Instances, IndexOrder: e.IndexOrder, Optional: e.Optional,
+			Source: fmt.Sprintf("layout[%d]", i)})
 	}
 	return d, nil
 }
@@ -370,7 +389,7 @@ func (d *Desired) VgpudYAML() ([]byte, error) {
 	f := vgpudFile{Version: Version, Prune: d.Prune, Tenants: d.Tenants}
 	for _, e := range d.Layout {
 		f.Layout = append(f.Layout, vgpudEntry{GPU: e.GPU, Model: e.Model, All: e.All, DeviceIDs: e.DeviceIDs,
-			MIG: e.MIG, Scope: e.Scope, Instances: e.Instances})
+			MIG: e.MIG, Scope: e.Scope, Instances: e.Instances, IndexOrder: e.IndexOrder, Optional: e.Optional})
 	}
 	return yaml.Marshal(f)
 }
@@ -457,6 +476,16 @@ func (d *Desired) validateEntry(e LayoutEntry, selectors map[string]string) erro
 	if strings.TrimSpace(e.GPU) != e.GPU {
 		return d.bad(f+".gpu", nil, "%q has surrounding spaces", e.GPU)
 	}
+	switch e.IndexOrder {
+	case "", IndexNVML:
+	case IndexPCI:
+		if _, err := strconv.Atoi(e.GPU); err != nil {
+			return d.bad(f+".indexOrder", nil, "indexOrder %s counts GPUs by number; gpu %q is none", e.IndexOrder, e.GPU)
+		}
+		key += " in PCI order"
+	default:
+		return d.bad(f+".indexOrder", nil, "unknown index order %q (want nvml or pci)", e.IndexOrder)
+	}
 	// An empty list given is not "no list": a filter or scope that is
 	// there but lists nothing would widen the entry to everything.
 	if e.DeviceIDs != nil && len(e.DeviceIDs) == 0 {
@@ -470,7 +499,11 @@ func (d *Desired) validateEntry(e LayoutEntry, selectors map[string]string) erro
 		// filters do not collide here (Diff refuses a GPU two select).
 		key += " filtered by " + strings.Join(e.DeviceIDs, ",")
 	}
-	if prev, dup := selectors[key]; dup {
+	// Optional filtered entries may share a selector: NVIDIA's multi-model
+	// configs list one device filter twice for two models that share a
+	// PCI id, and each entry takes the GPUs that offer its profiles (Diff
+	// still refuses a GPU that two entries select).
+	if prev, dup := selectors[key]; dup && !(e.Optional && len(e.DeviceIDs) > 0) {
 		return d.bad(f, nil, "selects the same GPUs (%s) as %s; merge the two entries", key, prev)
 	}
 	selectors[key] = f

@@ -150,15 +150,24 @@ func rank(e *LayoutEntry) int {
 	return 2
 }
 
-// coverage decides which entry describes each GPU.
+// coverage decides which entry describes each GPU. An optional entry
+// (NVIDIA's formats) that selects no GPU is skipped and listed in the
+// change set; when every entry is skipped, the file does not apply to
+// this host at all, which is an error.
 func (df *differ) coverage() (map[string]coverage, error) {
 	cover := map[string]coverage{}
+	skipped := 0
 	for i := range df.d.Layout {
 		e := &df.d.Layout[i]
 		var cands []manager.GPUView
 		switch {
 		case e.GPU != "":
-			g, ok := df.h.findGPU(e.GPU)
+			g, ok := df.h.entryGPU(e)
+			if !ok && e.Optional {
+				skipped++
+				df.skip("%s: no GPU %s on this host%s", e.Source, e.GPU, orderNote(e))
+				continue
+			}
 			if !ok {
 				return nil, df.fail(manager.ErrNotFound, e.Source+".gpu", nil, "no GPU %q on this host (run `vgpuctl gpus`)", e.GPU)
 			}
@@ -172,11 +181,12 @@ func (df *differ) coverage() (map[string]coverage, error) {
 		default:
 			cands = df.h.gpus
 		}
-		fit := 0
+		fit, filtered := 0, 0
 		for _, g := range cands {
 			if !matchesFilter(g, e.DeviceIDs) {
 				continue
 			}
+			filtered++
 			if e.GPU == "" {
 				ok, err := df.fits(g, e)
 				if err != nil {
@@ -197,6 +207,9 @@ func (df *differ) coverage() (map[string]coverage, error) {
 		}
 		switch {
 		case fit > 0:
+		case e.Optional:
+			skipped++
+			df.skipUnfit(e, filtered)
 		case e.All && len(e.Instances) > 0:
 			return nil, df.fail(manager.ErrInvalidArgument, e.Source, nil, "no GPU of this host can take %s%s", instanceList(e.Instances), filterNote(e))
 		case e.Model != "":
@@ -205,7 +218,36 @@ func (df *differ) coverage() (map[string]coverage, error) {
 			df.warn("%s: GPU %s does not match the device filter %s; left alone", e.Source, e.GPU, strings.Join(e.DeviceIDs, ","))
 		}
 	}
+	if skipped > 0 && skipped == len(df.d.Layout) {
+		return nil, df.fail(manager.ErrInvalidArgument, "", nil, "nothing in it applies to this host: %s", strings.Join(df.cs.Skipped, "; "))
+	}
 	return cover, nil
+}
+
+func (df *differ) skip(format string, args ...any) {
+	df.cs.Skipped = append(df.cs.Skipped, fmt.Sprintf(format, args...))
+}
+
+// skipUnfit says why an optional entry covers no GPU: none passed its
+// device filter, or those that did cannot take it.
+func (df *differ) skipUnfit(e *LayoutEntry, filtered int) {
+	switch {
+	case e.GPU != "":
+		df.skip("%s: GPU %s%s does not match the device filter %s", e.Source, e.GPU, orderNote(e), strings.Join(e.DeviceIDs, ","))
+	case filtered == 0 && len(e.DeviceIDs) > 0:
+		df.skip("%s: no GPU of this host matches the device filter %s", e.Source, strings.Join(e.DeviceIDs, ","))
+	case len(e.Instances) > 0:
+		df.skip("%s: no GPU of this host%s can take %s", e.Source, filterNote(e), instanceList(e.Instances))
+	default:
+		df.skip("%s: no MIG-capable GPU on this host%s", e.Source, filterNote(e))
+	}
+}
+
+func orderNote(e *LayoutEntry) string {
+	if e.IndexOrder == IndexPCI {
+		return " (counted in PCI address order)"
+	}
+	return ""
 }
 
 // nvidiaVendor is NVIDIA's PCI vendor id.

@@ -1,9 +1,13 @@
 package apply
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"math"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
@@ -109,6 +113,36 @@ func (h *host) profileOf(r store.Instance) string {
 		return manager.ProfilePassthrough
 	}
 	return r.Profile
+}
+
+// entryGPU is the GPU a gpu entry names, counting a numeric one in the
+// entry's index order.
+func (h *host) entryGPU(e *LayoutEntry) (manager.GPUView, bool) {
+	if e.IndexOrder != IndexPCI {
+		return h.findGPU(e.GPU)
+	}
+	n, err := strconv.Atoi(e.GPU)
+	if err != nil || n < 0 {
+		return manager.GPUView{}, false
+	}
+	// vgpu-device-manager numbers the host's GPUs (physical functions)
+	// in PCI address order: domain, bus, device, function.
+	byPCI := slices.Clone(h.gpus)
+	slices.SortStableFunc(byPCI, func(a, b manager.GPUView) int { return cmp.Compare(pciOrder(a.PCI), pciOrder(b.PCI)) })
+	if n >= len(byPCI) {
+		return manager.GPUView{}, false
+	}
+	return byPCI[n], true
+}
+
+// pciOrder is a PCI address as one number, in address order; an address
+// that does not parse sorts last.
+func pciOrder(s string) uint64 {
+	a, err := gpu.ParsePCI(s)
+	if err != nil {
+		return math.MaxUint64
+	}
+	return uint64(a.Domain)<<24 | uint64(a.Bus)<<16 | uint64(a.Device)<<8 | uint64(a.Function)
 }
 
 func (h *host) findGPU(id string) (manager.GPUView, bool) {

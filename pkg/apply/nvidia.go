@@ -166,21 +166,46 @@ func compact(b json.RawMessage) string {
 	return s
 }
 
-// migProfileRE is mig-parted's profile grammar: [Cc.]Gg.GBgb[+attr,...].
-var migProfileRE = regexp.MustCompile(`^(?:([0-9]+)c\.)?([0-9]+)g\.([0-9]+)gb(\+[a-z0-9.,]+)?$`)
+// migProfileRE is mig-parted's profile grammar (go-nvlib's
+// parseMigProfile): [<C>c.]<G>g.<GB>gb, then "+" attributes or "-"
+// negated ones, comma-separated.
+var migProfileRE = regexp.MustCompile(`^(?:([0-9]+)c\.)?([0-9]+)g\.([0-9]+)gb(?:([+-])([a-z0-9.,]+))?$`)
 
-// migProfile maps a mig-parted profile to vgpud's name. vgpud gives each
-// GPU instance one compute instance spanning it, so a compute-instance
-// profile narrower than its GPU instance ("1c.2g.20gb") has no equivalent.
+// migAttributes are the attribute suffixes mig-parted's configs use and
+// the catalog names its profiles with: media extensions (+me), all media
+// engines (+me.all), none of them (-me), graphics (+gfx).
+var migAttributes = map[string]bool{"+me": true, "+me.all": true, "-me": true, "+gfx": true}
+
+// migProfile maps a mig-parted profile to vgpud's name: "1g.10gb",
+// "1g.24gb+gfx", "1g.24gb-me". An attribute the catalog has no profile
+// for, or several at once, is refused by name.
 func migProfile(s string) (string, error) {
 	m := migProfileRE.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
 	if m == nil {
-		return "", fmt.Errorf("%q is not a MIG profile (want e.g. 1g.10gb, 3g.40gb, 1g.10gb+me)", s)
+		return "", fmt.Errorf("%q is not a MIG profile (want e.g. 1g.10gb, 3g.40gb, 1g.10gb+me, 1g.24gb-me)", s)
 	}
-	if m[1] != "" && m[1] != m[2] {
-		return "", fmt.Errorf("%q: compute-instance profiles narrower than their GPU instance are not supported (vgpud gives each GPU instance one compute instance); use %sg.%sgb", s, m[2], m[3])
+	gi := m[2] + "g." + m[3] + "gb"
+	if err := migComputeProfile(s, m[1], m[2], gi); err != nil {
+		return "", err
 	}
-	return m[2] + "g." + m[3] + "gb" + m[4], nil
+	attr := m[4] + m[5]
+	if attr != "" && !migAttributes[attr] {
+		return "", fmt.Errorf("%q: MIG profile attribute %q is not known (vgpud knows +me, +me.all, -me and +gfx, one at a time)", s, attr)
+	}
+	return gi + attr, nil
+}
+
+// migComputeProfile checks the compute-instance part of a mig-parted
+// profile ("<C>c." before the GPU instance). vgpud gives each GPU instance
+// one compute instance spanning it, so only a compute instance as wide as
+// its GPU instance ("1c.1g.10gb", "3c.3g.40gb") has an equivalent, the GPU
+// instance profile itself; a narrower one ("1c.3g.40gb") is refused by
+// name. Compute-instance profiles of their own would be decided here.
+func migComputeProfile(s, computeSlices, giSlices, gi string) error {
+	if computeSlices == "" || computeSlices == giSlices {
+		return nil
+	}
+	return fmt.Errorf("%q: compute-instance profiles narrower than their GPU instance are not supported (vgpud gives each GPU instance one compute instance); use %s", s, gi)
 }
 
 func parseMigParted(name string, data []byte, opts Options) (*Desired, error) {
@@ -230,6 +255,7 @@ func parseMigParted(name string, data []byte, opts Options) (*Desired, error) {
 			ins = append(ins, InstanceSpec{Profile: prof, Tenant: im.tenant, Count: &n})
 		}
 		for _, s := range sel {
+			s.Optional = true
 			s.MIG = e.MigEnabled
 			s.Scope = []store.InstanceKind{store.KindMIG, store.KindMIGVGPU}
 			s.Instances = ins
@@ -239,9 +265,17 @@ func parseMigParted(name string, data []byte, opts Options) (*Desired, error) {
 	return d, nil
 }
 
-// vgpuTypeRE is vgpu-device-manager's type grammar: time-sliced
-// GPU-GBS, MIG-backed GPU-G-GBS[ME], series A, B, C or Q.
-var vgpuTypeRE = regexp.MustCompile(`^[A-Za-z0-9 ]+-(?:[1-9]-)?(?:0|[1-9][0-9]*)[ABCQ](?:ME)?$`)
+// vGPU type grammars of vgpu-device-manager (pkg/types/vgpu_type.go):
+// time-sliced <GPU>-<GB><S>, where the GPU name may carry dash-separated
+// words ("RTX5000-Ada-4Q"), and MIG-backed <GPU>-<G>-<GB><S>[ATTR] with
+// ATTR one of ME, NOME, MEALL, GFX ("A30-1-6CME", "DC-1-24CGFX"); S is
+// the series A, B, C or Q.
+var (
+	vgpuTimeSlicedRE = regexp.MustCompile(`^[A-Z0-9]+(?:-[a-zA-Z]+)*-(?:0|[1-9][0-9]*)[ABCQ]$`)
+	vgpuMIGBackedRE  = regexp.MustCompile(`^[A-Z0-9]+-[1-9]-(?:0|[1-9][0-9]*)[ABCQ](?:ME|NOME|MEALL|GFX)?$`)
+)
+
+func isVGPUType(s string) bool { return vgpuTimeSlicedRE.MatchString(s) || vgpuMIGBackedRE.MatchString(s) }
 
 func parseVGPUDeviceManager(name string, data []byte, opts Options) (*Desired, error) {
 	var f vgpuDMFile
@@ -268,8 +302,8 @@ func parseVGPUDeviceManager(name string, data []byte, opts Options) (*Desired, e
 			ft := fmt.Sprintf("%s.vgpu-devices[%q]", field, t)
 			// Type names there lack the driver's "NVIDIA " prefix; accept it anyway.
 			typ := strings.TrimPrefix(strings.TrimSpace(t), "NVIDIA ")
-			if !vgpuTypeRE.MatchString(typ) {
-				return nil, im.bad(ft, nil, "%q is not a vGPU type name (want e.g. L4-4Q, A100-4C, A100-1-5C, A30-1-6CME)", t)
+			if !isVGPUType(typ) {
+				return nil, im.bad(ft, nil, "%q is not a vGPU type name (want e.g. L4-4Q, A100-4C, RTX5000-Ada-4Q, A100-1-5C, A30-1-6CME, DC-1-24CGFX)", t)
 			}
 			if n <= 0 {
 				return nil, im.bad(ft, nil, "count %d: want at least 1", n)
@@ -277,6 +311,12 @@ func parseVGPUDeviceManager(name string, data []byte, opts Options) (*Desired, e
 			ins = append(ins, InstanceSpec{Profile: typ, Tenant: im.tenant, Count: &n})
 		}
 		for _, s := range sel {
+			s.Optional = true
+			if s.GPU != "" {
+				// vgpu-device-manager counts GPUs in PCI address order
+				// (go-nvlib nvpci.GetGPUs), not by NVML index.
+				s.IndexOrder = IndexPCI
+			}
 			s.Scope = []store.InstanceKind{store.KindVGPU, store.KindMIGVGPU}
 			s.Instances = ins
 			d.Layout = append(d.Layout, s)
