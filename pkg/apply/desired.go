@@ -355,11 +355,11 @@ type vgpudFile struct {
 }
 
 type vgpudEntry struct {
-	GPU       string               `json:"gpu,omitempty"`
-	Model     string               `json:"model,omitempty"`
-	All       bool                 `json:"all,omitempty"`
-	DeviceIDs []string             `json:"deviceIDs,omitempty"`
-	MIG       *bool                `json:"mig,omitempty"`
+	GPU        string               `json:"gpu,omitempty"`
+	Model      string               `json:"model,omitempty"`
+	All        bool                 `json:"all,omitempty"`
+	DeviceIDs  []string             `json:"deviceIDs,omitempty"`
+	MIG        *bool                `json:"mig,omitempty"`
 	Scope      []store.InstanceKind `json:"scope,omitempty"`
 	Instances  []InstanceSpec       `json:"instances,omitempty"`
 	IndexOrder string               `json:"indexOrder,omitempty"`

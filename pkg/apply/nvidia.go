@@ -275,7 +275,9 @@ var (
 	vgpuMIGBackedRE  = regexp.MustCompile(`^[A-Z0-9]+-[1-9]-(?:0|[1-9][0-9]*)[ABCQ](?:ME|NOME|MEALL|GFX)?$`)
 )
 
-func isVGPUType(s string) bool { return vgpuTimeSlicedRE.MatchString(s) || vgpuMIGBackedRE.MatchString(s) }
+func isVGPUType(s string) bool {
+	return vgpuTimeSlicedRE.MatchString(s) || vgpuMIGBackedRE.MatchString(s)
+}
 
 func parseVGPUDeviceManager(name string, data []byte, opts Options) (*Desired, error) {
 	var f vgpuDMFile
