@@ -236,6 +236,9 @@ func (a *app) reconcileCmd() *cobra.Command {
 				for _, f := range r.Foreign {
 					fmt.Fprintf(w, "  foreign %s %s on %s: %s\n", f.Kind, f.ID, f.GPU, dash(f.Detail))
 				}
+				for _, h := range foreignHints(r.Foreign) {
+					fmt.Fprintln(w, "  "+h)
+				}
 				for _, p := range r.Pending {
 					fmt.Fprintf(w, "  pending %s\n", p)
 				}
@@ -278,4 +281,34 @@ func (a *app) defragCmd() *cobra.Command {
 	_ = cmd.RegisterFlagCompletionFunc("tenant", a.completeTenants)
 	_ = cmd.RegisterFlagCompletionFunc("gpu", a.completeGPUs)
 	return cmd
+}
+
+// foreignHints says, once per kind of foreign device listed, that vgpud
+// leaves such devices alone and how to hand one over to it: vgpud never
+// adopts a device it did not create, so the device goes and vgpud creates
+// its own in the room it leaves. Lines fit the 100-column tables.
+func foreignHints(fs []dbusapi.Foreign) []string {
+	kinds := map[string]bool{}
+	for _, f := range fs {
+		kinds[f.Kind] = true
+	}
+	var out []string
+	if kinds["mdev"] {
+		out = append(out,
+			"foreign mdevs stay as they are: vgpud never re-creates or removes them. To hand one to vgpud:",
+			"  stop the VM using it; `mdevctl undefine -u UUID` if mdevctl defines it (else it returns",
+			"  at boot); `mdevctl stop -u UUID` (or write 1 to /sys/bus/mdev/devices/UUID/remove);",
+			"  then `vgpuctl create` and `vgpuctl attach`")
+	}
+	if kinds["vf"] {
+		out = append(out,
+			"foreign vGPUs on VFs stay as they are. To hand one to vgpud: stop the VM using it,",
+			"  write 0 to the VF's nvidia/current_vgpu_type, then `vgpuctl create`")
+	}
+	if kinds["gpu-instance"] {
+		out = append(out,
+			"foreign GPU instances stay as they are. To hand one to vgpud: destroy it",
+			"  (`nvidia-smi mig -dci -gi ID -i GPU`, then `-dgi`), then `vgpuctl create`")
+	}
+	return out
 }

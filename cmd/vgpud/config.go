@@ -38,6 +38,9 @@ type Config struct {
 	SimMirror bool `json:"simMirror,omitempty"`
 	// SysfsRoot is where sysfs is mounted (tests point it elsewhere).
 	SysfsRoot string `json:"sysfsRoot,omitempty"`
+	// MdevctlDir is mdevctl's config directory, read to tell the mdevs
+	// mdevctl defines (with --sim: the simulated host's, STATE/sim/mdevctl.d).
+	MdevctlDir string `json:"mdevctlDir,omitempty"`
 	// ProfilesDir overrides and extends the built-in catalog.
 	ProfilesDir string `json:"profilesDir,omitempty"`
 	// LibvirtURI and LibvirtSocket select the libvirt daemon.
@@ -141,6 +144,7 @@ func defaultConfig() *Config {
 	return &Config{
 		StateDir:        "/var/lib/vgpud",
 		SysfsRoot:       "/sys",
+		MdevctlDir:      "/etc/mdevctl.d",
 		ProfilesDir:     "/etc/vgpud/profiles.d",
 		LibvirtURI:      "qemu:///system",
 		LibvirtSocket:   "/run/libvirt/libvirt-sock",
@@ -175,6 +179,7 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&v.cfg.SimHost, "sim-host", "", "simulated host description (YAML); default: the built-in host")
 	fs.BoolVar(&v.cfg.SimMirror, "sim-mirror", false, "also write the simulated sysfs tree to STATE/sim/sys for inspection")
 	fs.StringVar(&v.cfg.SysfsRoot, "sysfs-root", c.SysfsRoot, "sysfs mount point")
+	fs.StringVar(&v.cfg.MdevctlDir, "mdevctl-dir", c.MdevctlDir, "mdevctl's config directory (read only)")
 	fs.StringVar(&v.cfg.ProfilesDir, "profiles-dir", c.ProfilesDir, "directory of catalog files overriding the built-in ones")
 	fs.StringVar(&v.cfg.LibvirtURI, "libvirt-uri", c.LibvirtURI, "libvirt connection URI")
 	fs.StringVar(&v.cfg.LibvirtSocket, "libvirt-socket", c.LibvirtSocket, "libvirt daemon socket")
@@ -228,6 +233,8 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 			next.SimMirror = v.cfg.SimMirror
 		case "sysfs-root":
 			next.SysfsRoot = v.cfg.SysfsRoot
+		case "mdevctl-dir":
+			next.MdevctlDir = v.cfg.MdevctlDir
 		case "profiles-dir":
 			next.ProfilesDir = v.cfg.ProfilesDir
 		case "libvirt-uri":
@@ -287,6 +294,7 @@ func (c *Config) validate() error {
 	}
 	for _, p := range []struct{ key, val string }{
 		{"sysfsRoot", c.SysfsRoot}, {"profilesDir", c.ProfilesDir}, {"libvirtSocket", c.LibvirtSocket}, {"simHost", c.SimHost},
+		{"mdevctlDir", c.MdevctlDir},
 	} {
 		if p.val != "" && !filepath.IsAbs(p.val) {
 			return fmt.Errorf("%s: %q must be an absolute path", p.key, p.val)

@@ -58,6 +58,9 @@ func Merge(g *gpu.GPU, s Sysfs) {
 		g.Errors = append(g.Errors, fmt.Sprintf("sysfs: %v", err))
 		return
 	}
+	for _, w := range v.Warnings {
+		g.Errors = append(g.Errors, "sysfs: "+w)
+	}
 	g.KernelDriver = v.Device.Driver
 	g.NUMANode = v.Device.NUMANode
 	nv := g.VGPU

@@ -207,6 +207,25 @@ type Mdev struct {
 	// TypeDir is the mdev_type link's target name ("nvidia-<id>").
 	TypeDir     string `json:"typeDir"`
 	GPUInstance int    `json:"gpuInstance"`
+	// Mdevctl is mdevctl's persistent definition of this mdev, nil when
+	// mdevctl defines none (a transient mdev, vgpud's or another tool's).
+	Mdevctl *MdevctlDefinition `json:"mdevctl,omitempty"`
+}
+
+// MdevctlDefinition is an mdev as mdevctl defines it: a JSON file
+// /etc/mdevctl.d/<parent>/<uuid> ({"mdev_type", "start", "attrs"}), one
+// line of `mdevctl list --defined`.
+type MdevctlDefinition struct {
+	UUID   string `json:"uuid"`
+	Parent string `json:"parent"`
+	// Type is the mdev type as mdevctl names it ("nvidia-558").
+	Type string `json:"type"`
+	// Start is "auto" (mdevctl creates the mdev when its parent appears,
+	// so at every boot) or "manual".
+	Start string `json:"start"`
+	// File is the definition's path under mdevctl's config directory
+	// ("0000:81:00.4/<uuid>"); empty when read from list output.
+	File string `json:"file,omitempty"`
 }
 
 // ActiveVGPU is a vGPU NVML reports as active.

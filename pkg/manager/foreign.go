@@ -3,7 +3,9 @@ package manager
 import (
 	"fmt"
 	"sort"
+	"strings"
 
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/store"
 )
 
@@ -13,7 +15,16 @@ type Foreign struct {
 	Kind   ForeignKind `json:"kind"`
 	ID     string      `json:"id"`
 	Detail string      `json:"detail,omitempty"`
+	// Origin says what made the device, when vgpud can tell:
+	// OriginMdevctl for an mdev mdevctl defines. Detail says it too (the
+	// D-Bus reply carries gpu, kind, id and detail).
+	Origin string `json:"origin,omitempty"`
 }
+
+// OriginMdevctl: mdevctl defines the device (/etc/mdevctl.d). vgpud never
+// re-creates or removes it; `mdevctl undefine` and `mdevctl stop` hand its
+// room to vgpud (docs/operations.md, "vgpud and mdevctl").
+const OriginMdevctl = "mdevctl"
 
 // ForeignKind is what a Foreign device is. The values are API: the D-Bus
 // Reconcile reply and the JSON "kind" field carry them as they are.
@@ -53,6 +64,7 @@ func (m *Manager) foreign() []Foreign {
 		}
 		for _, d := range s.devices(g, md) {
 			if d.rec != nil {
+				m.warnMdevctlRecord(g, d.mdev)
 				continue
 			}
 			name := "unknown type"
@@ -62,10 +74,43 @@ func (m *Manager) foreign() []Foreign {
 			if d.vf != "" {
 				out = append(out, Foreign{GPU: g.PCI, Kind: ForeignVF, ID: d.vf, Detail: name})
 			} else if d.mdev != "" {
-				out = append(out, Foreign{GPU: g.PCI, Kind: ForeignMdev, ID: d.mdev, Detail: name})
+				out = append(out, foreignMdev(g, d.mdev, name))
 			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GPU+out[i].ID < out[j].GPU+out[j].ID })
 	return out
+}
+
+// foreignMdev reports an mdev no record explains, with mdevctl as its
+// origin when mdevctl defines it.
+func foreignMdev(g *gpu.GPU, uuid, typeName string) Foreign {
+	f := Foreign{GPU: g.PCI, Kind: ForeignMdev, ID: uuid, Detail: typeName}
+	if md := mdevOf(g, uuid); md != nil && md.Mdevctl != nil {
+		f.Origin = OriginMdevctl
+		f.Detail = fmt.Sprintf("%s, defined by mdevctl (start %s)", typeName, md.Mdevctl.Start)
+	}
+	return f
+}
+
+func mdevOf(g *gpu.GPU, uuid string) *gpu.Mdev {
+	for i := range g.VGPU.Mdevs {
+		if strings.EqualFold(g.VGPU.Mdevs[i].UUID, uuid) {
+			return &g.VGPU.Mdevs[i]
+		}
+	}
+	return nil
+}
+
+// warnMdevctlRecord warns when mdevctl also defines one of vgpud's own
+// mdevs (an operator ran `mdevctl define` on it): with "start": "auto"
+// mdevctl creates it when its parent appears at boot, racing vgpud's
+// re-creation, and would bring it back after vgpud destroys the instance.
+func (m *Manager) warnMdevctlRecord(g *gpu.GPU, uuid string) {
+	md := mdevOf(g, uuid)
+	if uuid == "" || md == nil || md.Mdevctl == nil {
+		return
+	}
+	m.log.Warn("mdevctl also defines an mdev of vgpud's; undefine it there (mdevctl undefine -u UUID) so that only vgpud re-creates it",
+		"mdev", md.UUID, "gpu", g.PCI, "mdevctl_start", md.Mdevctl.Start, "mdevctl_file", md.Mdevctl.File)
 }

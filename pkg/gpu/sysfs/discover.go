@@ -2,6 +2,7 @@ package sysfs
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 )
@@ -10,6 +11,9 @@ import (
 type GPUView struct {
 	Device PCIDevice
 	VGPU   gpu.VGPU
+	// Warnings are problems that did not stop the read (an mdevctl
+	// definition that does not parse).
+	Warnings []string
 }
 
 // Discover reads a physical function, its virtual functions, the mdev
@@ -55,6 +59,7 @@ func (s *Sysfs) Discover(pf string) (GPUView, error) {
 				v.VGPU.Mdevs = append(v.VGPU.Mdevs, m)
 			}
 		}
+		v.Warnings = s.markMdevctl(v.VGPU.Mdevs)
 	}
 	for _, vf := range d.VFs {
 		if !s.IsVFIO(vf) {
@@ -70,4 +75,34 @@ func (s *Sysfs) Discover(pf string) (GPUView, error) {
 		v.VGPU.Flavour = gpu.FlavourVFIO
 	}
 	return v, nil
+}
+
+// markMdevctl sets each mdev's mdevctl definition (same UUID, parent and
+// type), when WithMdevctl gave the directory. A definition of the UUID
+// for another parent or type does not describe this mdev: it is reported.
+func (s *Sysfs) markMdevctl(mdevs []gpu.Mdev) []string {
+	if s.mdevctl == nil || len(mdevs) == 0 {
+		return nil
+	}
+	defs, err := ReadMdevctl(s.mdevctl)
+	var warn []string
+	if err != nil {
+		warn = append(warn, err.Error())
+	}
+	byUUID := map[string]gpu.MdevctlDefinition{}
+	for _, d := range defs {
+		byUUID[d.UUID] = d
+	}
+	for i := range mdevs {
+		d, ok := byUUID[strings.ToLower(mdevs[i].UUID)]
+		if !ok {
+			continue
+		}
+		if d.Parent != mdevs[i].Parent || d.Type != mdevs[i].TypeDir {
+			warn = append(warn, fmt.Sprintf("mdevctl defines %s as %s on %s, but it is %s on %s", d.UUID, d.Type, d.Parent, mdevs[i].TypeDir, mdevs[i].Parent))
+			continue
+		}
+		mdevs[i].Mdevctl = &d
+	}
+	return warn
 }

@@ -67,10 +67,22 @@ func (o OSFS) Readlink(name string) (string, error) { return os.Readlink(o.full(
 func (o OSFS) Stat(name string) (fs.FileInfo, error) { return os.Stat(o.full(name)) }
 
 // Sysfs is the backend.
-type Sysfs struct{ fs FS }
+type Sysfs struct {
+	fs FS
+	// mdevctl is mdevctl's config directory; nil: not read.
+	mdevctl fs.FS
+}
 
 // New returns the backend over fsys.
 func New(fsys FS) *Sysfs { return &Sysfs{fs: fsys} }
+
+// WithMdevctl makes Discover mark the mdevs that mdevctl defines, read
+// from mdevctl's config directory dir (DefaultMdevctlDir on a real host,
+// os.DirFS of it).
+func (s *Sysfs) WithMdevctl(dir fs.FS) *Sysfs {
+	s.mdevctl = dir
+	return s
+}
 
 // Errors callers tell apart. Busy devices are gpu.ErrInUse and types the
 // driver refuses now gpu.ErrNoResources; the errno the kernel or driver
