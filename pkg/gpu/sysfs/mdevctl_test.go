@@ -22,8 +22,8 @@ const (
 // parent, a JSON file per mdev named by its UUID.
 func TestReadMdevctl(t *testing.T) {
 	dir := fstest.MapFS{
-		"0000:a1:00.4/" + u1:           {Data: []byte(`{"mdev_type": "nvidia-558", "start": "auto", "attrs": []}`)},
-		"0000:a1:00.5/" + u2:           {Data: []byte(`{"mdev_type": "nvidia-559", "start": "manual"}`)},
+		"0000:a1:00.4/" + u1:            {Data: []byte(`{"mdev_type": "nvidia-558", "start": "auto", "attrs": []}`)},
+		"0000:a1:00.5/" + u2:            {Data: []byte(`{"mdev_type": "nvidia-559", "start": "manual"}`)},
 		"matrix/" + strings.ToUpper(u3): {Data: []byte(`{"mdev_type": "vfio_ap-passthrough", "start": "manual", "attrs": [{"assign_adapter": "5"}]}`)},
 		"scripts.d/callouts/x":          {Data: []byte("#!/bin/sh\n")},
 		"0000:a1:00.4/README":           {Data: []byte("not a definition")},
