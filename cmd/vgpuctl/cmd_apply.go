@@ -86,6 +86,13 @@ func (a *app) runApply(cmd *cobra.Command, file, sel string, dryRun bool) error 
 			// One line, dry run or not: nothing was or would be done.
 			fmt.Fprintln(w, "no changes: the host already matches "+name)
 			return nil
+		case noChanges(res.Changes):
+			// Only skipped entries and warnings: they follow the one line.
+			fmt.Fprintln(w, "no changes: the host already matches "+name)
+			for _, l := range strings.Split(summary, "\n") {
+				fmt.Fprintln(w, "  "+l)
+			}
+			return nil
 		default:
 			if dryRun {
 				fmt.Fprintln(w, "would change:")
@@ -106,4 +113,13 @@ func (a *app) runApply(cmd *cobra.Command, file, sel string, dryRun bool) error 
 		}
 		return nil
 	})
+}
+
+// noChanges reports whether a change set (ApplyOutcome.Changes) holds no
+// change: its summary then lists only skipped entries and warnings.
+func noChanges(changeSet json.RawMessage) bool {
+	var cs struct {
+		Changes []json.RawMessage `json:"changes"`
+	}
+	return json.Unmarshal(changeSet, &cs) == nil && len(cs.Changes) == 0
 }

@@ -27,8 +27,10 @@ type fake struct {
 	// defined is the last DefineTenant spec.
 	defined dbusapi.TenantSpec
 	quota   dbusapi.Quota
-	// applyNothing makes Apply find the host as the file describes it.
+	// applyNothing makes Apply find the host as the file describes it;
+	// applySummary is then its summary (skipped entries, warnings).
 	applyNothing bool
+	applySummary string
 }
 
 func (f *fake) record(format string, args ...any) error {
@@ -233,7 +235,8 @@ func (f *fake) Apply(_ context.Context, name string, data []byte, sel string, dr
 		if dryRun {
 			result = []byte("null")
 		}
-		return dbusapi.ApplyResult{DryRun: dryRun, Changes: []byte(`{"changes":[]}`), Result: result}, f.record("Apply %s %d %s %v", name, len(data), sel, dryRun)
+		return dbusapi.ApplyResult{DryRun: dryRun, Changes: []byte(`{"changes":[]}`), Result: result, Summary: f.applySummary},
+			f.record("Apply %s %d %s %v", name, len(data), sel, dryRun)
 	}
 	return dbusapi.ApplyResult{DryRun: dryRun, Changes: []byte(`{"changes":[{"op":"create","profile":"1g.10gb"}]}`), Result: []byte("null"),
 		Summary: "create 1g.10gb for tenant acme on 0000:41:00.0\n"}, f.record("Apply %s %d %s %v", name, len(data), sel, dryRun)

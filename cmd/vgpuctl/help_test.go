@@ -48,3 +48,18 @@ func TestApplyWithNothingToDo(t *testing.T) {
 		}
 	}
 }
+
+// An NVIDIA config with entries for other models, applied again: no
+// change, and the skipped entries under that line, never "would change:".
+func TestApplyNothingToDoWithSkippedEntries(t *testing.T) {
+	skipped := "skipped mig-configs.all-balanced[0]: no GPU of this host matches the device filter 0x294110DE\n"
+	for _, args := range [][]string{{"apply", "-f", "testdata/layout.yaml"}, {"apply", "-f", "testdata/layout.yaml", "--dry-run"}} {
+		out, errOut, code := runFake(&fake{applyNothing: true, applySummary: skipped}, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut)
+		}
+		if want := "no changes: the host already matches layout.yaml\n  " + skipped; out != want {
+			t.Errorf("%v printed %q, want %q", args, out, want)
+		}
+	}
+}
