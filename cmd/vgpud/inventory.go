@@ -135,7 +135,11 @@ func printInventory(w io.Writer, inv *gpu.Inventory, format string) error {
 			}
 		}
 		for _, m := range g.VGPU.Mdevs {
-			fmt.Fprintf(w, "  mdev %s on %s type %s\n", m.UUID, m.Parent, m.TypeDir)
+			owner := ""
+			if m.Mdevctl != nil {
+				owner = fmt.Sprintf(" (defined by mdevctl, start %s)", m.Mdevctl.Start)
+			}
+			fmt.Fprintf(w, "  mdev %s on %s type %s%s\n", m.UUID, m.Parent, m.TypeDir, owner)
 		}
 		for _, e := range g.Errors {
 			fmt.Fprintf(w, "  error: %s\n", e)
