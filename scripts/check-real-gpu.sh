@@ -14,4 +14,5 @@ nvidia-smi mig -lgip > "$out/nvidia-smi-lgip.txt" 2>&1 || true
 nvidia-smi mig -lgipp > "$out/nvidia-smi-lgipp.txt" 2>&1 || true
 bin/vgpud inventory --state-dir "$(mktemp -d)" -o json > "$out/inventory.json" 2> "$out/inventory.err" || true
 bin/vgpud inventory --state-dir "$(mktemp -d)" -o table > "$out/inventory.txt" 2>&1 || true
-go test -count=1 -run TestRealGPU -v ./pkg/gpu/nvml/ -args -real-gpu 2>&1 | tee "$out/catalog-check.txt"
+go test -count=1 -run 'TestRealGPU$' -v ./pkg/gpu/nvml/ -args -real-gpu 2>&1 | tee "$out/catalog-check.txt"
+go test -count=1 -run 'TestRealGPUCurrentCalls$' -v ./pkg/gpu/nvml/ -args -real-gpu 2>&1 | tee "$out/current-calls.txt"

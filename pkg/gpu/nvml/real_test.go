@@ -2,6 +2,7 @@ package nvml_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -100,4 +101,49 @@ func sizeOf(r []gpu.Range) int {
 		return 0
 	}
 	return r[0].Size
+}
+
+// TestRealGPUCurrentCalls reads every real GPU through the calls that
+// replaced NVML's deprecated ones: the temperature through
+// nvmlDeviceGetTemperatureV, the vGPU scheduler state and log through the
+// _v2 calls. Read-only. Without the vGPU manager (or with MIG on) the
+// scheduler answers NOT_SUPPORTED, and so does a driver that lacks a _v2
+// function (looked up, never called); anything else is a failure.
+func TestRealGPUCurrentCalls(t *testing.T) {
+	if !*realGPU {
+		t.Skip("pass -real-gpu on a host with the NVIDIA driver")
+	}
+	cat, err := profile.Load(profiles.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := nvmlb.New(gonvml.New(), cat, nvmlb.Options{})
+	if err := b.Init(ctx); err != nil {
+		t.Fatalf("NVML: %v", err)
+	}
+	defer b.Shutdown(ctx)
+	gpus, err := b.Devices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gpus {
+		p := b.Probe(g.UUID)
+		tel, err := p.Telemetry(ctx, true)
+		if err != nil {
+			t.Errorf("GPU %s telemetry: %v", g.PCI, err)
+		} else if tel.TemperatureC <= 0 || tel.TemperatureC > 120 {
+			t.Errorf("GPU %s: temperature %.0f °C from GetTemperatureV", g.PCI, tel.TemperatureC)
+		}
+		st, err := p.SchedulerState(ctx)
+		if err != nil && !errors.Is(err, gpu.ErrNotSupported) {
+			t.Errorf("GPU %s scheduler state (_v2): %v", g.PCI, err)
+		}
+		l, lerr := p.SchedulerLog(ctx)
+		if lerr != nil && !errors.Is(lerr, gpu.ErrNotSupported) {
+			t.Errorf("GPU %s scheduler log (_v2): %v", g.PCI, lerr)
+		}
+		t.Logf("GPU %s %s: %.0f °C; scheduler %+v (%v); log of %d runs (%v)", g.PCI, g.Model, tel.TemperatureC, st, err, len(l.Entries), lerr)
+	}
 }
