@@ -42,6 +42,9 @@ func TestDBusActivationFollowsEnable(t *testing.T) {
 	if r.err == nil {
 		t.Fatalf("vgpuctl gpus answered with vgpud disabled:\n%s", r.out)
 	}
+	if !strings.Contains(r.out, "Unavailable") || !strings.Contains(r.out, "systemctl enable") {
+		t.Errorf("with vgpud disabled vgpuctl should say it is unavailable and how to enable it:\n%s", r.out)
+	}
 	if s := prop(t, "ActiveState"); s != "inactive" {
 		t.Fatalf("a disabled vgpud was activated: %s", s)
 	}

@@ -71,9 +71,11 @@ func boot(ctx context.Context) (*container, error) {
 		return c, err
 	}
 	fmt.Printf("container tests: package built in %s\n", time.Since(step).Round(time.Second))
+	step = time.Now()
 	if c.lock, err = lockE2E(ctx); err != nil {
 		return c, err
 	}
+	fmt.Printf("container tests: waited %s for /tmp/vgpud-e2e.lock\n", time.Since(step).Round(time.Second))
 	if err := c.mount(base); err != nil {
 		return c, err
 	}
@@ -85,7 +87,12 @@ func boot(ctx context.Context) (*container, error) {
 		return c, err
 	}
 	fmt.Printf("container tests: systemd in the container running after %s\n", time.Since(step).Round(time.Second))
-	return c, c.install(ctx)
+	step = time.Now()
+	if err := c.install(ctx); err != nil {
+		return c, err
+	}
+	fmt.Printf("container tests: package installed in %s\n", time.Since(step).Round(time.Second))
+	return c, nil
 }
 
 // buildPackage builds the binaries (or takes $VGPUD_E2E_BIN's) and the
@@ -132,6 +139,12 @@ func (c *container) start(ctx context.Context) error {
 	}
 	c.nspawn = exec.Command("systemd-nspawn", "--register=no", "--keep-unit", "--private-network",
 		"--quiet", "-D", c.root, "-b", "--console=pipe")
+	// nspawn mounts /sys read-only in the container, where a host's is
+	// writable; ReadWritePaths=/sys/devices can only keep what is writable
+	// above it, so the sandbox test could not see the unit's own effect.
+	// Nothing in the tests writes to sysfs (the simulated host is files
+	// under the state directory).
+	c.nspawn.Env = append(os.Environ(), "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1")
 	c.nspawn.Stdout, c.nspawn.Stderr = logf, logf
 	c.nspawn.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := c.nspawn.Start(); err != nil {

@@ -181,7 +181,7 @@ func TestWatchdogRestarts(t *testing.T) {
 	cursor := journalCursor(t)
 	start := time.Now()
 	must(t, "kill -STOP "+pid)
-	waitFor(t, "systemd to restart vgpud", 90*time.Second, func() bool {
+	waitFor(t, "systemd to restart vgpud", 150*time.Second, func() bool {
 		p := prop(t, "MainPID")
 		return p != pid && p != "0" && prop(t, "ActiveState") == "active"
 	})

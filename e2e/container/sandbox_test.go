@@ -49,7 +49,7 @@ func TestSandboxInForce(t *testing.T) {
 		_, err := ct.sh(context.Background(), "nsenter -t "+pid+" -m sh -c 'echo x > "+path+" && rm -f "+path+"'")
 		return err
 	}
-	for _, p := range []string{"/usr/vgpud-test", "/etc/vgpud-test", "/etc/vgpud/vgpud-test", "/var/vgpud-test", "/var/lib/vgpud-test", "/var/cache/vgpud-test", "/var/log/vgpud-test"} {
+	for _, p := range []string{"/usr/vgpud-test", "/usr/sbin/vgpud-test", "/etc/vgpud-test", "/etc/vgpud/vgpud-test", "/var/vgpud-test", "/var/lib/vgpud-test", "/var/cache/vgpud-test", "/var/log/vgpud-test"} {
 		if err := write(p); err == nil {
 			t.Errorf("vgpud's sandbox lets %s be written", p)
 		}
@@ -60,21 +60,37 @@ func TestSandboxInForce(t *testing.T) {
 	// /sys/devices must be a writable mount (the vGPU attributes and mdev
 	// create/remove live there); writing a real attribute of this machine's
 	// devices is not something a test may do, so the mount flags are read.
-	mounts := must(t, "cat /proc/"+pid+"/mountinfo")
-	opts := map[string]string{}
-	for _, line := range strings.Split(mounts, "\n") {
-		f := strings.Fields(line)
-		if len(f) > 5 {
-			opts[f[4]] = f[5] // the last mount on a point wins, as in the kernel
-		}
-	}
-	if o := opts["/sys/devices"]; !strings.HasPrefix(o, "rw") {
+	mounts := mountOptions(must(t, "cat /proc/"+pid+"/mountinfo"))
+	if o := mounts("/sys/devices/pci0000:00"); !strings.HasPrefix(o, "rw") {
 		t.Errorf("/sys/devices in vgpud's namespace: %q, want rw", o)
 	}
-	for _, p := range []string{"/sys", "/usr", "/etc"} {
-		if o := opts[p]; !strings.HasPrefix(o, "ro") {
+	for _, p := range []string{"/sys/kernel", "/sys/module", "/usr/sbin", "/etc/vgpud"} {
+		if o := mounts(p); !strings.HasPrefix(o, "ro") {
 			t.Errorf("%s in vgpud's namespace: %q, want ro", p, o)
 		}
+	}
+}
+
+// mountOptions parses a mountinfo and returns a lookup of the options of
+// the mount a path is on: the longest mount point above it, the last one
+// mounted there winning, as in the kernel.
+func mountOptions(mountinfo string) func(path string) string {
+	opts := map[string]string{}
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 {
+			opts[f[4]] = f[5]
+		}
+	}
+	return func(path string) string {
+		best := ""
+		for mp := range opts {
+			under := mp == "/" || path == mp || strings.HasPrefix(path, mp+"/")
+			if under && len(mp) > len(best) {
+				best = mp
+			}
+		}
+		return opts[best]
 	}
 }
 
