@@ -19,7 +19,7 @@ GOIMPORTS ?= golang.org/x/tools/cmd/goimports@v0.51.0
 all: build
 
 help:
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 build: ## build bin/vgpud and bin/vgpuctl
 	$(GO) build $(GOFLAGS_PAR) -trimpath -ldflags '$(LDFLAGS)' -o bin/ ./cmd/vgpud ./cmd/vgpuctl
