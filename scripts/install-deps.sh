@@ -31,6 +31,7 @@ pkgs=(
   prometheus               # prometheus + promtool for the metrics e2e tests
   util-linux               # setpriv
   systemd                  # systemd-analyze verify/security (no systemd as PID 1 needed)
+  debootstrap systemd-container  # the container tier: a Debian root booted by systemd-nspawn
 )
 
 # go_ok GO: GO runs and is Go 1.26 or newer.

@@ -106,6 +106,8 @@ data() {
   fi
   [ -f docs/operations.md ] && add 0644 docs/operations.md "$DOCDIR/operations.md"
   add 0644 systemd/vgpud.yaml "$DOCDIR/vgpud.yaml.example"
+  # A polkit rule an operator copies to /etc/polkit-1/rules.d (operations.md).
+  add 0644 systemd/vgpud-operators.rules.example "$DOCDIR/vgpud-operators.rules.example"
 }
 
 # vgpuctl's man pages and completions come from scripts/gen-man.sh (run

@@ -5,9 +5,15 @@
 #
 # The tree is what `make install PREFIX=/usr` installs. The maintainer
 # scripts create group vgpud and the directories (sysusers.d, tmpfiles.d),
-# reload systemd and enable the unit on install; they stop it on removal.
-# /etc/vgpud/vgpud.yaml is a conffile. VERSION overrides the version
-# (default: git describe, made a valid Debian version).
+# reload systemd and the bus and enable the unit on install (which also
+# enables its D-Bus activation: Alias=dbus-dev.vgpud1.service); they stop
+# and disable it on removal, and a purge removes the state directory
+# /var/lib/vgpud, which a plain removal keeps. /etc/vgpud/vgpud.yaml is a
+# conffile. VERSION overrides the version (default: git describe, made a
+# valid Debian version); BUILDDIR the directory of the built binaries
+# (default bin/); DEB_COMPRESS dpkg-deb's compressor (default xz, the
+# smallest; gzip builds in seconds where xz takes a minute on two cores,
+# which the container tests use).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -15,7 +21,9 @@ out=${1:-bin}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 command -v dpkg-deb >/dev/null || { echo "package-deb: dpkg-deb not found" >&2; exit 1; }
-[ -x bin/vgpud ] || { echo "package-deb: bin/vgpud missing (run make build)" >&2; exit 1; }
+BUILDDIR=${BUILDDIR:-bin}
+[ -x "$BUILDDIR/vgpud" ] || { echo "package-deb: $BUILDDIR/vgpud missing (run make build)" >&2; exit 1; }
+export BUILDDIR
 
 # A Debian version starts with a digit and has no '-' outside the
 # revision; without a tag, 0~git<commit> sorts below any release.
@@ -34,13 +42,15 @@ trap 'rm -rf "$stage"' EXIT
 DESTDIR=$stage PREFIX=/usr scripts/install.sh install >/dev/null
 mkdir -p "$stage/DEBIAN"
 size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
+# procps: /bin/kill, which the unit's ExecReload= runs (debootstrap's
+# minimal Debian does not have it).
 cat >"$stage/DEBIAN/control" <<CONTROL
 Package: vgpud
 Version: $version
 Architecture: $arch
 Maintainer: vgpud maintainers <vgpud@localhost>
 Installed-Size: $size
-Depends: libc6, systemd, dbus
+Depends: libc6, systemd, dbus, procps
 Recommends: libvirt-daemon-system
 Section: admin
 Priority: optional
@@ -76,9 +86,15 @@ cat >"$stage/DEBIAN/postrm" <<'POSTRM'
 set -e
 if [ -d /run/systemd/system ]; then
 	systemctl daemon-reload || true
+	systemctl reload dbus.service 2>/dev/null || true
+fi
+# The records of every instance and tenant: kept on removal (a reinstall
+# reconciles them), removed only on purge.
+if [ "$1" = purge ]; then
+	rm -rf /var/lib/vgpud
 fi
 POSTRM
 chmod 0755 "$stage/DEBIAN/postinst" "$stage/DEBIAN/prerm" "$stage/DEBIAN/postrm"
 deb=$out/vgpud_${version}_${arch}.deb
-dpkg-deb --root-owner-group --build "$stage" "$deb" >/dev/null
+dpkg-deb -Z"${DEB_COMPRESS:-xz}" --root-owner-group --build "$stage" "$deb" >/dev/null
 echo "$deb"

@@ -85,6 +85,9 @@ else
 fi
 for f in "$dest"/usr/share/dbus-1/system-services/*.service; do
   [ -e "$f" ] || continue
-  grep -q '^SystemdService=vgpud.service$' "$f" || { echo "verify-units: $f does not activate vgpud.service" >&2; exit 1; }
+  # The activation names the unit's alias, which exists only while the
+  # unit is enabled.
+  grep -q '^SystemdService=dbus-dev.vgpud1.service$' "$f" || { echo "verify-units: $f does not activate dbus-dev.vgpud1.service" >&2; exit 1; }
+  grep -q '^Alias=dbus-dev.vgpud1.service$' "$unit" || { echo "verify-units: vgpud.service has no Alias=dbus-dev.vgpud1.service for D-Bus activation" >&2; exit 1; }
 done
 echo "verify-units: ok"

@@ -2,6 +2,7 @@ package dbusapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/user"
 	"slices"
@@ -196,16 +197,14 @@ type polkitResult struct {
 	Details                   map[string]string
 }
 
-// busPolkit asks polkitd, when it is on the bus, whether the sender may
-// perform dev.vgpud1.manage.
+const serviceUnknown = "org.freedesktop.DBus.Error.ServiceUnknown"
+
+// busPolkit asks polkitd whether the sender may perform dev.vgpud1.manage.
+// polkitd is bus-activated (Debian's polkit.service is started by its
+// first caller), so the call may start it; on a host without polkit the
+// bus answers ServiceUnknown at once, and only root and group vgpud may
+// change state.
 func (s *Service) busPolkit(ctx context.Context, sender string, interactive bool) (bool, error) {
-	var has bool
-	if err := s.conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.NameHasOwner", 0, "org.freedesktop.PolicyKit1").Store(&has); err != nil {
-		return false, fmt.Errorf("NameHasOwner: %w", err)
-	}
-	if !has {
-		return false, nil
-	}
 	flags := uint32(0)
 	if interactive {
 		flags = 1 // AllowUserInteraction
@@ -215,6 +214,11 @@ func (s *Service) busPolkit(ctx context.Context, sender string, interactive bool
 	obj := s.conn.Object("org.freedesktop.PolicyKit1", "/org/freedesktop/PolicyKit1/Authority")
 	err := obj.CallWithContext(ctx, "org.freedesktop.PolicyKit1.Authority.CheckAuthorization", 0,
 		subject, PolkitAction, map[string]string{}, flags, "").Store(&res)
+	var de dbus.Error
+	var dep *dbus.Error
+	if (errors.As(err, &de) && de.Name == serviceUnknown) || (errors.As(err, &dep) && dep.Name == serviceUnknown) {
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("polkit CheckAuthorization: %w", err)
 	}

@@ -92,6 +92,9 @@ func (c *Client) call(ctx context.Context, what, method string, args []any, out 
 // here because godbus's Object.Call drops every flag but NoAutoStart and
 // NoReplyExpected, and changes need FlagAllowInteractiveAuthorization.
 func (c *Client) callOn(ctx context.Context, obj dbus.BusObject, flags dbus.Flags, what, method string, args []any, out ...any) error {
+	if ctx.Value(noAutoStart{}) != nil {
+		flags |= dbus.FlagNoAutoStart
+	}
 	i := strings.LastIndexByte(method, '.')
 	msg := &dbus.Message{Type: dbus.TypeMethodCall, Flags: flags, Body: args, Headers: map[dbus.HeaderField]dbus.Variant{
 		dbus.FieldPath:        dbus.MakeVariant(obj.Path()),
@@ -355,12 +358,20 @@ func (r CreateRequest) options() map[string]dbus.Variant {
 	return o
 }
 
+// noAutoStart marks a context whose calls must not start vgpud through
+// D-Bus activation.
+type noAutoStart struct{}
+
 // readBack reads an object after a change that succeeded. A caller that
 // polkit lets change but not read gets what the reply said (fallback)
 // instead of an error: the change happened, and a retry must not repeat it.
+// So does a caller whose change was the last one a stopping vgpud finished:
+// the read never activates vgpud again (that would start it while
+// `systemctl stop` runs, cancelling the stop job), and finding it gone
+// is no error.
 func readBack[T any](ctx context.Context, read func(context.Context) (T, error), fallback T) (T, error) {
-	v, err := read(ctx)
-	if ErrorName(err) == NameAccessDenied {
+	v, err := read(context.WithValue(ctx, noAutoStart{}, true))
+	if n := ErrorName(err); n == NameAccessDenied || n == NameUnavailable {
 		return fallback, nil
 	}
 	return v, err

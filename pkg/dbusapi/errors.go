@@ -160,6 +160,10 @@ func fromDBus(ctx context.Context, what string, err error) error {
 	switch de.Name {
 	case "org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner":
 		return &Error{Name: NameUnavailable, Message: what + ": vgpud is not running on this bus (nobody owns " + BusName + "); start it with `systemctl start vgpud`, or pick its bus with --connect"}
+	case "org.freedesktop.systemd1.NoSuchUnit":
+		// D-Bus activation asked systemd for the unit's alias, which only
+		// an enabled vgpud.service has.
+		return &Error{Name: NameUnavailable, Message: what + ": vgpud is not running, and the bus cannot start it because vgpud.service is not enabled; run `systemctl enable --now vgpud`"}
 	case "org.freedesktop.DBus.Error.AccessDenied":
 		return &Error{Name: NameAccessDenied, Message: what + ": the bus policy refused the call; install systemd/dbus-1/dev.vgpud1.conf into /usr/share/dbus-1/system.d and reload dbus"}
 	case "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Timeout", "org.freedesktop.DBus.Error.TimedOut":

@@ -146,6 +146,10 @@ func (b boundMethod) DecodeArguments(_ *dbus.Conn, sender string, msg *dbus.Mess
 }
 
 func (b boundMethod) Call(args ...any) ([]any, error) {
+	// godbus sends the reply as soon as this returns; Close's own round
+	// trip to the bus (ReleaseName) after the count drops covers that.
+	b.svc.inFlight.Add(1)
+	defer b.svc.inFlight.Add(-1)
 	c, ok := args[0].(*call)
 	if !ok {
 		return nil, invalidArg("internal: call context missing")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/godbus/dbus/v5"
@@ -55,6 +56,9 @@ type Service struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// inFlight counts method calls being served, so Close lets each be
+	// answered before the connection goes.
+	inFlight atomic.Int64
 
 	ifaces map[string]*ifaceDef
 
@@ -194,6 +198,14 @@ func (s *Service) requestName() error {
 // flight are cancelled.
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
+		// A call the manager finished during the stop is answered after
+		// its method returns; closing first would leave its caller with
+		// NoReply for a change that happened. Reads may keep arriving,
+		// so the wait is bounded.
+		deadline := time.Now().Add(closeDrain)
+		for s.inFlight.Load() > 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
 		s.cancel()
 		if _, err := s.conn.ReleaseName(BusName); err != nil {
 			s.log.Debug("release bus name", "err", err)
@@ -203,6 +215,9 @@ func (s *Service) Close() error {
 	})
 	return s.closeErr
 }
+
+// closeDrain bounds how long Close waits for calls being served.
+const closeDrain = 5 * time.Second
 
 // watchOwners follows NameOwnerChanged: a caller that left the bus has
 // its operations cancelled and its credentials forgotten.

@@ -246,6 +246,7 @@ func TestDBusErrorMapping(t *testing.T) {
 	}
 	foreign := []struct{ dbusName, want string }{
 		{"org.freedesktop.DBus.Error.ServiceUnknown", NameUnavailable},
+		{"org.freedesktop.systemd1.NoSuchUnit", NameUnavailable},
 		{"org.freedesktop.DBus.Error.AccessDenied", NameAccessDenied},
 		{"org.freedesktop.DBus.Error.NoReply", NameTimeout},
 		{"org.freedesktop.DBus.Error.UnknownMethod", NameBackendFailure},
