@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
@@ -239,6 +240,66 @@ func TestDCGMLabels(t *testing.T) {
 			if id == "i-ts" && strings.HasPrefix(l.GetName(), "GPU_I_") || id == "i-migvgpu" && l.GetName() == "GPU_I_PROFILE" {
 				t.Errorf("%s has %s=%q: not a MIG GPU instance profile DCGM would name", id, l.GetName(), l.GetValue())
 			}
+		}
+	}
+}
+
+// The cached responses are what promhttp writes for the Gatherer, in
+// every format, plain and gzip.
+func TestCachedResponsesArePromhttps(t *testing.T) {
+	c := collected(t)
+	prom := promhttp.HandlerFor(c, promhttp.HandlerOpts{EnableOpenMetrics: true})
+	for _, accept := range []string{
+		"",
+		"text/plain;version=0.0.4",
+		"application/openmetrics-text;version=1.0.0",
+		"application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+		"application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3",
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		req.Header.Set("Accept", accept)
+		want := httptest.NewRecorder()
+		prom.ServeHTTP(want, req)
+		for _, coding := range []string{"", "gzip", "br, gzip;q=0.9, zstd;q=0.5"} {
+			got := get(t, c, accept, coding)
+			body := got.Body.Bytes()
+			if coding != "" {
+				if got.Header().Get("Content-Encoding") != "gzip" {
+					t.Fatalf("Accept-Encoding %q: %v", coding, got.Header())
+				}
+				zr, err := gzip.NewReader(got.Body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				zr.Multistream(false)
+				if body, err = io.ReadAll(zr); err != nil {
+					t.Fatalf("Accept %q, gzip: %v", accept, err)
+				}
+			}
+			if got.Header().Get("Content-Type") != want.Header().Get("Content-Type") || !bytes.Equal(body, want.Body.Bytes()) {
+				t.Errorf("Accept %q, Accept-Encoding %q: %s, %d bytes; promhttp: %s, %d bytes",
+					accept, coding, got.Header().Get("Content-Type"), len(body), want.Header().Get("Content-Type"), want.Body.Len())
+			}
+		}
+	}
+}
+
+func TestContentCoding(t *testing.T) {
+	for h, want := range map[string]string{
+		"":                              "identity",
+		"gzip":                          "gzip",
+		"zstd":                          "zstd",
+		"deflate, gzip, br, zstd":       "gzip",
+		"gzip;q=0.5, zstd":              "zstd",
+		"gzip;q=0, identity":            "identity",
+		"*":                             "gzip",
+		"*;q=0.2, zstd;q=0.8":           "zstd",
+		"br":                            "identity",
+		" GZIP ; q=0.9 , zstd ; q=0.1 ": "gzip",
+		"gzip;q=bogus":                  "gzip",
+	} {
+		if got := metrics.ContentCoding(h); got != want {
+			t.Errorf("Accept-Encoding %q: %s, want %s", h, got, want)
 		}
 	}
 }

@@ -3,12 +3,14 @@ package metrics
 import (
 	"errors"
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	// zstd is offered beside gzip when a scraper asks for it.
 	_ "github.com/prometheus/client_golang/prometheus/promhttp/zstd"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 )
 
 // errNoCollection is Gather's answer before the first collection.
@@ -26,25 +28,37 @@ func (c *Collector) Gather() ([]*dto.MetricFamily, error) {
 	if out.at.IsZero() {
 		return nil, errNoCollection
 	}
-	age := c.cfg.Now().Sub(out.at).Seconds()
 	mfs := make([]*dto.MetricFamily, len(out.mfs), len(out.mfs)+1)
 	copy(mfs, out.mfs)
-	return append(mfs, &dto.MetricFamily{Name: &ageName, Help: &ageHelp, Type: dto.MetricType_GAUGE.Enum(),
-		Metric: []*dto.Metric{{Gauge: &dto.Gauge{Value: &age}}}}), nil
+	return append(mfs, c.age(out)), nil
+}
+
+// age is the collection age family as of now.
+func (c *Collector) age(out *built) *dto.MetricFamily {
+	age := c.cfg.Now().Sub(out.at).Seconds()
+	return &dto.MetricFamily{Name: &ageName, Help: &ageHelp, Type: dto.MetricType_GAUGE.Enum(),
+		Metric: []*dto.Metric{{Gauge: &dto.Gauge{Value: &age}}}}
 }
 
 var ageName, ageHelp = ageFamily, "Time since the collection this scrape serves."
 
-// Handler serves the latest collection through promhttp, which
-// negotiates the format (text, OpenMetrics, protobuf) and the encoding
-// (gzip, zstd) with the scraper. Before the first collection it answers
-// 503.
+// Handler serves the latest collection in the format the scraper asks
+// for (text, OpenMetrics, protobuf: promhttp's negotiation), plain, gzip
+// or zstd. Plain and gzip responses write the collection's encoding in
+// that format, made by the first scrape that asked for it, and the age
+// encoded for this scrape, in one gzip member; they are byte for byte
+// what promhttp writes for the Gatherer, which serves zstd itself.
+// Encoding and compressing the collection at every scrape, as promhttp
+// does, costs more than ten times the scrape latency goal on the
+// benchmark host (docs/metrics.md, "Benchmark"). Before the first
+// collection it answers 503.
 func (c *Collector) Handler() http.Handler {
-	h := promhttp.HandlerFor(c, promhttp.HandlerOpts{
+	prom := promhttp.HandlerFor(c, promhttp.HandlerOpts{
 		ErrorLog:          slogLogger{c},
 		ErrorHandling:     promhttp.HTTPErrorOnError,
 		EnableOpenMetrics: true,
 	})
+	formats := expfmt.DefaultOpenMetricsAcceptedFormats()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
@@ -55,7 +69,41 @@ func (c *Collector) Handler() http.Handler {
 			http.Error(w, errNoCollection.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		h.ServeHTTP(w, r)
+		coding := contentCoding(r.Header.Get("Accept-Encoding"))
+		if coding == "zstd" {
+			prom.ServeHTTP(w, r)
+			return
+		}
+		out := c.current()
+		if out.at.IsZero() {
+			http.Error(w, errNoCollection.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		f := expfmt.NegotiateAccept(r.Header, formats...)
+		enc := out.enc.get(f)
+		enc.encode(c, f, out.mfs)
+		t, err := tail(f, c.age(out))
+		if err != nil {
+			c.log.Error("metrics endpoint", "err", err)
+			http.Error(w, "encoding the collection age: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		h := w.Header()
+		h.Add("Vary", "Accept")
+		h.Add("Vary", "Accept-Encoding")
+		h.Set("Content-Type", string(f))
+		var parts [2][]byte
+		if coding == "gzip" {
+			h.Set("Content-Encoding", "gzip")
+			parts[0] = enc.gzipWith(t)
+		} else {
+			parts[0], parts[1] = enc.body, t
+		}
+		h.Set("Content-Length", strconv.Itoa(len(parts[0])+len(parts[1])))
+		if r.Method == http.MethodGet {
+			w.Write(parts[0])
+			w.Write(parts[1])
+		}
 	})
 }
 

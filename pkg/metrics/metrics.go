@@ -136,6 +136,9 @@ type built struct {
 	col *collection
 	mfs []*dto.MetricFamily
 	at  time.Time
+	// enc are the families' encodings by format, made by the first scrape
+	// that asks for each.
+	enc encodings
 }
 
 // New returns a collector; call Run (or Collect) to fill it.
