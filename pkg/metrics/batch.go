@@ -36,24 +36,43 @@ func (b *batch) add(name string, v float64, labels ...string) {
 		b.err = errors.Join(b.err, fmt.Errorf("metric %s: %d label values for %d labels", name, len(labels), len(f.labels)))
 		return
 	}
-	// One allocation for the label values and pairs: the pairs point into
-	// vals, and at the family's own label names.
-	vals := append([]string(nil), labels...)
-	pairs := make([]dto.LabelPair, len(vals))
-	m := &dto.Metric{Label: make([]*dto.LabelPair, 0, len(vals))}
-	for j := range vals {
-		if vals[j] == "" {
+	// Three allocations a series (a collection builds thousands): the
+	// metric with its value, the label pairs with their values, and the
+	// pointers to the pairs the metric holds.
+	p := &point{v: v}
+	if f.typ == counterType {
+		p.c.Value = &p.v
+		p.m.Counter = &p.c
+	} else {
+		p.g.Value = &p.v
+		p.m.Gauge = &p.g
+	}
+	lps := make([]labelPair, len(labels))
+	p.m.Label = make([]*dto.LabelPair, 0, len(labels))
+	for j := range labels {
+		if labels[j] == "" {
 			continue // an empty label is an absent one; text, OpenMetrics and protobuf agree
 		}
-		pairs[j] = dto.LabelPair{Name: &f.labels[j], Value: &vals[j]}
-		m.Label = append(m.Label, &pairs[j])
+		lps[j].val = labels[j]
+		lps[j].p.Name, lps[j].p.Value = &f.labels[j], &lps[j].val
+		p.m.Label = append(p.m.Label, &lps[j].p)
 	}
-	if f.typ == counterType {
-		m.Counter = &dto.Counter{Value: &v}
-	} else {
-		m.Gauge = &dto.Gauge{Value: &v}
-	}
+	m := &p.m
 	b.mets[i] = append(b.mets[i], m)
+}
+
+// point is a series and its value, allocated together.
+type point struct {
+	m dto.Metric
+	g dto.Gauge
+	c dto.Counter
+	v float64
+}
+
+// labelPair is a label pair and the value it points to.
+type labelPair struct {
+	p   dto.LabelPair
+	val string
 }
 
 // families returns the families that have series, in declared order.

@@ -52,6 +52,7 @@ func (e *encodings) get(f expfmt.Format) *encoding {
 func (enc *encoding) encode(c *Collector, f expfmt.Format, mfs []*dto.MetricFamily) {
 	enc.once.Do(func() {
 		var buf bytes.Buffer
+		buf.Grow(int(c.encSize.Load())) // the last collection's size: no regrowth
 		e := expfmt.NewEncoder(&buf, f)
 		for _, mf := range mfs {
 			if err := e.Encode(mf); err != nil {
@@ -59,6 +60,9 @@ func (enc *encoding) encode(c *Collector, f expfmt.Format, mfs []*dto.MetricFami
 			}
 		}
 		enc.body = buf.Bytes()
+		if n := int64(len(enc.body) + len(enc.body)/16); n > c.encSize.Load() {
+			c.encSize.Store(n)
+		}
 		enc.crc = crc32.ChecksumIEEE(enc.body)
 		var gz bytes.Buffer
 		zw, _ := gzip.NewWriterLevel(&gz, gzip.BestSpeed)
@@ -84,13 +88,13 @@ func tail(f expfmt.Format, age *dto.MetricFamily) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// gzipWith finishes enc's gzip stream with t: one final stored deflate
-// block (RFC 1951 3.2.4) and the trailer over both parts (RFC 1952), so
-// the response is one gzip member however the client reads it.
-func (enc *encoding) gzipWith(t []byte) []byte {
+// gzipEnd is what finishes enc's gzip stream after enc.gz: t in one
+// final stored deflate block (RFC 1951 3.2.4) and the trailer over the
+// body and t (RFC 1952), so the response is one gzip member however the
+// client reads it. enc.gz itself is written as it is, not copied.
+func (enc *encoding) gzipEnd(t []byte) []byte {
 	n := len(t)
-	out := make([]byte, 0, len(enc.gz)+5+n+8)
-	out = append(out, enc.gz...)
+	out := make([]byte, 0, 5+n+8)
 	// BFINAL=1, BTYPE=00 (stored), then LEN and NLEN, little-endian.
 	out = append(out, 1, byte(n), byte(n>>8), ^byte(n), ^byte(n>>8))
 	out = append(out, t...)

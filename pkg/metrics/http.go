@@ -95,7 +95,7 @@ func (c *Collector) Handler() http.Handler {
 		var parts [2][]byte
 		if coding == "gzip" {
 			h.Set("Content-Encoding", "gzip")
-			parts[0] = enc.gzipWith(t)
+			parts[0], parts[1] = enc.gz, enc.gzipEnd(t)
 		} else {
 			parts[0], parts[1] = enc.body, t
 		}

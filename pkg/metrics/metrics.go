@@ -106,6 +106,9 @@ type Collector struct {
 	procAt  uint64
 
 	out atomic.Pointer[built]
+	// encSize is the largest encoding yet with room to grow: a new
+	// collection's buffer starts at it.
+	encSize atomic.Int64
 }
 
 // collection is what one collection read: the data its families show.
@@ -189,7 +192,7 @@ func (c *Collector) Run(ctx context.Context) {
 }
 
 // Collect runs one collection now: it reads the inventory and the share
-// loop's snapshot, and leaves them for the next scrape to render.
+// loop's snapshot, and leaves them for the next scrape to build families of.
 func (c *Collector) Collect(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

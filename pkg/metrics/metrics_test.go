@@ -348,14 +348,14 @@ func TestRenderedOncePerCollection(t *testing.T) {
 	if err := c.Collect(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	// Observed after the collection, before its first scrape: rendered.
+	// Observed after the collection, before its first scrape: served.
 	c.ObserveNVML("DeviceGetCount", time.Microsecond, "")
 	if n := count(); n != 1 {
 		t.Fatalf("first scrape shows %v calls, want 1", n)
 	}
 	c.ObserveNVML("DeviceGetCount", time.Microsecond, "")
 	if n := count(); n != 1 {
-		t.Fatalf("second scrape of the same collection shows %v calls, want the first rendering's 1", n)
+		t.Fatalf("second scrape of the same collection shows %v calls, want the families built by the first scrape (1)", n)
 	}
 	if err := c.Collect(context.Background()); err != nil {
 		t.Fatal(err)
