@@ -26,6 +26,10 @@ type encoding struct {
 	crc  uint32
 }
 
+// gzips are compressors for encode: each holds buffers of hundreds of
+// KiB, too much to allocate once a collection.
+var gzips sync.Pool
+
 // encodings holds a collection's encodings by format (the negotiated
 // Content-Type, escaping scheme included).
 type encodings struct {
@@ -65,9 +69,16 @@ func (enc *encoding) encode(c *Collector, f expfmt.Format, mfs []*dto.MetricFami
 		}
 		enc.crc = crc32.ChecksumIEEE(enc.body)
 		var gz bytes.Buffer
-		zw, _ := gzip.NewWriterLevel(&gz, gzip.BestSpeed)
+		gz.Grow(len(enc.body) / 8)
+		zw, _ := gzips.Get().(*gzip.Writer)
+		if zw == nil {
+			zw, _ = gzip.NewWriterLevel(&gz, gzip.BestSpeed)
+		} else {
+			zw.Reset(&gz)
+		}
 		zw.Write(enc.body)
 		zw.Flush() // a sync flush: byte-aligned, and the stream not final
+		gzips.Put(zw)
 		enc.gz = gz.Bytes()
 	})
 }
