@@ -18,11 +18,14 @@ type batch struct {
 	c    *Collector
 	gpus map[string]gpuIdent
 	mets [][]*dto.Metric
-	err  error
+	// pairs are the label pairs of the batch's series, shared: the
+	// families are never changed once built.
+	pairs map[[2]string]*dto.LabelPair
+	err   error
 }
 
 func newBatch(c *Collector, gpus map[string]gpuIdent) *batch {
-	return &batch{c: c, gpus: gpus, mets: make([][]*dto.Metric, len(c.fams))}
+	return &batch{c: c, gpus: gpus, mets: make([][]*dto.Metric, len(c.fams)), pairs: map[[2]string]*dto.LabelPair{}}
 }
 
 func (b *batch) add(name string, v float64, labels ...string) {
@@ -36,9 +39,10 @@ func (b *batch) add(name string, v float64, labels ...string) {
 		b.err = errors.Join(b.err, fmt.Errorf("metric %s: %d label values for %d labels", name, len(labels), len(f.labels)))
 		return
 	}
-	// Three allocations a series (a collection builds thousands): the
-	// metric with its value, the label pairs with their values, and the
-	// pointers to the pairs the metric holds.
+	// A series is one allocation with its value, and its label pointers
+	// one more: the label pairs are shared by every series that has the
+	// same label and value (a GPU's or an instance's labels are on tens
+	// of families), which keeps a collection's families small.
 	p := &point{v: v}
 	if f.typ == counterType {
 		p.c.Value = &p.v
@@ -47,15 +51,18 @@ func (b *batch) add(name string, v float64, labels ...string) {
 		p.g.Value = &p.v
 		p.m.Gauge = &p.g
 	}
-	lps := make([]labelPair, len(labels))
 	p.m.Label = make([]*dto.LabelPair, 0, len(labels))
-	for j := range labels {
-		if labels[j] == "" {
+	for j, val := range labels {
+		if val == "" {
 			continue // an empty label is an absent one; text, OpenMetrics and protobuf agree
 		}
-		lps[j].val = labels[j]
-		lps[j].p.Name, lps[j].p.Value = &f.labels[j], &lps[j].val
-		p.m.Label = append(p.m.Label, &lps[j].p)
+		key := [2]string{f.labels[j], val}
+		lp := b.pairs[key]
+		if lp == nil {
+			lp = &dto.LabelPair{Name: &f.labels[j], Value: &key[1]}
+			b.pairs[key] = lp
+		}
+		p.m.Label = append(p.m.Label, lp)
 	}
 	m := &p.m
 	b.mets[i] = append(b.mets[i], m)
@@ -67,12 +74,6 @@ type point struct {
 	g dto.Gauge
 	c dto.Counter
 	v float64
-}
-
-// labelPair is a label pair and the value it points to.
-type labelPair struct {
-	p   dto.LabelPair
-	val string
 }
 
 // families returns the families that have series, in declared order.
