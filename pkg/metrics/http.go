@@ -7,8 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	// zstd is offered beside gzip when a scraper asks for it.
-	_ "github.com/prometheus/client_golang/prometheus/promhttp/zstd"
+	_ "github.com/prometheus/client_golang/prometheus/promhttp/zstd" // promhttp offers zstd once imported
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 )
