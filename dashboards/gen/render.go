@@ -31,7 +31,13 @@ func str(s string) *string { return &s }
 var ds = common.DataSourceRef{Type: str("prometheus"), Uid: str("${datasource}")}
 
 // render builds one dashboard and writes it in the export form.
+//
+// The SDK marks its classic dashboard model deprecated in favour of
+// dashboardv2, the resource form Grafana 12 stores behind a feature flag;
+// the classic JSON (schema 42) is what every Grafana 11 and 12 imports,
+// and the only form with __inputs and __requires, so the generator keeps it.
 func render(d dashboards.Dashboard) ([]byte, error) {
+	//lint:ignore SA1019 the classic model is the importable one (above)
 	b := sdk.NewDashboardBuilder(d.Title).Uid(d.UID).Tags(d.Tags).Editable().
 		Tooltip(sdk.DashboardCursorSyncCrosshair).Time("now-1h", "now").Refresh("10s").Timezone("browser").
 		Version(1).
@@ -145,6 +151,8 @@ type requirement struct {
 
 // export adds what Grafana's export for sharing writes beside the
 // dashboard model: the data source input and the plugins required.
+//
+//lint:ignore SA1019 the classic model is the importable one (render)
 func export(d sdk.Dashboard, plugins map[string]string) ([]byte, error) {
 	raw, err := json.Marshal(d)
 	if err != nil {
