@@ -1,10 +1,12 @@
-// Package dashboards holds vgpud's Grafana dashboards as code, and the
-// Prometheus recording and alerting rules beside them (rules.yml, with
-// promtool unit tests in rules_test.yml). `go generate ./dashboards`
-// writes the dashboards' JSON; a test fails when the files are stale or
+// Package dashboards holds vgpud's Grafana dashboards as code (titles,
+// panels, PromQL), and the Prometheus recording and alerting rules beside
+// them (rules.yml, with promtool unit tests in rules_test.yml). `go
+// generate ./dashboards` runs ./gen, which builds the dashboards' JSON
+// with the Grafana Foundation SDK; tests fail when the files are stale or
 // a panel queries a metric that vgpud does not export.
 //
-// Only the generator and tests import it.
+// Only the generator and tests import it (so the SDK stays out of the
+// daemon).
 //
 // Imports: nothing from vgpud.
 package dashboards
@@ -12,7 +14,6 @@ package dashboards
 //go:generate go run ./gen
 
 import (
-	"encoding/json"
 	"regexp"
 	"sort"
 )
@@ -26,9 +27,12 @@ type Dashboard struct {
 	Panels []Panel
 }
 
-// Var is a dashboard variable: a multi-select of a label's values.
+// Var is a dashboard variable: a multi-select of a label's values
+// (Query label_values(metric, label)), or of series (Query
+// query_result(expr), Regex picking each option's value and text out of
+// a series with named groups).
 type Var struct {
-	Name, Label, Query string
+	Name, Label, Query, Regex string
 }
 
 // Panel is one panel; Targets are its PromQL queries.
@@ -50,6 +54,15 @@ type Target struct {
 }
 
 func f(v float64) *float64 { return &v }
+
+// gpuOptions lists the GPUs for the $gpu variable, one series each with
+// a display label that joins what tells them apart on a host; the regex
+// takes the UUID as the value and that label as the text (Grafana's
+// named groups).
+const (
+	gpuOptions      = `query_result(label_join(vgpud_gpu_info, "gpu_display", " ", "gpu", "pci_bus_id", "model"))`
+	gpuOptionsRegex = `/(?=.*UUID="(?<value>[^"]+)")(?=.*gpu_display="(?<text>[^"]+)")/`
+)
 
 // Exprs returns every query of the dashboard.
 func (d Dashboard) Exprs() []string {
@@ -93,25 +106,27 @@ func hostOverview() Dashboard {
 			stat("Collection age", "s", Target{Expr: `max(vgpud_collection_age_seconds)`}),
 			{Title: "MIG slot map", Type: "table", W: 24, H: 10, Instant: true,
 				Description: "Every MIG memory slice of every MIG GPU: which instance and tenant hold it (1), or free (0).",
-				Targets:     []Target{{Expr: `vgpud_gpu_mig_slot_occupied * on(gpu) group_left(pci, model) vgpud_gpu_info`}}},
-			ts("GPU utilization", "percentunit", 12, Target{Expr: `vgpud_gpu_utilization_ratio * on(gpu) group_left(pci) vgpud_gpu_info`, Legend: "{{pci}}"},
-				Target{Expr: `sum by (gpu) (vgpud_instance_achieved_share_ratio * on(instance_uuid) group_left(kind) vgpud_instance_info{kind="mig"})`, Legend: "MIG {{gpu}} (achieved)"}),
-			ts("Power and limit", "watt", 12, Target{Expr: `vgpud_gpu_power_watts`, Legend: "{{gpu}}"},
-				Target{Expr: `vgpud_gpu_power_limit_watts`, Legend: "limit {{gpu}}"}),
+				Targets:     []Target{{Expr: `vgpud_gpu_mig_slot_occupied * on(UUID) group_left(model) vgpud_gpu_info`}}},
+			ts("GPU utilization", "percentunit", 12, Target{Expr: `vgpud_gpu_utilization_ratio`, Legend: "GPU {{gpu}} {{pci_bus_id}}"},
+				Target{Expr: `sum by (gpu, UUID) (vgpud_instance_achieved_share_ratio * on(instance_uuid) group_left(kind) vgpud_instance_info{kind=~"mig|mig-vgpu"})`, Legend: "MIG GPU {{gpu}} (achieved)"}),
+			ts("Power and limit", "watt", 12, Target{Expr: `vgpud_gpu_power_watts`, Legend: "GPU {{gpu}}"},
+				Target{Expr: `vgpud_gpu_power_limit_watts`, Legend: "limit GPU {{gpu}}"}),
 			ts("Framebuffer", "bytes", 12, Target{Expr: `sum(vgpud_gpu_framebuffer_total_bytes)`, Legend: "total"},
 				Target{Expr: `sum(vgpud_gpu_framebuffer_allocated_bytes)`, Legend: "allocated"},
 				Target{Expr: `sum(vgpud_gpu_framebuffer_used_bytes)`, Legend: "used"}),
-			ts("Temperature", "celsius", 12, Target{Expr: `vgpud_gpu_temperature_celsius`, Legend: "{{gpu}}"}),
-			ts("Power against the limit", "percentunit", 12, Target{Expr: `vgpud:gpu_power_limit:ratio`, Legend: "{{gpu}}"}),
-			ts("Clock held back (5m)", "percentunit", 12, Target{Expr: `sum by (gpu) (vgpud:gpu_clock_event_seconds:rate5m{reason!="gpu_idle"})`, Legend: "{{gpu}}"}),
-			table("GPUs", 24, 8, Target{Expr: `vgpud_gpu_info * on(gpu) group_left(policy, desired, mode) vgpud_gpu_scheduler_policy_info`}),
+			ts("Temperature", "celsius", 12, Target{Expr: `vgpud_gpu_temperature_celsius`, Legend: "GPU {{gpu}}"}),
+			ts("Power against the limit", "percentunit", 12, Target{Expr: `vgpud:gpu_power_limit:ratio`, Legend: "GPU {{gpu}}"}),
+			ts("Clock held back (5m)", "percentunit", 12, Target{Expr: `sum by (gpu) (vgpud:gpu_clock_event_seconds:rate5m{reason!="gpu_idle"})`, Legend: "GPU {{gpu}}"}),
+			table("GPUs", 24, 8, Target{Expr: `vgpud_gpu_info * on(UUID) group_left(policy, desired, mode) vgpud_gpu_scheduler_policy_info`}),
 		}}
 }
 
 func gpuDetail() Dashboard {
-	sel := `gpu=~"$gpu"`
+	// $gpu's values are UUIDs (stable across reboots, unlike the index);
+	// its options read "index PCI-bus-id model".
+	sel := `UUID=~"$gpu"`
 	return Dashboard{UID: "vgpud-gpu", Title: "vgpud: GPU detail", File: "gpu-detail.json", Tags: []string{"vgpud"},
-		Vars: []Var{{Name: "gpu", Label: "GPU", Query: `label_values(vgpud_gpu_info, gpu)`}},
+		Vars: []Var{{Name: "gpu", Label: "GPU", Query: gpuOptions, Regex: gpuOptionsRegex}},
 		Panels: []Panel{
 			table("Scheduler", 12, 6, Target{Expr: `vgpud_gpu_scheduler_policy_info{` + sel + `}`},
 				Target{Expr: `vgpud_gpu_scheduler_policy_pending{` + sel + `}`}),
@@ -121,7 +136,7 @@ func gpuDetail() Dashboard {
 			{Title: "Achieved share by instance", Type: "timeseries", Unit: "percentunit", W: 12, H: 8, Stack: true, Min: f(0), Max: f(1),
 				Targets: []Target{{Expr: `vgpud_instance_achieved_share_ratio{` + sel + `}`, Legend: "{{tenant}} {{instance_uuid}}"}}},
 			ts("Interference index", "percentunit", 12, Target{Expr: `vgpud_instance_interference_index{` + sel + `}`, Legend: "{{tenant}} {{instance_uuid}}"}),
-			ts("Fairness (Jain)", "short", 8, Target{Expr: `vgpud_gpu_fairness_index{` + sel + `}`, Legend: "{{gpu}}"}),
+			ts("Fairness (Jain)", "short", 8, Target{Expr: `vgpud_gpu_fairness_index{` + sel + `}`, Legend: "GPU {{gpu}}"}),
 			ts("Clock events", "percentunit", 8, Target{Expr: `rate(vgpud_gpu_clock_event_seconds_total{` + sel + `}[$__rate_interval]) > 0`, Legend: "{{reason}}"}),
 			ts("SM clock", "hertz", 8, Target{Expr: `vgpud_gpu_sm_clock_hertz{` + sel + `}`, Legend: "now"},
 				Target{Expr: `vgpud_gpu_sm_clock_max_hertz{` + sel + `}`, Legend: "max"}),
@@ -158,7 +173,7 @@ func tenantView() Dashboard {
 			ts("Entitled vs achieved by instance", "percentunit", 12,
 				Target{Expr: `vgpud_instance_entitled_share_ratio{` + sel + `}`, Legend: "entitled {{instance_uuid}}"},
 				Target{Expr: `vgpud_instance_achieved_share_ratio{` + sel + `}`, Legend: "achieved {{instance_uuid}}"}),
-			ts("Throttled while running", "percentunit", 12, Target{Expr: `sum by (instance, reason) (rate(vgpud_instance_clock_event_seconds_total{` + sel + `}[$__rate_interval]))`, Legend: "{{instance_uuid}} {{reason}}"}),
+			ts("Throttled while running", "percentunit", 12, Target{Expr: `sum by (instance_uuid, reason) (rate(vgpud_instance_clock_event_seconds_total{` + sel + `}[$__rate_interval]))`, Legend: "{{instance_uuid}} {{reason}}"}),
 			table("Tenants", 12, 6, Target{Expr: `vgpud_tenant_info{` + sel + `}`}, Target{Expr: `vgpud_tenant_instances{` + sel + `}`}),
 			ts("Framebuffer held", "bytes", 12, Target{Expr: `vgpud_tenant_framebuffer_allocated_bytes{` + sel + `}`, Legend: "{{tenant}}"}),
 		}}
@@ -181,9 +196,9 @@ func operations() Dashboard {
 			ts("Collectors and share loop", "short", 12, Target{Expr: `vgpud_collector_success`, Legend: "{{collector}} ok"},
 				Target{Expr: `rate(vgpud_share_windows_total[$__rate_interval])`, Legend: "windows/s"},
 				Target{Expr: `rate(vgpud_share_poll_errors_total[$__rate_interval])`, Legend: "poll errors/s"}),
-			ts("XID events", "short", 12, Target{Expr: `sum by (gpu, xid) (increase(vgpud_xid_events_total[$__rate_interval]))`, Legend: "{{gpu}} XID {{xid}}"}),
+			ts("XID events", "short", 12, Target{Expr: `sum by (gpu, xid) (increase(vgpud_xid_events_total[$__rate_interval]))`, Legend: "GPU {{gpu}} XID {{xid}}"}),
 			table("XID events in the last hour", 12, 6, Target{Expr: `sum by (gpu) (vgpud:xid_events:increase1h)`}),
-			ts("GPU lost events", "short", 12, Target{Expr: `sum by (gpu) (increase(vgpud_gpu_lost_events_total[$__rate_interval]))`, Legend: "{{gpu}}"}),
+			ts("GPU lost events", "short", 12, Target{Expr: `sum by (gpu) (increase(vgpud_gpu_lost_events_total[$__rate_interval]))`, Legend: "GPU {{gpu}}"}),
 		}}
 }
 
@@ -202,82 +217,4 @@ func Metrics(expr string) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// JSON renders the dashboard in Grafana's dashboard model (schema 39).
-func (d Dashboard) JSON() ([]byte, error) {
-	type m = map[string]any
-	ds := m{"type": "prometheus", "uid": "${datasource}"}
-	vars := []any{m{"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": m{}, "hide": 0}}
-	for _, v := range d.Vars {
-		vars = append(vars, m{"name": v.Name, "label": v.Label, "type": "query", "datasource": ds,
-			"definition": v.Query, "query": m{"query": v.Query, "refId": "vars"}, "refresh": 2, "multi": true, "includeAll": true,
-			"allValue": ".+", "current": m{}, "sort": 1, "hide": 0})
-	}
-	panels := []any{}
-	x, y, rowH := 0, 0, 0
-	for i, p := range d.Panels {
-		if x+p.W > 24 {
-			x, y, rowH = 0, y+rowH, 0
-		}
-		targets := []any{}
-		for j, t := range p.Targets {
-			tg := m{"refId": string(rune('A' + j)), "expr": t.Expr, "datasource": ds, "legendFormat": t.Legend}
-			if t.Legend == "" {
-				tg["legendFormat"] = "__auto"
-			}
-			if p.Instant {
-				tg["instant"], tg["range"], tg["format"] = true, false, "table"
-			}
-			targets = append(targets, tg)
-		}
-		defaults := m{"unit": p.Unit}
-		if p.Unit == "" {
-			defaults["unit"] = "short"
-		}
-		if p.Min != nil {
-			defaults["min"] = *p.Min
-		}
-		if p.Max != nil {
-			defaults["max"] = *p.Max
-		}
-		opts := m{}
-		switch p.Type {
-		case "timeseries":
-			custom := m{"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}
-			if p.Stack {
-				custom["stacking"] = m{"mode": "normal", "group": "A"}
-				custom["fillOpacity"] = 40
-			}
-			defaults["custom"] = custom
-			opts = m{"legend": m{"displayMode": "table", "placement": "bottom", "showLegend": true}, "tooltip": m{"mode": "multi", "sort": "desc"}}
-		case "stat":
-			opts = m{"reduceOptions": m{"calcs": []string{"lastNotNull"}, "fields": "", "values": false}, "colorMode": "value", "graphMode": "none"}
-		case "table":
-			opts = m{"showHeader": true}
-		}
-		panel := m{"id": i + 1, "type": p.Type, "title": p.Title, "datasource": ds, "targets": targets,
-			"gridPos": m{"x": x, "y": y, "w": p.W, "h": p.H}, "fieldConfig": m{"defaults": defaults, "overrides": []any{}}, "options": opts}
-		if p.Description != "" {
-			panel["description"] = p.Description
-		}
-		if p.Type == "table" {
-			panel["transformations"] = []any{m{"id": "merge", "options": m{}}}
-		}
-		panels = append(panels, panel)
-		x += p.W
-		if p.H > rowH {
-			rowH = p.H
-		}
-	}
-	out := m{
-		"uid": d.UID, "title": d.Title, "tags": d.Tags, "schemaVersion": 39, "version": 1, "editable": true,
-		"time": m{"from": "now-1h", "to": "now"}, "refresh": "10s", "timezone": "browser", "graphTooltip": 1,
-		"templating": m{"list": vars}, "annotations": m{"list": []any{}}, "panels": panels,
-	}
-	b, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	return append(b, '\n'), nil
 }

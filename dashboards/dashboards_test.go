@@ -1,8 +1,6 @@
 package dashboards_test
 
 import (
-	"bytes"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"testing"
@@ -35,39 +33,6 @@ func rules(t *testing.T) ruleFile {
 		t.Fatal(err)
 	}
 	return rf
-}
-
-func TestGeneratedFilesAreCurrent(t *testing.T) {
-	for _, d := range dashboards.All() {
-		want, err := d.JSON()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := os.ReadFile(d.File)
-		if err != nil {
-			t.Fatalf("%v (run go generate ./dashboards)", err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Errorf("%s is stale: run go generate ./dashboards", d.File)
-		}
-		var doc struct {
-			UID    string `json:"uid"`
-			Panels []struct {
-				ID      int `json:"id"`
-				GridPos struct{ X, W int }
-			} `json:"panels"`
-		}
-		if err := json.Unmarshal(got, &doc); err != nil {
-			t.Fatalf("%s: %v", d.File, err)
-		}
-		ids := map[int]bool{}
-		for _, p := range doc.Panels {
-			if ids[p.ID] || p.GridPos.X+p.GridPos.W > 24 {
-				t.Errorf("%s: panel %d duplicated or wider than the grid", d.File, p.ID)
-			}
-			ids[p.ID] = true
-		}
-	}
 }
 
 // TestQueriesUseExportedMetrics: every panel query and every rule uses

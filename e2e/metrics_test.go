@@ -157,6 +157,8 @@ func metricsGrafanaVars(expr string) string {
 	return r.Replace(expr)
 }
 
+var metricsQueryResult = regexp.MustCompile(`^query_result\((.+)\)$`)
+
 var metricsLabelValues = regexp.MustCompile(`^label_values\(([a-zA-Z_:][a-zA-Z0-9_:]*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)$`)
 
 type metricsDocInstance struct {
@@ -194,7 +196,10 @@ func TestMetricsPrometheus(t *testing.T) {
 		"--collect-interval", "1s", "--bus-address", bus.Address(), "--libvirt-socket", "", "--log-level", "info")
 	metricsWaitHTTP(t, vgpud, metricsURL, 60*time.Second)
 
-	// Prometheus scrapes vgpud every second and evaluates the rules every second.
+	// Prometheus scrapes vgpud every second (in protobuf: native
+	// histograms are on) and a dcgm-exporter sample beside it, and
+	// evaluates the rules every second.
+	dcgm := startDCGMTarget(t)
 	pport := metricsFreePort(t)
 	promURL := fmt.Sprintf("http://127.0.0.1:%d", pport)
 	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
@@ -202,14 +207,16 @@ rule_files: [%q]
 scrape_configs:
   - job_name: vgpud
     static_configs: [{targets: ["127.0.0.1:%d"]}]
-`, filepath.Join(root, "dashboards", "rules.yml"), port)
+  - job_name: dcgm
+    static_configs: [{targets: [%q]}]
+`, filepath.Join(root, "dashboards", "rules.yml"), port, dcgm.hostPort())
 	cfgPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	prom := startMetricsProc(t, "prometheus", filepath.Join(dir, "prometheus.log"), os.Environ(), promBin,
 		"--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
-		"--web.listen-address="+fmt.Sprintf("127.0.0.1:%d", pport), "--log.level=warn")
+		"--web.listen-address="+fmt.Sprintf("127.0.0.1:%d", pport), "--log.level=warn", "--enable-feature=native-histograms")
 	metricsWaitHTTP(t, prom, promURL+"/-/ready", 60*time.Second)
 
 	ctl := func(args ...string) []byte {
@@ -251,6 +258,17 @@ scrape_configs:
 	if victim.VGPU == nil || victim.VGPU.MdevUUID == "" || migA.MIG == nil {
 		t.Fatalf("created %+v, %+v: want an mdev vGPU and a MIG instance", victim, migA)
 	}
+	// dcgm-exporter's view of the same host: GPU indexes and UUIDs as
+	// vgpuctl reports them, bus ids written from the host spec.
+	gpus := hostGPUs(t, ctl)
+	h100, l4 := gpus[metricsH100], gpus[metricsL4]
+	dcgmGPUs := []dcgmGPU{
+		{index: h100.Index, uuid: h100.UUID, busID: dcgmBusID(metricsH100), modelName: "NVIDIA H100 80GB HBM3", migs: []dcgmMIG{
+			{gi: migA.MIG.GPUInstanceID, profile: "1g.10gb", fbUsedMiB: 3000, smActv: 0.14},
+			{gi: migB.MIG.GPUInstanceID, profile: "3g.40gb", fbUsedMiB: 20000, smActv: 0.9}}},
+		{index: l4.Index, uuid: l4.UUID, busID: dcgmBusID(metricsL4), modelName: "NVIDIA L4", fbUsedMiB: 12000},
+	}
+	dcgm.text.Store(dcgmExposition(dcgmGPUs))
 	// A destroy, for its duration (attach and detach need libvirtd: their
 	// durations are checked in cmd/vgpud's TestForwardEventsDurations).
 	ctl("destroy", create("1g.10gb", "crunch", metricsH100).UUID)
@@ -288,6 +306,11 @@ scrape_configs:
 	if out, err := check.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) != 0 {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
+	checkNegotiated(t, metricsURL, exposition)
+	checkProtobufScrape(t, promURL, exposition)
+	checkDCGMJoins(t, promURL, dcgmGPUs,
+		map[int]string{migA.MIG.GPUInstanceID: migA.Tenant, migB.MIG.GPUInstanceID: migB.Tenant},
+		map[int]string{migA.MIG.GPUInstanceID: migA.UUID, migB.MIG.GPUInstanceID: migB.UUID})
 	for _, args := range [][]string{{"check", "rules", "rules.yml"}, {"test", "rules", "rules_test.yml"}} {
 		cmd := exec.Command(promtool, args...)
 		cmd.Dir = filepath.Join(root, "dashboards")
@@ -300,6 +323,20 @@ scrape_configs:
 	queries, empty := 0, 0
 	for _, d := range dashboards.All() {
 		for _, v := range d.Vars {
+			if q := metricsQueryResult.FindStringSubmatch(v.Query); q != nil {
+				// The GPU options: one series per GPU with the UUID (the
+				// value) and a display label naming bus id and model.
+				res := promSamples(t, promURL, q[1])
+				if len(res) == 0 {
+					t.Errorf("%s: variable %s (%s): no values", d.File, v.Name, v.Query)
+				}
+				for _, s := range res {
+					if s.Metric["UUID"] == "" || !strings.Contains(s.Metric["gpu_display"], s.Metric["pci_bus_id"]) || !strings.Contains(s.Metric["gpu_display"], s.Metric["model"]) {
+						t.Errorf("%s: variable %s: option %v lacks the UUID or a text with bus id and model", d.File, v.Name, s.Metric)
+					}
+				}
+				continue
+			}
 			m := metricsLabelValues.FindStringSubmatch(v.Query)
 			if m == nil {
 				t.Errorf("%s: variable %s: %q is not label_values(metric, label)", d.File, v.Name, v.Query)

@@ -29,7 +29,7 @@ const slowNVMLCall = time.Second
 // startMetrics starts the share loop (measurement and scheduler policy
 // enforcement, always) and, when cfg.MetricsListen is set, the metrics
 // collection every CollectInterval and the /metrics endpoint serving
-// its latest rendering. stop shuts them down.
+// its latest collection. stop shuts them down.
 func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 	src := share.NewCache(managersource.New(d.mgr, d.catalog), inventoryMaxAge)
 	loop, err := share.New(src, nvmldriver.New(d.host.nvml), share.Config{

@@ -1,4 +1,8 @@
-// Command gen writes the dashboards' JSON files (go generate ./dashboards).
+// Command gen writes the dashboards' JSON files (go generate ./dashboards)
+// with the Grafana Foundation SDK: typed panels at the SDK's schema, in
+// the form Grafana's "export for sharing externally" writes (__inputs for
+// the Prometheus data source, __requires for the plugins), so that they
+// import as they are and provision with a data source variable.
 //
 // Imports: dashboards.
 package main
@@ -23,7 +27,7 @@ func main() {
 
 func run(dir string) error {
 	for _, d := range dashboards.All() {
-		b, err := d.JSON()
+		b, err := render(d)
 		if err != nil {
 			return fmt.Errorf("dashboard %s: %w", d.UID, err)
 		}

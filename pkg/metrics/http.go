@@ -1,87 +1,112 @@
 package metrics
 
 import (
-	"bytes"
-	"compress/gzip"
-	"encoding/binary"
-	"hash/crc32"
+	"errors"
 	"net/http"
 	"strconv"
-	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	_ "github.com/prometheus/client_golang/prometheus/promhttp/zstd" // promhttp offers zstd once imported
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 )
 
-// contentType is the text exposition format Prometheus 2.x reads.
-const contentType = "text/plain; version=0.0.4; charset=utf-8"
+// errNoCollection is Gather's answer before the first collection.
+var errNoCollection = errors.New("no collection yet")
 
-// Handler serves the latest collection: the first scrape after a
-// collection renders it (from what the collection read), the others write
-// that rendering; each adds the collection's age. It calls nothing else.
+var _ prometheus.Gatherer = (*Collector)(nil)
+
+// Gather returns the latest collection's families (built by the first
+// Gather after the collection, from what it read), and the collection's
+// age, the one value computed at each call. It calls nothing else: no
+// NVML, no store, no share loop. The families returned are shared with
+// other scrapes and must not be changed.
+func (c *Collector) Gather() ([]*dto.MetricFamily, error) {
+	out := c.current()
+	if out.at.IsZero() {
+		return nil, errNoCollection
+	}
+	mfs := make([]*dto.MetricFamily, len(out.mfs), len(out.mfs)+1)
+	copy(mfs, out.mfs)
+	return append(mfs, c.age(out)), nil
+}
+
+// age is the collection age family as of now.
+func (c *Collector) age(out *built) *dto.MetricFamily {
+	age := c.cfg.Now().Sub(out.at).Seconds()
+	return &dto.MetricFamily{Name: &ageName, Help: &ageHelp, Type: dto.MetricType_GAUGE.Enum(),
+		Metric: []*dto.Metric{{Gauge: &dto.Gauge{Value: &age}}}}
+}
+
+var ageName, ageHelp = ageFamily, "Time since the collection this scrape serves."
+
+// Handler serves the latest collection in the format the scraper asks
+// for (text, OpenMetrics, protobuf: promhttp's negotiation), plain, gzip
+// or zstd. Plain and gzip responses write the collection's encoding in
+// that format, made by the first scrape that asked for it, and the age
+// encoded for this scrape, in one gzip member; they are byte for byte
+// what promhttp writes for the Gatherer, which serves zstd itself.
+// Encoding and compressing the collection at every scrape, as promhttp
+// does, costs more than ten times the scrape latency goal on the
+// benchmark host (docs/metrics.md, "Benchmark"). Before the first
+// collection it answers 503.
 func (c *Collector) Handler() http.Handler {
+	prom := promhttp.HandlerFor(c, promhttp.HandlerOpts{
+		ErrorLog:          slogLogger{c},
+		ErrorHandling:     promhttp.HTTPErrorOnError,
+		EnableOpenMetrics: true,
+	})
+	formats := expfmt.DefaultOpenMetricsAcceptedFormats()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
+		if c.latest.Load() == nil {
+			http.Error(w, errNoCollection.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		coding := contentCoding(r.Header.Get("Accept-Encoding"))
+		if coding == "zstd" {
+			prom.ServeHTTP(w, r)
+			return
+		}
 		out := c.current()
 		if out.at.IsZero() {
-			http.Error(w, "no collection yet", http.StatusServiceUnavailable)
+			http.Error(w, errNoCollection.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		age := c.cfg.Now().Sub(out.at).Seconds()
-		tail := "# HELP " + ageFamily + " Time since the collection this scrape serves.\n# TYPE " + ageFamily + " gauge\n" +
-			ageFamily + " " + strconv.FormatFloat(age, 'g', -1, 64) + "\n"
-		w.Header().Set("Content-Type", contentType)
-		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
-			out.gzOnce.Do(func() { out.gz = c.gzip(out.text) })
-			// A gzip stream may be followed by another member: the age
-			// goes in a second one, so the cached first stays as it is.
-			tz := gzipStored([]byte(tail))
-			w.Header().Set("Content-Encoding", "gzip")
-			w.Header().Set("Content-Length", strconv.Itoa(len(out.gz)+len(tz)))
-			if r.Method == http.MethodGet {
-				w.Write(out.gz)
-				w.Write(tz)
-			}
+		f := expfmt.NegotiateAccept(r.Header, formats...)
+		enc := out.enc.get(f)
+		enc.encode(c, f, out.mfs)
+		t, err := tail(f, c.age(out))
+		if err != nil {
+			c.log.Error("metrics endpoint", "err", err)
+			http.Error(w, "encoding the collection age: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
-		w.Header().Set("Content-Length", strconv.Itoa(len(out.text)+len(tail)))
+		h := w.Header()
+		h.Add("Vary", "Accept")
+		h.Add("Vary", "Accept-Encoding")
+		h.Set("Content-Type", string(f))
+		var parts [2][]byte
+		if coding == "gzip" {
+			h.Set("Content-Encoding", "gzip")
+			parts[0], parts[1] = enc.gz, enc.gzipEnd(t)
+		} else {
+			parts[0], parts[1] = enc.body, t
+		}
+		h.Set("Content-Length", strconv.Itoa(len(parts[0])+len(parts[1])))
 		if r.Method == http.MethodGet {
-			w.Write(out.text)
-			w.Write([]byte(tail))
+			w.Write(parts[0])
+			w.Write(parts[1])
 		}
 	})
 }
 
-// gzip compresses b with a pooled compressor (each holds buffers of
-// hundreds of KiB, too much to allocate per rendering).
-func (c *Collector) gzip(b []byte) []byte {
-	var buf bytes.Buffer
-	zw, _ := c.gzips.Get().(*gzip.Writer)
-	if zw == nil {
-		zw, _ = gzip.NewWriterLevel(&buf, gzip.BestSpeed)
-	} else {
-		zw.Reset(&buf)
-	}
-	zw.Write(b)
-	zw.Close()
-	c.gzips.Put(zw)
-	return buf.Bytes()
-}
+// slogLogger is promhttp's error log on the collector's logger.
+type slogLogger struct{ c *Collector }
 
-// gzipStored wraps b (under 64 KiB) in a gzip member without compressing
-// it: one stored deflate block (RFC 1951 3.2.4) between the gzip header
-// and trailer (RFC 1952). The age line is a hundred bytes: a pooled
-// compressor per scrape costs more than it saves, and the pool empties
-// at every other GC, when a new one (hundreds of KiB) is allocated.
-func gzipStored(b []byte) []byte {
-	n := len(b)
-	out := make([]byte, 0, 10+5+n+8)
-	// ID1 ID2, CM deflate, no flags, no mtime, XFL 0, OS unknown.
-	out = append(out, 0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255)
-	// BFINAL=1, BTYPE=00 (stored), then LEN and NLEN, little-endian.
-	out = append(out, 1, byte(n), byte(n>>8), ^byte(n), ^byte(n>>8))
-	out = append(out, b...)
-	out = binary.LittleEndian.AppendUint32(out, crc32.ChecksumIEEE(b))
-	return binary.LittleEndian.AppendUint32(out, uint32(n))
-}
+func (l slogLogger) Println(v ...any) { l.c.log.Error("metrics endpoint", "err", v) }

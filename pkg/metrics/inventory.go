@@ -18,8 +18,18 @@ func (c *Collector) collectInventory(b *batch, inv share.Inventory) {
 		alloc[i.GPU] += i.VRAMBytes
 		tenantFB[i.Tenant] += i.VRAMBytes
 		tenantN[i.Tenant]++
-		b.add("vgpud_instance_info", 1, i.UUID, i.Tenant, i.GPU, string(i.Kind), i.Profile, i.VM, i.State)
-		b.add("vgpud_instance_framebuffer_total_bytes", float64(i.VRAMBytes), i.UUID, i.Tenant, i.GPU)
+		giID, giProfile := "", ""
+		if i.Kind == share.MIG && i.GI >= 0 {
+			giID = strconv.Itoa(i.GI)
+			if i.RecordKind == "" || i.RecordKind == "mig" {
+				// A MIG-backed vGPU's profile is its vGPU type, not
+				// the GPU instance's profile DCGM names.
+				giProfile = i.Profile
+			}
+		}
+		b.add("vgpud_instance_info", 1, i.UUID, i.Tenant, b.gpus[i.GPU].index, i.GPU, b.gpus[i.GPU].pciBusID,
+			giID, giProfile, instanceKind(i), i.Profile, i.VM, i.State)
+		b.add("vgpud_instance_framebuffer_total_bytes", float64(i.VRAMBytes), b.inst(i.UUID, i.Tenant, i.GPU)...)
 		if i.Kind == share.MIG && i.GIStart >= 0 && i.GISize > 0 {
 			if slots[i.GPU] == nil {
 				slots[i.GPU] = map[int]share.Instance{}
@@ -33,19 +43,19 @@ func (c *Collector) collectInventory(b *batch, inv share.Inventory) {
 	}
 	for _, g := range inv.GPUs {
 		c.observed.touchGPU(g.UUID)
-		b.add("vgpud_gpu_info", 1, g.UUID, g.PCI, g.Model, g.Product, strconv.FormatBool(g.MIG), g.Flavour)
-		b.add("vgpud_gpu_lost", boolf(g.State == gpu.StateLost), g.UUID)
-		b.add("vgpud_gpu_failed", boolf(g.State == gpu.StateFailed), g.UUID)
-		b.add("vgpud_gpu_framebuffer_allocated_bytes", float64(alloc[g.UUID]), g.UUID)
+		b.add("vgpud_gpu_info", 1, b.gpu(g.UUID, g.Model, g.Product, strconv.FormatBool(g.MIG), g.Flavour)...)
+		b.add("vgpud_gpu_lost", boolf(g.State == gpu.StateLost), b.gpu(g.UUID)...)
+		b.add("vgpud_gpu_failed", boolf(g.State == gpu.StateFailed), b.gpu(g.UUID)...)
+		b.add("vgpud_gpu_framebuffer_allocated_bytes", float64(alloc[g.UUID]), b.gpu(g.UUID)...)
 		if !g.MIG {
 			continue
 		}
 		for s := 0; s < g.MIGSlots; s++ {
 			slot := strconv.Itoa(s)
 			if i, ok := slots[g.UUID][s]; ok {
-				b.add("vgpud_gpu_mig_slot_occupied", 1, g.UUID, slot, i.UUID, i.Tenant, i.Profile)
+				b.add("vgpud_gpu_mig_slot_occupied", 1, b.gpu(g.UUID, slot, i.UUID, i.Tenant, i.Profile)...)
 			} else {
-				b.add("vgpud_gpu_mig_slot_occupied", 0, g.UUID, slot, "", "", "")
+				b.add("vgpud_gpu_mig_slot_occupied", 0, b.gpu(g.UUID, slot, "", "", "")...)
 			}
 		}
 	}
@@ -58,4 +68,16 @@ func (c *Collector) collectInventory(b *batch, inv share.Inventory) {
 		b.add("vgpud_tenant_instances", float64(tenantN[t.Name]), t.Name)
 		b.add("vgpud_tenant_framebuffer_allocated_bytes", float64(tenantFB[t.Name]), t.Name)
 	}
+}
+
+// instanceKind is the instance's kind as vgpuctl and the D-Bus API name
+// it: mig, mig-vgpu, vgpu (time-sliced) or passthrough.
+func instanceKind(i share.Instance) string {
+	if i.RecordKind != "" {
+		return i.RecordKind
+	}
+	if i.Kind == share.TimeSliced {
+		return "vgpu"
+	}
+	return string(i.Kind)
 }

@@ -1,25 +1,31 @@
 // Package metrics is vgpud's Prometheus exporter. A background collection
 // reads the manager's inventory and the share loop's latest window every
-// interval; the first scrape after a collection renders it, once, and
-// later scrapes serve that rendering. A scrape never calls NVML, the store
-// or the share loop, and costs the same however slow the driver is; an
-// exporter nobody scrapes renders nothing. NVML call latency and manager
-// events (XIDs, lost GPUs, operations) are counted as they happen.
+// interval; the first scrape after a collection turns it into metric
+// families, once, and later scrapes serve those families. A scrape never
+// calls NVML, the store or the share loop, and costs the same however slow
+// the driver is; an exporter nobody scrapes builds nothing. NVML call
+// latency and manager events (XIDs, lost GPUs, operations) are counted as
+// they happen.
 //
-// Every family has the vgpud_ prefix; docs/metrics.md lists them. It
-// imports pkg/share (for its snapshot and inventory types) and pkg/gpu (for
-// the GPU states); cmd/vgpud wires it.
+// The families are served through client_golang's promhttp behind the
+// Collector's Gatherer, which negotiates the format (text, OpenMetrics,
+// protobuf with the native NVML latency histogram) and the encoding
+// (gzip, zstd) with each scraper.
+//
+// Every family has the vgpud_ prefix; docs/metrics.md lists them. GPU
+// labels are dcgm-exporter's (gpu: the NVML index, UUID, pci_bus_id), so
+// vgpud's series join with DCGM's. It imports pkg/share (for its snapshot
+// and inventory types) and pkg/gpu (for the GPU states); cmd/vgpud wires
+// it.
 //
 // Imports: pkg/gpu, pkg/share.
 package metrics
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"runtime"
 	"sort"
 	"strconv"
@@ -29,13 +35,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/common/expfmt"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vgpud/vgpud/pkg/share"
 )
 
 // processEvery is how many collections the process_* and go_* families
-// are kept for before a rendering reads them again.
+// are kept for before they are gathered again.
 const processEvery = 10
 
 // ErrBadConfig is wrapped by New's validation errors.
@@ -69,13 +75,14 @@ type Config struct {
 	Now     func() time.Time
 }
 
-// Collector collects in the background and serves the latest rendering.
+// Collector collects in the background and serves the latest collection's
+// families.
 type Collector struct {
 	cfg      Config
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	observed *observed
-	// fams are the snapshot families in the order they are rendered, and
+	// fams are the snapshot families in the order they are served, and
 	// famIdx finds one by name.
 	fams   []family
 	famIdx map[string]int
@@ -83,29 +90,33 @@ type Collector struct {
 	mu          sync.Mutex // one collection at a time; guards what follows
 	collections uint64
 	lastSuccess time.Time
+	// gpus are the GPUs' DCGM labels by UUID from the last inventory read
+	// that succeeded (replaced, never changed: collections share it).
+	gpus map[string]gpuIdent
 
-	// latest is the latest collection, not rendered yet if out is older.
+	// latest is the latest collection, not built yet if out is older.
 	latest atomic.Pointer[collection]
 
-	renderMu sync.Mutex // one rendering at a time; guards what follows
+	buildMu sync.Mutex // one build at a time; guards what follows
 	// proc holds the process_* and go_* collectors; reading /proc and the
-	// runtime costs more than the rest, so they are read every
-	// processEvery collections and the rendering kept.
-	proc     *prometheus.Registry
-	procText []byte
-	procAt   uint64
-	// bufs are the family buffers of the last rendering, reused.
-	bufs [][]byte
+	// runtime costs more than the rest, so they are gathered every
+	// processEvery collections and the families kept.
+	proc    *prometheus.Registry
+	procMFs []*dto.MetricFamily
+	procAt  uint64
 
-	out   atomic.Pointer[rendering]
-	gzips sync.Pool // *gzip.Writer, for a rendering's first gzip scrape
+	out atomic.Pointer[built]
+	// encSize is the largest encoding yet with room to grow: a new
+	// collection's buffer starts at it.
+	encSize atomic.Int64
 }
 
-// collection is what one collection read: the data a rendering shows.
+// collection is what one collection read: the data its families show.
 type collection struct {
-	n   uint64
-	at  time.Time
-	inv share.Inventory
+	n    uint64
+	at   time.Time
+	inv  share.Inventory
+	gpus map[string]gpuIdent
 	// invOK: the inventory read succeeded (else its families are left out).
 	invOK bool
 	snap  *share.Snapshot
@@ -122,14 +133,15 @@ type collectorRun struct {
 	dur time.Duration
 }
 
-// rendering is one collection's exposition, ready to write.
-type rendering struct {
-	col  *collection
-	text []byte
-	at   time.Time
-
-	gzOnce sync.Once
-	gz     []byte
+// built is one collection's metric families, ready to encode. They are
+// shared by every scrape of the collection and never changed.
+type built struct {
+	col *collection
+	mfs []*dto.MetricFamily
+	at  time.Time
+	// enc are the families' encodings by format, made by the first scrape
+	// that asks for each.
+	enc encodings
 }
 
 // New returns a collector; call Run (or Collect) to fill it.
@@ -159,7 +171,7 @@ func New(cfg Config) (*Collector, error) {
 		c.proc = prometheus.NewRegistry()
 		c.proc.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	}
-	c.out.Store(&rendering{})
+	c.out.Store(&built{})
 	return c, nil
 }
 
@@ -179,97 +191,8 @@ func (c *Collector) Run(ctx context.Context) {
 	}
 }
 
-// batch accumulates one collection's snapshot families, rendered in the
-// text exposition format as they are added (one buffer per family, so a
-// family's series stay together whatever order they come in).
-type batch struct {
-	c    *Collector
-	bufs [][]byte
-	err  error
-}
-
-func (b *batch) add(name string, v float64, labels ...string) {
-	i, ok := b.c.famIdx[name]
-	if !ok {
-		b.err = errors.Join(b.err, fmt.Errorf("metric %s is not declared", name))
-		return
-	}
-	f := &b.c.fams[i]
-	if len(labels) != len(f.labels) {
-		b.err = errors.Join(b.err, fmt.Errorf("metric %s: %d label values for %d labels", name, len(labels), len(f.labels)))
-		return
-	}
-	if b.bufs == nil {
-		b.bufs = make([][]byte, len(b.c.fams))
-	}
-	buf := b.bufs[i]
-	buf = append(buf, name...)
-	if len(labels) > 0 {
-		buf = append(buf, '{')
-		for j, l := range f.labels {
-			if j > 0 {
-				buf = append(buf, ',')
-			}
-			buf = append(buf, l...)
-			buf = append(buf, '=', '"')
-			buf = appendEscaped(buf, labels[j])
-			buf = append(buf, '"')
-		}
-		buf = append(buf, '}')
-	}
-	buf = append(buf, ' ')
-	buf = appendFloat(buf, v)
-	buf = append(buf, '\n')
-	b.bufs[i] = buf
-}
-
-// appendEscaped escapes a label value as the text format wants.
-func appendEscaped(buf []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '\\':
-			buf = append(buf, '\\', '\\')
-		case '"':
-			buf = append(buf, '\\', '"')
-		case '\n':
-			buf = append(buf, '\\', 'n')
-		default:
-			buf = append(buf, c)
-		}
-	}
-	return buf
-}
-
-func appendFloat(buf []byte, v float64) []byte {
-	switch {
-	case math.IsNaN(v):
-		return append(buf, "NaN"...)
-	case math.IsInf(v, 1):
-		return append(buf, "+Inf"...)
-	case math.IsInf(v, -1):
-		return append(buf, "-Inf"...)
-	}
-	return strconv.AppendFloat(buf, v, 'g', -1, 64)
-}
-
-// write renders the families that have series, with their HELP and TYPE.
-func (b *batch) write(w *bytes.Buffer) {
-	for i, buf := range b.bufs {
-		if len(buf) == 0 {
-			continue
-		}
-		f := &b.c.fams[i]
-		typ := "gauge"
-		if f.typ == prometheus.CounterValue {
-			typ = "counter"
-		}
-		w.WriteString("# HELP " + f.name + " " + f.help + "\n# TYPE " + f.name + " " + typ + "\n")
-		w.Write(buf)
-	}
-}
-
 // Collect runs one collection now: it reads the inventory and the share
-// loop's snapshot, and leaves them for the next scrape to render.
+// loop's snapshot, and leaves them for the next scrape to build families of.
 func (c *Collector) Collect(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -281,7 +204,9 @@ func (c *Collector) Collect(ctx context.Context) error {
 		err = fmt.Errorf("inventory: %w", err)
 	} else {
 		col.inv, col.invOK = inv, true
+		c.gpus = gpuIdents(inv.GPUs)
 	}
+	col.gpus = c.gpus
 	if c.cfg.Shares != nil {
 		t0 := time.Now()
 		col.snap = c.cfg.Shares.Snapshot()
@@ -301,34 +226,31 @@ func (c *Collector) Collect(ctx context.Context) error {
 	return err
 }
 
-// current returns the rendering of the latest collection, rendering it if
-// no scrape has since it was collected.
-func (c *Collector) current() *rendering {
+// current returns the families of the latest collection, building them
+// if no scrape has since it was collected.
+func (c *Collector) current() *built {
 	col := c.latest.Load()
 	if r := c.out.Load(); r != nil && r.col == col {
 		return r
 	}
-	c.renderMu.Lock()
-	defer c.renderMu.Unlock()
+	c.buildMu.Lock()
+	defer c.buildMu.Unlock()
 	col = c.latest.Load()
 	if r := c.out.Load(); r != nil && r.col == col {
-		return r // another scrape rendered it meanwhile
+		return r // another scrape built them meanwhile
 	}
-	r := c.render(col)
+	r := c.build(col)
 	c.out.Store(r)
 	return r
 }
 
-// render writes a collection's exposition, with the observed families as
-// they are now. Callers hold renderMu.
-func (c *Collector) render(col *collection) *rendering {
+// build turns a collection into metric families, with the observed
+// families as they are now. Callers hold buildMu.
+func (c *Collector) build(col *collection) *built {
 	if col == nil {
-		return &rendering{}
+		return &built{}
 	}
-	b := &batch{c: c, bufs: c.bufs}
-	for i := range b.bufs {
-		b.bufs[i] = b.bufs[i][:0]
-	}
+	b := newBatch(c, col.gpus)
 	c.collectInfo(b)
 	if col.invOK {
 		c.collectInventory(b, col.inv)
@@ -352,44 +274,27 @@ func (c *Collector) render(col *collection) *rendering {
 		b.add("vgpud_collection_last_success_timestamp_seconds", float64(col.lastSuccess.UnixNano())/1e9)
 	}
 	errs := b.err
-	mfs, gerr := c.reg.Gather()
-	if gerr != nil {
-		errs = errors.Join(errs, fmt.Errorf("gather: %w", gerr))
+	mfs := b.families()
+	omfs, err := c.reg.Gather()
+	if err != nil {
+		errs = errors.Join(errs, fmt.Errorf("gather: %w", err))
 	}
-	var buf bytes.Buffer
-	if prev := c.out.Load(); prev != nil {
-		buf.Grow(len(prev.text) + 4096)
-	}
-	b.write(&buf)
-	c.observed.nvml.write(&buf)
-	c.bufs = b.bufs // the next rendering reuses their memory
-	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, mf := range mfs {
-		if err := enc.Encode(mf); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("encode %s: %w", mf.GetName(), err))
-		}
-	}
+	c.observed.label(omfs, col.gpus)
+	mfs = append(mfs, omfs...)
 	if c.proc != nil {
-		if c.procText == nil || col.n >= c.procAt+processEvery {
-			var pb bytes.Buffer
+		if c.procMFs == nil || col.n >= c.procAt+processEvery {
 			pmfs, err := c.proc.Gather()
 			if err != nil {
 				errs = errors.Join(errs, fmt.Errorf("gather process metrics: %w", err))
 			}
-			penc := expfmt.NewEncoder(&pb, expfmt.NewFormat(expfmt.TypeTextPlain))
-			for _, mf := range pmfs {
-				if err := penc.Encode(mf); err != nil {
-					errs = errors.Join(errs, fmt.Errorf("encode %s: %w", mf.GetName(), err))
-				}
-			}
-			c.procText, c.procAt = pb.Bytes(), col.n
+			c.procMFs, c.procAt = pmfs, col.n
 		}
-		buf.Write(c.procText)
+		mfs = append(mfs, c.procMFs...)
 	}
 	if errs != nil {
-		c.log.Error("metrics rendering is incomplete", "err", errs)
+		c.log.Error("metrics collection is incomplete", "err", errs)
 	}
-	return &rendering{col: col, text: buf.Bytes(), at: col.at}
+	return &built{col: col, mfs: mfs, at: col.at}
 }
 
 func (c *Collector) collectInfo(b *batch) {

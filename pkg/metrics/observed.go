@@ -1,13 +1,11 @@
 package metrics
 
 import (
-	"bytes"
-	"sort"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // The observed instruments: updated as things happen (NVML calls through
@@ -15,18 +13,20 @@ import (
 // unlike the snapshot families, which each collection builds afresh.
 
 type observedFamily struct {
-	name      string
-	histogram bool
+	name string
+	// histogram: classic buckets (_bucket, _sum, _count); native: also a
+	// native histogram, which a protobuf scrape ingests under name.
+	histogram, native bool
 }
 
 func observedFamilies() []observedFamily {
 	return []observedFamily{
-		{"vgpud_nvml_call_duration_seconds", true},
-		{"vgpud_nvml_call_errors_total", false},
-		{"vgpud_xid_events_total", false},
-		{"vgpud_gpu_lost_events_total", false},
-		{"vgpud_operations_total", false},
-		{"vgpud_operation_duration_seconds", true},
+		{"vgpud_nvml_call_duration_seconds", true, true},
+		{"vgpud_nvml_call_errors_total", false, false},
+		{"vgpud_xid_events_total", false, false},
+		{"vgpud_gpu_lost_events_total", false, false},
+		{"vgpud_operations_total", false, false},
+		{"vgpud_operation_duration_seconds", true, false},
 	}
 }
 
@@ -40,8 +40,12 @@ var (
 	watchedXIDs = []uint64{13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
 )
 
+// nvmlBuckets are the NVML call latency histogram's classic upper bounds (s).
+var nvmlBuckets = []float64{5e-6, 25e-6, 100e-6, 500e-6, 0.002, 0.01, 0.05, 0.25, 1, 5}
+
 type observed struct {
-	nvml       nvmlStats
+	nvml       *prometheus.HistogramVec
+	nvmlErrs   *prometheus.CounterVec
 	xid        *prometheus.CounterVec
 	lost       *prometheus.CounterVec
 	ops        *prometheus.CounterVec
@@ -51,11 +55,23 @@ type observed struct {
 
 func newObserved(reg *prometheus.Registry) *observed {
 	l := &observed{
-		nvml: nvmlStats{ops: map[string]*opStats{}},
+		nvml: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vgpud_nvml_call_duration_seconds",
+			Help:    "Latency of NVML calls by operation.",
+			Buckets: nvmlBuckets,
+			// Also native: factor 1.1 resolves the microsecond calls
+			// and the second-long ones in one histogram; 160 buckets
+			// bound its size, an hour between resets its churn.
+			NativeHistogramBucketFactor:     1.1,
+			NativeHistogramMaxBucketNumber:  160,
+			NativeHistogramMinResetDuration: time.Hour}, []string{"op"}),
+		nvmlErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_nvml_call_errors_total",
+			Help: "NVML calls that failed, by operation and return code."}, []string{"op", "code"}),
+		// The event counters are kept by GPU UUID (what the events carry);
+		// label adds the GPU's index and bus id when they are served.
 		xid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_xid_events_total",
-			Help: "NVML XID critical error events by GPU and XID code."}, []string{"gpu", "xid"}),
+			Help: "NVML XID critical error events by GPU and XID code."}, []string{"UUID", "xid"}),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_gpu_lost_events_total",
-			Help: "Times a GPU was marked lost or failed (XID 79, fault watch)."}, []string{"gpu"}),
+			Help: "Times a GPU was marked lost or failed (XID 79, fault watch)."}, []string{"UUID"}),
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_operations_total",
 			Help: "Finished operations by kind and outcome."}, []string{"op", "outcome"}),
 		opDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vgpud_operation_duration_seconds",
@@ -63,7 +79,7 @@ func newObserved(reg *prometheus.Registry) *observed {
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}}, []string{"op", "outcome"}),
 		gpus: map[string]bool{},
 	}
-	reg.MustRegister(l.xid, l.lost, l.ops, l.opDuration)
+	reg.MustRegister(l.nvml, l.nvmlErrs, l.xid, l.lost, l.ops, l.opDuration)
 	for _, op := range knownOps {
 		for _, o := range knownOutcomes {
 			l.ops.WithLabelValues(op, o)
@@ -86,118 +102,36 @@ func (l *observed) touchGPU(uuid string) {
 	}
 }
 
+// label adds gpu and pci_bus_id to the gathered GPU event counters, as
+// every GPU family has them. The families are the Gather's own copies.
+func (l *observed) label(mfs []*dto.MetricFamily, gpus map[string]gpuIdent) {
+	gpuName, busName := "gpu", "pci_bus_id"
+	for _, mf := range mfs {
+		if n := mf.GetName(); n != "vgpud_xid_events_total" && n != "vgpud_gpu_lost_events_total" {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, lp := range m.Label {
+				if lp.GetName() != "UUID" {
+					continue
+				}
+				id, ok := gpus[lp.GetValue()]
+				if !ok {
+					break
+				}
+				m.Label = append(m.Label, &dto.LabelPair{Name: &gpuName, Value: &id.index}, &dto.LabelPair{Name: &busName, Value: &id.pciBusID})
+				break
+			}
+		}
+	}
+}
+
 // ObserveNVML records one NVML call: its latency, and its return code
 // when it failed (code "" means success). Safe for concurrent use.
 func (c *Collector) ObserveNVML(op string, took time.Duration, code string) {
-	c.observed.nvml.observe(op, took, code)
-}
-
-// nvmlBuckets are the NVML call latency histogram's upper bounds (s).
-var nvmlBuckets = [...]float64{5e-6, 25e-6, 100e-6, 500e-6, 0.002, 0.01, 0.05, 0.25, 1, 5}
-
-// nvmlStats is the NVML call histogram and error counts. It is rendered
-// straight to text: with a series per operation and bucket it is the
-// largest observed family, and a registry's Gather of it costs more than the
-// rest of a collection.
-type nvmlStats struct {
-	mu  sync.Mutex
-	ops map[string]*opStats
-}
-
-type opStats struct {
-	buckets [len(nvmlBuckets)]uint64
-	count   uint64
-	sum     float64
-	errs    map[string]uint64
-}
-
-func (n *nvmlStats) observe(op string, took time.Duration, code string) {
-	s := took.Seconds()
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	o := n.ops[op]
-	if o == nil {
-		o = &opStats{}
-		n.ops[op] = o
-	}
-	for i, ub := range nvmlBuckets {
-		if s <= ub {
-			o.buckets[i]++
-			break
-		}
-	}
-	o.count++
-	o.sum += s
+	c.observed.nvml.WithLabelValues(op).Observe(took.Seconds())
 	if code != "" {
-		if o.errs == nil {
-			o.errs = map[string]uint64{}
-		}
-		o.errs[code]++
-	}
-}
-
-// write renders vgpud_nvml_call_duration_seconds and vgpud_nvml_call_errors_total.
-func (n *nvmlStats) write(w *bytes.Buffer) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	names := make([]string, 0, len(n.ops))
-	for op := range n.ops {
-		names = append(names, op)
-	}
-	sort.Strings(names)
-	var b []byte
-	b = append(b, "# HELP vgpud_nvml_call_duration_seconds Latency of NVML calls by operation.\n# TYPE vgpud_nvml_call_duration_seconds histogram\n"...)
-	for _, op := range names {
-		o := n.ops[op]
-		cum := uint64(0)
-		for i, ub := range nvmlBuckets {
-			cum += o.buckets[i]
-			b = append(b, `vgpud_nvml_call_duration_seconds_bucket{op="`...)
-			b = appendEscaped(b, op)
-			b = append(b, `",le="`...)
-			b = strconv.AppendFloat(b, ub, 'g', -1, 64)
-			b = append(b, `"} `...)
-			b = strconv.AppendUint(b, cum, 10)
-			b = append(b, '\n')
-		}
-		b = append(b, `vgpud_nvml_call_duration_seconds_bucket{op="`...)
-		b = appendEscaped(b, op)
-		b = append(b, `",le="+Inf"} `...)
-		b = strconv.AppendUint(b, o.count, 10)
-		b = append(b, "\nvgpud_nvml_call_duration_seconds_sum{op=\""...)
-		b = appendEscaped(b, op)
-		b = append(b, `"} `...)
-		b = appendFloat(b, o.sum)
-		b = append(b, "\nvgpud_nvml_call_duration_seconds_count{op=\""...)
-		b = appendEscaped(b, op)
-		b = append(b, `"} `...)
-		b = strconv.AppendUint(b, o.count, 10)
-		b = append(b, '\n')
-	}
-	errs := false
-	for _, op := range names {
-		o := n.ops[op]
-		codes := make([]string, 0, len(o.errs))
-		for c := range o.errs {
-			codes = append(codes, c)
-		}
-		sort.Strings(codes)
-		for _, c := range codes {
-			if !errs {
-				errs = true
-				b = append(b, "# HELP vgpud_nvml_call_errors_total NVML calls that failed, by operation and return code.\n# TYPE vgpud_nvml_call_errors_total counter\n"...)
-			}
-			b = append(b, `vgpud_nvml_call_errors_total{op="`...)
-			b = appendEscaped(b, op)
-			b = append(b, `",code="`...)
-			b = appendEscaped(b, c)
-			b = append(b, `"} `...)
-			b = strconv.AppendUint(b, o.errs[c], 10)
-			b = append(b, '\n')
-		}
-	}
-	if len(names) > 0 {
-		w.Write(b)
+		c.observed.nvmlErrs.WithLabelValues(op, code).Inc()
 	}
 }
 

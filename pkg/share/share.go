@@ -89,9 +89,13 @@ type Instance struct {
 	// entitled to its compute share.
 	Guaranteed bool
 	// GPU is the GPU's UUID.
-	GPU     string
-	Kind    Kind
-	Profile string
+	GPU  string
+	Kind Kind
+	// RecordKind is the record's kind as vgpuctl and the D-Bus API name
+	// it (mig, mig-vgpu, vgpu, passthrough); Kind is how the loop
+	// measures it.
+	RecordKind string
+	Profile    string
 	// VM and VMUUID name the VM it is attached to ("" when none).
 	VM, VMUUID string
 	// MdevUUID or VF identify a vGPU on the host.
@@ -123,6 +127,8 @@ func (i Instance) Entitled() float64 {
 
 // GPU is one GPU as the loop needs it.
 type GPU struct {
+	// Index is the GPU's NVML index (dcgm-exporter's gpu label).
+	Index                     int
 	UUID, PCI, Model, Product string
 	// MIG is true with MIG mode on.
 	MIG bool

@@ -66,7 +66,7 @@ func (s *Source) Inventory(ctx context.Context) (share.Inventory, error) {
 	}
 	cat := s.catalog()
 	for _, g := range gpus {
-		x := share.GPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, Product: g.Product, MIG: g.MIG.Enabled,
+		x := share.GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI, Model: g.Model, Product: g.Product, MIG: g.MIG.Enabled,
 			Flavour: string(g.VGPU.Flavour), State: g.State}
 		if md, ok := cat.Model(g.Model); ok && md.MIG != nil {
 			x.MIGSlots = md.MIG.MemorySlices
@@ -75,7 +75,7 @@ func (s *Source) Inventory(ctx context.Context) (share.Inventory, error) {
 	}
 	for _, v := range insts {
 		r := v.Instance
-		x := share.Instance{UUID: r.UUID, Tenant: r.Tenant, Guaranteed: guaranteed[r.Tenant], GPU: r.GPUUUID, Profile: r.Profile,
+		x := share.Instance{UUID: r.UUID, Tenant: r.Tenant, Guaranteed: guaranteed[r.Tenant], GPU: r.GPUUUID, RecordKind: string(r.Kind), Profile: r.Profile,
 			MdevUUID: r.MdevUUID, VF: r.VF, GI: r.GIID, GIStart: r.GIStart, GISize: r.GISize, TypeID: r.TypeID,
 			ComputeMilli: r.ComputeMilli, VRAMBytes: r.VRAMBytes, State: string(r.State)}
 		switch r.Kind {

@@ -49,8 +49,8 @@ func TestInventory(t *testing.T) {
 		gpus: []manager.GPUView{
 			{GPU: gpu.GPU{UUID: "GPU-a", PCI: "0000:41:00.0", Model: "H100-SXM5-80GB", Product: "NVIDIA H100 80GB HBM3",
 				MIG: gpu.MIG{Enabled: true}, VGPU: gpu.VGPU{Flavour: gpu.FlavourVFIO}}, State: "ok"},
-			{GPU: gpu.GPU{UUID: "GPU-b", PCI: "0000:61:00.0", Model: "L40S-48GB", VGPU: gpu.VGPU{Flavour: gpu.FlavourVFIO}}, State: "failed"},
-			{GPU: gpu.GPU{UUID: "GPU-c", PCI: "0000:81:00.0", Model: "not-in-catalog"}, State: "lost"},
+			{GPU: gpu.GPU{Index: 1, UUID: "GPU-b", PCI: "0000:61:00.0", Model: "L40S-48GB", VGPU: gpu.VGPU{Flavour: gpu.FlavourVFIO}}, State: "failed"},
+			{GPU: gpu.GPU{Index: 2, UUID: "GPU-c", PCI: "0000:81:00.0", Model: "not-in-catalog"}, State: "lost"},
 		},
 		insts: []manager.InstanceView{
 			{Instance: store.Instance{UUID: "i-mig", Tenant: "gold", Kind: store.KindMIG, GPUUUID: "GPU-a", Profile: "3g.40gb",
@@ -71,17 +71,17 @@ func TestInventory(t *testing.T) {
 	want := share.Inventory{
 		GPUs: []share.GPU{
 			{UUID: "GPU-a", PCI: "0000:41:00.0", Model: "H100-SXM5-80GB", Product: "NVIDIA H100 80GB HBM3", MIG: true, Flavour: "vfio", State: "ok", MIGSlots: 8},
-			{UUID: "GPU-b", PCI: "0000:61:00.0", Model: "L40S-48GB", Flavour: "vfio", State: "failed"},
-			{UUID: "GPU-c", PCI: "0000:81:00.0", Model: "not-in-catalog", State: "lost"},
+			{Index: 1, UUID: "GPU-b", PCI: "0000:61:00.0", Model: "L40S-48GB", Flavour: "vfio", State: "failed"},
+			{Index: 2, UUID: "GPU-c", PCI: "0000:81:00.0", Model: "not-in-catalog", State: "lost"},
 		},
 		Instances: []share.Instance{
-			{UUID: "i-mig", Tenant: "gold", Guaranteed: true, GPU: "GPU-a", Kind: share.MIG, Profile: "3g.40gb",
+			{UUID: "i-mig", Tenant: "gold", Guaranteed: true, GPU: "GPU-a", Kind: share.MIG, RecordKind: "mig", Profile: "3g.40gb",
 				GI: 2, GIStart: 4, GISize: 4, ComputeMilli: 428, VRAMBytes: 40 << 30, State: "ready"},
-			{UUID: "i-migvgpu", Tenant: "gold", Guaranteed: true, GPU: "GPU-a", Kind: share.MIG, Profile: "H100-1-10C",
+			{UUID: "i-migvgpu", Tenant: "gold", Guaranteed: true, GPU: "GPU-a", Kind: share.MIG, RecordKind: "mig-vgpu", Profile: "H100-1-10C",
 				VF: "0000:41:00.4", GI: 5, GIStart: 0, GISize: 1, TypeID: 1050, State: "ready"},
-			{UUID: "i-ts", Tenant: "free", GPU: "GPU-b", Kind: share.TimeSliced, Profile: "L40S-8Q", VM: "vm1", VMUUID: "d-1",
+			{UUID: "i-ts", Tenant: "free", GPU: "GPU-b", Kind: share.TimeSliced, RecordKind: "vgpu", Profile: "L40S-8Q", VM: "vm1", VMUUID: "d-1",
 				MdevUUID: "m-1", GI: -1, TypeID: 1001, ComputeMilli: 166, State: "ready"},
-			{UUID: "i-pt", Tenant: "nobody", GPU: "GPU-c", Kind: share.Passthrough, State: "failed"},
+			{UUID: "i-pt", Tenant: "nobody", GPU: "GPU-c", Kind: share.Passthrough, RecordKind: "passthrough", State: "failed"},
 		},
 		Tenants: []share.Tenant{{Name: "gold", Guaranteed: true}, {Name: "free"}},
 	}

@@ -73,7 +73,7 @@ func scenarioInventory(t testing.TB, h *sim.Host, sc *sim.Scenario) share.Invent
 		t.Fatal(err)
 	}
 	for i, g := range gpus {
-		inv.GPUs = append(inv.GPUs, share.GPU{UUID: g[1], PCI: g[0], Model: sc.Spec.GPUs[i].Model, MIG: sc.Spec.GPUs[i].MIG, State: gpu.StateOK})
+		inv.GPUs = append(inv.GPUs, share.GPU{Index: i, UUID: g[1], PCI: g[0], Model: sc.Spec.GPUs[i].Model, MIG: sc.Spec.GPUs[i].MIG, State: gpu.StateOK})
 	}
 	tenants := map[string]bool{}
 	for _, x := range sc.Instances {

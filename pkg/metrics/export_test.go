@@ -1,0 +1,4 @@
+package metrics
+
+// ContentCoding is contentCoding, for the tests.
+var ContentCoding = contentCoding
