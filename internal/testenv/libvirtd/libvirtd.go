@@ -235,6 +235,28 @@ func (e *Env) StopDaemon(t testing.TB) {
 	}
 }
 
+// Pause stops libvirtd with SIGSTOP, as a hung libvirtd: its socket still
+// accepts connections and nothing answers. The returned func (also run at
+// cleanup) resumes it. It skips the test when the libvirtd was not started
+// by Start.
+func (e *Env) Pause(t testing.TB) (resume func()) {
+	t.Helper()
+	e.requireOwned(t)
+	e.mu.Lock()
+	p := e.libvirtd
+	e.mu.Unlock()
+	if p == nil {
+		t.Fatal("libvirtd: Pause while it is stopped")
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("libvirtd: pause: %v", err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { p.cmd.Process.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	return resume
+}
+
 // StartDaemon starts libvirtd (after StopDaemon, or the first time) and waits
 // until it answers RPCs on the socket.
 func (e *Env) StartDaemon(t testing.TB) {
