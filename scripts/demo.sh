@@ -49,23 +49,58 @@ export VGPUCTL_CONNECT="unix:path=$work/bus.sock"
 echo "bus at $VGPUCTL_CONNECT"
 
 # --- libvirtd, when installed ----------------------------------------------
+# A privileged libvirtd keeps its state at fixed paths (/run/libvirt/*/driver.pid,
+# /etc/libvirt/qemu, /var/lib/libvirt) whatever its configuration says, so a
+# second one on a host whose own libvirtd runs exits at start-up. The demo's
+# runs in a mount namespace of its own (held by a sleeping process made with
+# unshare; the daemons join it with nsenter) where those paths are private
+# directories under $work; its socket is in $work, reached from outside.
+# lv_failed NAME LOG: libvirtd or virtlogd did not start: say so with its own
+# last words, and stop.
+lv_failed() {
+  echo "$1 did not start; the last lines of its log ($2):" >&2
+  tail -n 25 "$2" >&2 || true
+  exit 1
+}
 LV_SOCKET=""
-if [ -S /run/libvirt/libvirt-sock ] && virsh -c qemu:///system version >/dev/null 2>&1; then
-  LV_SOCKET=/run/libvirt/libvirt-sock
-  LV_URI=qemu:///system
-elif command -v libvirtd >/dev/null && command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" = 0 ]; then
-  say "libvirtd with the QEMU driver (private socket)"
+if command -v libvirtd >/dev/null && command -v virtlogd >/dev/null && command -v qemu-system-x86_64 >/dev/null &&
+   command -v unshare >/dev/null && command -v nsenter >/dev/null && [ "$(id -u)" = 0 ]; then
+  say "libvirtd with the QEMU driver (private: own mount namespace and socket)"
   getent group kvm >/dev/null || groupadd -r kvm
-  [ -f /etc/libvirt/qemu.conf ] || printf 'user = "root"\ngroup = "root"\n' > /etc/libvirt/qemu.conf
-  printf 'unix_sock_dir = "%s"\nunix_sock_rw_perms = "0700"\nauth_unix_rw = "none"\nauth_unix_ro = "none"\n' "$work" > "$work/libvirtd.conf"
-  [ -S /run/libvirt/virtlogd-sock ] || { virtlogd -p "$work/virtlogd.pid" & pids+=($!); }
-  libvirtd -f "$work/libvirtd.conf" -p "$work/libvirtd.pid" 2>"$work/libvirtd.log" &
+  lvroot=$work/libvirt
+  mkdir -p "$lvroot/etc/libvirt"
+  printf 'user = "root"\ngroup = "root"\n' >"$lvroot/etc/libvirt/qemu.conf"
+  printf 'unix_sock_dir = "%s"\nunix_sock_rw_perms = "0700"\nauth_unix_rw = "none"\nauth_unix_ro = "none"\n' "$work" >"$work/libvirtd.conf"
+  unshare --mount --propagation private -- sh -c 'set -e; root=$1; shift
+    for p in "$@"; do mkdir -p "$root$p" "$p"; mount --bind "$root$p" "$p"; done
+    echo ready; exec sleep infinity' holder "$lvroot" \
+    /etc/libvirt /run/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt >"$work/ns.out" 2>"$work/ns.log" &
+  ns=$!
+  pids+=("$ns")
+  for _ in $(seq 100); do grep -q ready "$work/ns.out" 2>/dev/null && break; sleep 0.05; done
+  grep -q ready "$work/ns.out" || lv_failed "the private mount namespace (unshare)" "$work/ns.log"
+  nsenter --target "$ns" --mount -- virtlogd -p /run/libvirt/virtlogd.pid >"$work/virtlogd.log" 2>&1 &
   pids+=($!)
+  for _ in $(seq 100); do [ -S "$lvroot/run/libvirt/virtlogd-sock" ] && break; sleep 0.05; done
+  [ -S "$lvroot/run/libvirt/virtlogd-sock" ] || lv_failed virtlogd "$work/virtlogd.log"
+  nsenter --target "$ns" --mount -- libvirtd -f "$work/libvirtd.conf" -p /run/libvirt/libvirtd.pid >"$work/libvirtd.log" 2>&1 &
+  lv=$!
+  pids+=("$lv")
   LV_SOCKET=$work/libvirt-sock
   LV_URI="qemu:///system?socket=$LV_SOCKET"
-  for _ in $(seq 200); do virsh -c "$LV_URI" version >/dev/null 2>&1 && break; sleep 0.05; done
+  for _ in $(seq 400); do
+    virsh -c "$LV_URI" version >/dev/null 2>&1 && break
+    kill -0 "$lv" 2>/dev/null || break
+    sleep 0.05
+  done
+  virsh -c "$LV_URI" version >/dev/null 2>&1 || lv_failed libvirtd "$work/libvirtd.log"
+  echo "libvirtd at $LV_SOCKET"
+elif [ -S /run/libvirt/libvirt-sock ] && virsh -c qemu:///system version >/dev/null 2>&1; then
+  say "the host's libvirtd"
+  LV_SOCKET=/run/libvirt/libvirt-sock
+  LV_URI=qemu:///system
 else
-  echo "(no libvirtd here: the demo skips the VMs)"
+  echo "(no libvirtd here, or not root: the demo skips the VMs)"
 fi
 if [ -n "$LV_SOCKET" ]; then
   LIBVIRT_OWNED=1

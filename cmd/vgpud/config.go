@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vgpud/vgpud/pkg/apply"
+	"github.com/vgpud/vgpud/pkg/virt"
 )
 
 // defaultConfigPath is read when --config is not given; absent is fine.
@@ -43,7 +44,10 @@ type Config struct {
 	MdevctlDir string `json:"mdevctlDir,omitempty"`
 	// ProfilesDir overrides and extends the built-in catalog.
 	ProfilesDir string `json:"profilesDir,omitempty"`
-	// LibvirtURI and LibvirtSocket select the libvirt daemon.
+	// LibvirtURI and LibvirtSocket select the libvirt daemon. The socket
+	// is "auto" (found as libvirt's clients find it: virtqemud's socket,
+	// else libvirtd's or virtproxyd's; see pkg/virt socket.go), a path, or
+	// "" to run without libvirt.
 	LibvirtURI    string `json:"libvirtURI,omitempty"`
 	LibvirtSocket string `json:"libvirtSocket,omitempty"`
 	// MetricsListen is the Prometheus endpoint's address ("" disables it).
@@ -70,6 +74,10 @@ type Config struct {
 	// RecoverProbe is how often a failed or lost GPU is re-read to see
 	// whether it came back.
 	RecoverProbe Duration `json:"recoverProbe,omitempty"`
+	// DiscoveryInterval is how often the whole host is re-read and the
+	// records compared with it without an event (drift: devices gone or
+	// made behind vgpud's back).
+	DiscoveryInterval Duration `json:"discoveryInterval,omitempty"`
 	// ApplyMaxChanges bounds the changes one declarative apply document
 	// may make; a larger one is refused before its first change.
 	ApplyMaxChanges int `json:"applyMaxChanges,omitempty"`
@@ -87,6 +95,8 @@ type Reloadable struct {
 	CriticalXIDs map[uint64]bool
 	UeventSettle time.Duration
 	RecoverProbe time.Duration
+	// DiscoveryInterval paces the periodic discovery (serve.go watchHost).
+	DiscoveryInterval time.Duration
 	// LogLevel is the level a reload set (the logger holds it; it is kept
 	// here so the next reload compares with what is in force).
 	LogLevel string
@@ -101,7 +111,8 @@ func (c *Config) Reloadable() *Reloadable {
 }
 
 func (c *Config) reloadableValues() *Reloadable {
-	l := &Reloadable{CriticalXIDs: map[uint64]bool{}, UeventSettle: c.UeventSettle.Duration, RecoverProbe: c.RecoverProbe.Duration, LogLevel: c.LogLevel}
+	l := &Reloadable{CriticalXIDs: map[uint64]bool{}, UeventSettle: c.UeventSettle.Duration, RecoverProbe: c.RecoverProbe.Duration,
+		DiscoveryInterval: c.DiscoveryInterval.Duration, LogLevel: c.LogLevel}
 	for _, x := range c.CriticalXIDs {
 		l.CriticalXIDs[uint64(x)] = true
 	}
@@ -142,21 +153,22 @@ func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String()
 
 func defaultConfig() *Config {
 	return &Config{
-		StateDir:        "/var/lib/vgpud",
-		SysfsRoot:       "/sys",
-		MdevctlDir:      "/etc/mdevctl.d",
-		ProfilesDir:     "/etc/vgpud/profiles.d",
-		LibvirtURI:      "qemu:///system",
-		LibvirtSocket:   "/run/libvirt/libvirt-sock",
-		MetricsListen:   "127.0.0.1:9835",
-		LogLevel:        "info",
-		DriverWait:      Duration{2 * time.Minute},
-		CollectInterval: Duration{time.Second},
-		UndefinePolicy:  "release",
-		CriticalXIDs:    slices.Clone(defaultCriticalXIDs),
-		UeventSettle:    Duration{500 * time.Millisecond},
-		RecoverProbe:    Duration{5 * time.Second},
-		ApplyMaxChanges: apply.DefaultMaxChanges,
+		StateDir:          "/var/lib/vgpud",
+		SysfsRoot:         "/sys",
+		MdevctlDir:        "/etc/mdevctl.d",
+		ProfilesDir:       "/etc/vgpud/profiles.d",
+		LibvirtURI:        "qemu:///system",
+		LibvirtSocket:     virt.AutoSocket,
+		MetricsListen:     "127.0.0.1:9835",
+		LogLevel:          "info",
+		DriverWait:        Duration{2 * time.Minute},
+		CollectInterval:   Duration{time.Second},
+		UndefinePolicy:    "release",
+		CriticalXIDs:      slices.Clone(defaultCriticalXIDs),
+		UeventSettle:      Duration{500 * time.Millisecond},
+		RecoverProbe:      Duration{5 * time.Second},
+		DiscoveryInterval: Duration{time.Minute},
+		ApplyMaxChanges:   apply.DefaultMaxChanges,
 	}
 }
 
@@ -182,7 +194,7 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&v.cfg.MdevctlDir, "mdevctl-dir", c.MdevctlDir, "mdevctl's config directory (read only)")
 	fs.StringVar(&v.cfg.ProfilesDir, "profiles-dir", c.ProfilesDir, "directory of catalog files overriding the built-in ones")
 	fs.StringVar(&v.cfg.LibvirtURI, "libvirt-uri", c.LibvirtURI, "libvirt connection URI")
-	fs.StringVar(&v.cfg.LibvirtSocket, "libvirt-socket", c.LibvirtSocket, "libvirt daemon socket")
+	fs.StringVar(&v.cfg.LibvirtSocket, "libvirt-socket", c.LibvirtSocket, `libvirt daemon socket: "auto" (virtqemud's, else libvirtd's or virtproxyd's, under /run/libvirt), a path, or "" for none`)
 	fs.StringVar(&v.cfg.MetricsListen, "metrics-listen", c.MetricsListen, "address of the Prometheus /metrics endpoint (empty: off)")
 	fs.StringVar(&v.cfg.BusAddress, "bus-address", "", "D-Bus bus address (default: the system bus, or $DBUS_SYSTEM_BUS_ADDRESS)")
 	fs.StringVar(&v.cfg.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -192,6 +204,7 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.UintSliceVar(&v.cfg.CriticalXIDs, "critical-xids", c.CriticalXIDs, "XIDs that mark a GPU failed until it is reset")
 	fs.DurationVar(&v.cfg.UeventSettle.Duration, "uevent-settle", c.UeventSettle.Duration, "quiet time after a burst of uevents before the host is re-read")
 	fs.DurationVar(&v.cfg.RecoverProbe.Duration, "recover-probe", c.RecoverProbe.Duration, "how often a failed or lost GPU is re-read")
+	fs.DurationVar(&v.cfg.DiscoveryInterval.Duration, "discovery-interval", c.DiscoveryInterval.Duration, "how often the host is re-read and compared with the records without an event")
 }
 
 // load reads the configuration file, then applies the flags the user set:
@@ -259,6 +272,8 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 			next.UeventSettle = v.cfg.UeventSettle
 		case "recover-probe":
 			next.RecoverProbe = v.cfg.RecoverProbe
+		case "discovery-interval":
+			next.DiscoveryInterval = v.cfg.DiscoveryInterval
 		}
 	}
 	if err := next.validate(); err != nil {
@@ -296,7 +311,10 @@ func (c *Config) validate() error {
 		{"sysfsRoot", c.SysfsRoot}, {"profilesDir", c.ProfilesDir}, {"libvirtSocket", c.LibvirtSocket}, {"simHost", c.SimHost},
 		{"mdevctlDir", c.MdevctlDir},
 	} {
-		if p.val != "" && !filepath.IsAbs(p.val) {
+		if p.val != "" && !filepath.IsAbs(p.val) && (p.key != "libvirtSocket" || p.val != virt.AutoSocket) {
+			if p.key == "libvirtSocket" {
+				return fmt.Errorf("libvirtSocket: %q must be %q, an absolute path, or empty (no libvirt)", p.val, virt.AutoSocket)
+			}
 			return fmt.Errorf("%s: %q must be an absolute path", p.key, p.val)
 		}
 	}
@@ -339,6 +357,9 @@ func (c *Config) validate() error {
 	}
 	if c.RecoverProbe.Duration < 100*time.Millisecond || c.RecoverProbe.Duration > 10*time.Minute {
 		return fmt.Errorf("recoverProbe: %v must be 100ms..10m", c.RecoverProbe.Duration)
+	}
+	if c.DiscoveryInterval.Duration < time.Second || c.DiscoveryInterval.Duration > time.Hour {
+		return fmt.Errorf("discoveryInterval: %v must be 1s..1h", c.DiscoveryInterval.Duration)
 	}
 	if c.ApplyMaxChanges < 1 || c.ApplyMaxChanges > maxApplyChanges {
 		return fmt.Errorf("applyMaxChanges: %d must be 1..%d", c.ApplyMaxChanges, maxApplyChanges)

@@ -66,6 +66,24 @@ func TestConfigFileAndFlags(t *testing.T) {
 			}
 			return ""
 		}},
+		{name: "libvirt-socket-auto-by-default", check: func(c *Config) string {
+			if c.LibvirtSocket != "auto" {
+				return "libvirtSocket must default to auto"
+			}
+			return ""
+		}},
+		{name: "libvirt-socket-path", yaml: "libvirtSocket: /run/libvirt/virtqemud-sock\n", check: func(c *Config) string {
+			if c.LibvirtSocket != "/run/libvirt/virtqemud-sock" {
+				return "libvirtSocket path not taken"
+			}
+			return ""
+		}},
+		{name: "discovery-interval", yaml: "discoveryInterval: 20s\n", check: func(c *Config) string {
+			if c.Reloadable().DiscoveryInterval != 20*time.Second {
+				return "discoveryInterval not taken from the file"
+			}
+			return ""
+		}},
 		{name: "reloadable-settings", yaml: "ueventSettle: 2s\nrecoverProbe: 1s\ncriticalXIDs: [94]\n", check: func(c *Config) string {
 			l := c.Reloadable()
 			if l.UeventSettle != 2*time.Second || l.RecoverProbe != time.Second || !l.CriticalXIDs[94] || l.CriticalXIDs[79] {
@@ -101,7 +119,9 @@ func TestConfigErrors(t *testing.T) {
 		{name: "wrong-type", yaml: "sim: maybe\n", want: "sim"},
 		{name: "driver-wait-range", yaml: "driverWait: 2h\n", want: "driverWait: 2h0m0s must be 0..1h"},
 		{name: "relative-sysfs-root", yaml: "sysfsRoot: sys\n", want: `sysfsRoot: "sys" must be an absolute path`},
-		{name: "relative-socket", yaml: "libvirtSocket: libvirt-sock\n", want: "libvirtSocket"},
+		{name: "relative-socket", yaml: "libvirtSocket: libvirt-sock\n", want: `libvirtSocket: "libvirt-sock" must be "auto", an absolute path, or empty`},
+		{name: "discovery-interval-short", yaml: "discoveryInterval: 500ms\n", want: "discoveryInterval: 500ms must be 1s..1h"},
+		{name: "discovery-interval-long", args: []string{"--discovery-interval", "2h"}, want: "discoveryInterval: 2h0m0s must be 1s..1h"},
 		{name: "libvirt-uri", yaml: "libvirtURI: system\n", want: `libvirtURI: "system" is not a libvirt URI`},
 		{name: "bus-address", yaml: "busAddress: /run/dbus/system_bus_socket\n", want: "busAddress"},
 		{name: "metrics-listen", yaml: "metricsListen: 9835\n", want: "metricsListen"},

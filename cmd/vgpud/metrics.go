@@ -151,6 +151,8 @@ func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, 
 			col.Observe(metrics.Event{Kind: metrics.EventXID, GPU: e.ID, XID: code})
 		case manager.EventGPULost:
 			col.Observe(metrics.Event{Kind: metrics.EventGPULost, GPU: e.ID})
+		case manager.EventDrift:
+			col.Observe(metrics.Event{Kind: metrics.EventDrift, Op: e.Op})
 		case manager.EventOperationDone, manager.EventOperationFailed:
 			col.Observe(metrics.Event{Kind: metrics.EventOperation, Op: e.Op, OK: e.Kind == manager.EventOperationDone, Duration: e.Took})
 		}

@@ -12,7 +12,7 @@ import (
 )
 
 // reloadableKeys are the settings reload applies to the running daemon.
-var reloadableKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "logLevel": true}
+var reloadableKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "discoveryInterval": true, "logLevel": true}
 
 // reloadTimeout bounds the host re-read that ends a reload.
 const reloadTimeout = 30 * time.Second
@@ -115,6 +115,7 @@ func running(c *Config) *Config {
 		cur.CriticalXIDs = append(cur.CriticalXIDs, uint(x))
 	}
 	cur.UeventSettle, cur.RecoverProbe = Duration{l.UeventSettle}, Duration{l.RecoverProbe}
+	cur.DiscoveryInterval = Duration{l.DiscoveryInterval}
 	cur.LogLevel = l.LogLevel
 	return &cur
 }

@@ -40,11 +40,12 @@ func TestReload(t *testing.T) {
 		reloadable func(l *Reloadable) bool
 		wantLog    string
 	}{
-		{name: "fault-settings-apply", yaml: "ueventSettle: 80ms\nrecoverProbe: 300ms\ncriticalXIDs: [79, 48]\n",
+		{name: "fault-settings-apply", yaml: "ueventSettle: 80ms\nrecoverProbe: 300ms\ncriticalXIDs: [79, 48]\ndiscoveryInterval: 7s\n",
 			reloadable: func(l *Reloadable) bool {
-				return l.UeventSettle == 80*time.Millisecond && l.RecoverProbe == 300*time.Millisecond && !l.CriticalXIDs[94]
+				return l.UeventSettle == 80*time.Millisecond && l.RecoverProbe == 300*time.Millisecond && !l.CriticalXIDs[94] &&
+					l.DiscoveryInterval == 7*time.Second
 			},
-			wantLog: "applied=\"[criticalXIDs recoverProbe ueventSettle]\""},
+			wantLog: "applied=\"[criticalXIDs discoveryInterval recoverProbe ueventSettle]\""},
 		{name: "restart-settings-named", yaml: "ueventSettle: 80ms\nrecoverProbe: 300ms\ncriticalXIDs: [79, 48]\nundefinePolicy: keep\ncollectInterval: 2s\n",
 			reloadable: func(l *Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
 			wantLog:    "settings=\"[collectInterval undefinePolicy]\""},

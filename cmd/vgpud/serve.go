@@ -89,12 +89,13 @@ func (d *daemon) start(ctx context.Context) error {
 	}
 	var mv manager.Virt
 	if cfg.LibvirtSocket != "" {
-		d.virt = virt.NewLazy(virt.Config{URI: cfg.LibvirtURI, Socket: cfg.LibvirtSocket, Logger: log.With("component", "virt")})
+		vc := virt.Config{URI: cfg.LibvirtURI, Socket: cfg.LibvirtSocket, Logger: log.With("component", "virt")}
+		d.virt = virt.NewLazy(vc)
 		mv = d.virt
 		// A libvirtd that answers now is used from the start-up reconcile on;
 		// one that does not (at boot it starts after vgpud) is connected to
 		// in the background after READY.
-		if exists(cfg.LibvirtSocket) {
+		if exists(vc.SocketPath()) {
 			if err := d.virt.TryConnect(ctx, 3*time.Second); err != nil {
 				log.Info("libvirt not answering yet; connecting after start-up", "err", err)
 			}
@@ -246,12 +247,16 @@ func (d *daemon) statusLine() string {
 	return s
 }
 
-// watchHost re-discovers the host now and then and reconciles when it
-// changed under vgpud (uevents and NVML events refine this, see pkg/health).
-// While degraded it looks for the driver every driverPoll, so a driver
-// that loads late is picked up within seconds.
+// watchHost is the periodic discovery: every discoveryInterval it re-reads
+// the host and compares the records with it (manager.CheckDrift), so
+// devices that vanish or appear without an event are repaired or reported
+// within one interval (uevents and NVML events refine this, see
+// pkg/health). The interval is read again after each pass, so a reload
+// that changes it applies from the next one. While degraded it looks for
+// the driver every driverPoll, so a driver that loads late is picked up
+// within seconds.
 func (d *daemon) watchHost(ctx context.Context) {
-	t := time.NewTicker(discoveryEvery)
+	t := time.NewTimer(d.cfg.Reloadable().DiscoveryInterval)
 	defer t.Stop()
 	poll := time.NewTicker(driverPoll)
 	defer poll.Stop()
@@ -272,24 +277,37 @@ func (d *daemon) watchHost(ctx context.Context) {
 				d.notify.Status(d.statusLine())
 			}
 		case <-t.C:
-			if d.mgr.Degraded() != "" {
-				continue
+			if d.mgr.Degraded() == "" {
+				d.checkDrift(ctx)
 			}
-			if err := d.mgr.Refresh(ctx); err != nil {
-				d.log.Warn("periodic discovery", "err", err)
-			}
+			t.Reset(d.cfg.Reloadable().DiscoveryInterval)
 		}
+	}
+}
+
+// checkDrift runs one periodic comparison, bounded by driftTimeout.
+func (d *daemon) checkDrift(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, driftTimeout)
+	defer cancel()
+	rep, err := d.mgr.CheckDrift(ctx)
+	if err != nil {
+		d.log.Warn("periodic discovery", "err", err)
+		return
+	}
+	if rep.Reconcile != nil {
+		r := rep.Reconcile
+		d.log.Info("host changed: reconciled", "vanished", len(rep.Missing), "recreated", len(r.Recreated),
+			"lost", len(r.Lost), "failed", len(r.Failed), "foreign", len(r.Foreign), "pending", len(r.Pending))
+		d.notify.Status(d.statusLine())
 	}
 }
 
 // driverPoll is how often a degraded daemon looks for the driver.
 const driverPoll = 2 * time.Second
 
-// discoveryEvery is how often the host is re-read without an event. Events
-// (uevents, NVML events) report changes as they happen; this catches what
-// none reported, at a cost of a full discovery (every GPU's NVML and sysfs
-// state), a large part of an idle daemon's CPU when it ran every 30 s.
-const discoveryEvery = time.Minute
+// driftTimeout bounds one periodic discovery and the repair it starts
+// (a reconcile re-creating what a reboot took).
+const driftTimeout = 2 * time.Minute
 
 func (d *daemon) close() {
 	if d.virt != nil {

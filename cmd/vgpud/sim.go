@@ -113,5 +113,6 @@ func simCmd(cfg *Config) *cobra.Command {
 	fault.Flags().IntVar(&f.Skip, "skip", 0, "let this many matching calls pass first")
 	cmd.AddCommand(xid, open, fault)
 	cmd.AddCommand(simWorkloadCmds(cfg)...)
+	cmd.AddCommand(simMIGCmds(cfg)...)
 	return cmd
 }

@@ -701,6 +701,12 @@ func eventFrom(sig *dbus.Signal) (Event, bool) {
 		e.Kind, e.ID, e.Message, e.Operation = "vm", s(0), s(1), s(2)
 	case ManagerInterface + ".PolicySwitched":
 		e.Kind, e.ID, e.Message = "gpu", s(0), s(1)
+	case ManagerInterface + ".HostDrift":
+		e.Operation, e.ID, e.Message = s(0), s(1), s(2)
+		e.Kind = "gpu"
+		if s(0) == "missing" {
+			e.Kind = "instance"
+		}
 	default:
 		return e, false
 	}

@@ -142,6 +142,8 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 				{name: "vm_uuid", sig: "s", doc: "Domain UUID."}, {name: "vm", sig: "s", doc: "Domain name."}, {name: "event", sig: "s", doc: "defined, undefined, started, stopped, device-removed, device-removal-failed or reconnected."}}},
 			{name: "PolicySwitched", doc: "The share loop changed a GPU's vGPU scheduler policy.", args: []arg{
 				{name: "gpu", sig: "s", doc: "GPU UUID."}, {name: "detail", sig: "s", doc: "Which policy and why."}}},
+			{name: "HostDrift", doc: "The host changed without an event (found by the periodic discovery or a reconcile): an instance's devices vanished (it was re-created or marked lost), or a device no record explains appeared.", args: []arg{
+				{name: "kind", sig: "s", doc: "missing or foreign."}, {name: "id", sig: "s", doc: "The instance UUID (missing) or the GPU's PCI address (foreign)."}, {name: "detail", sig: "s", doc: "What was found and done."}}},
 		},
 	}
 

@@ -208,5 +208,7 @@ func (s *Service) emitEvent(e manager.Event) {
 		s.emit(ManagerPath, ManagerInterface+".VMEvent", e.ID, e.Detail, e.Op)
 	case manager.EventPolicySwitched:
 		s.emit(ManagerPath, ManagerInterface+".PolicySwitched", e.ID, e.Detail)
+	case manager.EventDrift:
+		s.emit(ManagerPath, ManagerInterface+".HostDrift", e.Op, e.ID, e.Detail)
 	}
 }

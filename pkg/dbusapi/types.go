@@ -278,15 +278,16 @@ type DefragResult struct {
 type Event struct {
 	Time time.Time `json:"time"`
 	// Signal is InterfacesAdded, InterfacesRemoved, PropertiesChanged,
-	// OperationFinished, OperationFailed, GPULost, VMEvent or PolicySwitched.
+	// OperationFinished, OperationFailed, GPULost, VMEvent, PolicySwitched
+	// or HostDrift.
 	Signal string `json:"signal"`
 	// Object is the object path the signal is about; Kind is gpu,
 	// instance, tenant or manager, and ID its PCI address, UUID or name.
 	Object string `json:"object"`
 	Kind   string `json:"kind"`
 	ID     string `json:"id,omitempty"`
-	// Operation is the operation (OperationFinished/Failed) or the VM
-	// event (VMEvent).
+	// Operation is the operation (OperationFinished/Failed), the VM
+	// event (VMEvent) or the drift's kind (HostDrift: missing, foreign).
 	Operation string `json:"operation,omitempty"`
 	// Message is an error message, a reason or a VM name.
 	Message string `json:"message,omitempty"`

@@ -79,6 +79,7 @@ func (m *Manager) foreign() []Foreign {
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GPU+out[i].ID < out[j].GPU+out[j].ID })
+	m.noteForeign(out)
 	return out
 }
 

@@ -180,6 +180,8 @@ type Manager struct {
 	calls hostcall.Tracker
 
 	events *broadcaster
+	// drift: the foreign devices already announced (drift.go).
+	drift driftState
 
 	// opsMu guards closing and the adding to ops.
 	opsMu   sync.Mutex

@@ -47,10 +47,18 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	if v := m.lv(); v != nil && virtReady(v) {
-		actx, cancel := context.WithTimeout(ctx, attachmentPassTimeout)
-		m.reconcileAttachments(actx, &rep)
-		cancel()
+	if v := m.lv(); v != nil {
+		if why := libvirtAbsent(ctx, v); why != "" {
+			// Answered now rather than at the pass's deadline: the libvirt
+			// part runs again when libvirtd answers (vgpud reconciles on
+			// every reconnection).
+			m.log.Warn("reconcile: libvirt pass left pending", "why", why)
+			rep.Pending = append(rep.Pending, "libvirt: "+why+"; attachments are checked when libvirtd answers again")
+		} else {
+			actx, cancel := context.WithTimeout(ctx, attachmentPassTimeout)
+			m.reconcileAttachments(actx, &rep)
+			cancel()
+		}
 	}
 	rep.Duration = time.Since(start)
 	m.log.Info("reconciled", "took", rep.Duration, "finished", len(rep.Finished), "undone", len(rep.Undone),
@@ -59,8 +67,32 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	return rep, nil
 }
 
-// attachmentPassTimeout bounds reconcile's look at libvirt.
-const attachmentPassTimeout = time.Minute
+// attachmentPassTimeout bounds reconcile's look at libvirt; libvirtProbe
+// bounds the one call that first asks whether libvirtd answers at all (a
+// libvirtd that is gone refuses at once, a hung one would hold every call
+// of the pass to its own timeout).
+const (
+	attachmentPassTimeout = time.Minute
+	libvirtProbe          = 3 * time.Second
+)
+
+// libvirtAbsent says why the libvirt pass cannot run now ("" when it can):
+// a Virt that connects in the background and has not connected yet, or a
+// libvirtd that does not answer a domain listing within libvirtProbe.
+func libvirtAbsent(ctx context.Context, v Virt) string {
+	if !virtReady(v) {
+		return "not connected yet (vgpud keeps trying)"
+	}
+	pctx, cancel := context.WithTimeout(ctx, libvirtProbe)
+	defer cancel()
+	if _, err := v.Domains(pctx); err != nil {
+		if pctx.Err() != nil && ctx.Err() == nil {
+			return fmt.Sprintf("libvirtd did not answer within %v", libvirtProbe)
+		}
+		return "libvirtd unreachable: " + err.Error()
+	}
+	return ""
+}
 
 // reconcileHost is reconcile's host pass, under the admission lock: the
 // intents a crash left are settled (resolveIntent), every record is

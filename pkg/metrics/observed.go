@@ -25,6 +25,7 @@ func observedFamilies() []observedFamily {
 		{"vgpud_nvml_call_errors_total", false, false},
 		{"vgpud_xid_events_total", false, false},
 		{"vgpud_gpu_lost_events_total", false, false},
+		{"vgpud_drift_events_total", false, false},
 		{"vgpud_operations_total", false, false},
 		{"vgpud_operation_duration_seconds", true, false},
 	}
@@ -35,6 +36,8 @@ func observedFamilies() []observedFamily {
 var (
 	knownOps      = []string{"create", "destroy", "attach", "detach"}
 	knownOutcomes = []string{"success", "failure"}
+	// knownDrift are the kinds vgpud_drift_events_total is initialised with.
+	knownDrift = []string{"missing", "foreign"}
 	// watchedXIDs are the XIDs worth a panel (reference 5.5); their
 	// counters start at 0 on every GPU. Others appear when they happen.
 	watchedXIDs = []uint64{13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
@@ -48,6 +51,7 @@ type observed struct {
 	nvmlErrs   *prometheus.CounterVec
 	xid        *prometheus.CounterVec
 	lost       *prometheus.CounterVec
+	drift      *prometheus.CounterVec
 	ops        *prometheus.CounterVec
 	opDuration *prometheus.HistogramVec
 	gpus       map[string]bool
@@ -72,6 +76,8 @@ func newObserved(reg *prometheus.Registry) *observed {
 			Help: "NVML XID critical error events by GPU and XID code."}, []string{"UUID", "xid"}),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_gpu_lost_events_total",
 			Help: "Times a GPU was marked lost or failed (XID 79, fault watch)."}, []string{"UUID"}),
+		drift: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_drift_events_total",
+			Help: "Changes found on the host that no event reported: instances whose devices vanished (missing), devices no record explains (foreign)."}, []string{"kind"}),
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_operations_total",
 			Help: "Finished operations by kind and outcome."}, []string{"op", "outcome"}),
 		opDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vgpud_operation_duration_seconds",
@@ -79,7 +85,10 @@ func newObserved(reg *prometheus.Registry) *observed {
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}}, []string{"op", "outcome"}),
 		gpus: map[string]bool{},
 	}
-	reg.MustRegister(l.nvml, l.nvmlErrs, l.xid, l.lost, l.ops, l.opDuration)
+	reg.MustRegister(l.nvml, l.nvmlErrs, l.xid, l.lost, l.drift, l.ops, l.opDuration)
+	for _, k := range knownDrift {
+		l.drift.WithLabelValues(k)
+	}
 	for _, op := range knownOps {
 		for _, o := range knownOutcomes {
 			l.ops.WithLabelValues(op, o)
@@ -146,6 +155,10 @@ const (
 	// EventOperation: an operation finished (OK says how); Duration is
 	// its length when known (0: unknown, not observed in the histogram).
 	EventOperation EventKind = "operation"
+	// EventDrift: the host changed behind vgpud's back; Op is the kind
+	// ("missing": an instance's devices vanished; "foreign": a device no
+	// record explains appeared).
+	EventDrift EventKind = "drift"
 )
 
 // Event is something the manager reported.
@@ -165,6 +178,8 @@ func (c *Collector) Observe(e Event) {
 		c.observed.xid.WithLabelValues(e.GPU, strconv.FormatUint(e.XID, 10)).Inc()
 	case EventGPULost:
 		c.observed.lost.WithLabelValues(e.GPU).Inc()
+	case EventDrift:
+		c.observed.drift.WithLabelValues(e.Op).Inc()
 	case EventOperation:
 		outcome := "success"
 		if !e.OK {

@@ -33,8 +33,12 @@ type Config struct {
 	// qemu:///system). Domain references qualified with a URI must name
 	// this one.
 	URI string
-	// Socket is libvirtd's unix socket (default /run/libvirt/libvirt-sock).
+	// Socket is the unix socket of the daemon serving URI: a path, or
+	// AutoSocket (also when empty) to find it as libvirt's clients do
+	// (socket.go).
 	Socket string
+	// SocketDir is where AutoSocket looks (default DefaultSocketDir).
+	SocketDir string
 	// DialTimeout bounds one connection attempt: dial and handshake.
 	DialTimeout time.Duration
 	// CallTimeout bounds each method call, including the wait for a
@@ -60,9 +64,6 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.URI == "" {
 		c.URI = DefaultURI
-	}
-	if c.Socket == "" {
-		c.Socket = DefaultSocket
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = DefaultDialTimeout
@@ -185,7 +186,7 @@ func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 	cfg = cfg.withDefaults()
 	c := &Conn{
 		cfg:     cfg,
-		log:     cfg.Logger.With("uri", cfg.URI, "socket", cfg.Socket),
+		log:     cfg.Logger.With("uri", cfg.URI, "socket", cfg.where()),
 		hub:     newHub(),
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),
@@ -193,11 +194,11 @@ func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 	c.life, c.stop = context.WithCancel(context.Background())
 	s, err := c.dial(ctx, 1)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s at %s: %w: %w", cfg.URI, cfg.Socket, ErrUnreachable, err)
+		return nil, fmt.Errorf("connect to %s at %s: %w: %w", cfg.URI, cfg.where(), ErrUnreachable, err)
 	}
 	if err := c.subscribe(s); err != nil {
 		s.kill()
-		return nil, fmt.Errorf("connect to %s at %s: event registration: %w: %w", cfg.URI, cfg.Socket, ErrUnreachable, err)
+		return nil, fmt.Errorf("connect to %s at %s: event registration: %w: %w", cfg.URI, s.d.path, ErrUnreachable, err)
 	}
 	c.publish(s, nil)
 	go c.supervise(s)
@@ -206,6 +207,17 @@ func Connect(ctx context.Context, cfg Config) (*Conn, error) {
 
 // URI is the libvirt URI this connection serves.
 func (c *Conn) URI() string { return c.cfg.URI }
+
+// Socket is the socket of the current connection ("" while there is
+// none): with AutoSocket, the one the last connection attempt found.
+func (c *Conn) Socket() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		return ""
+	}
+	return c.cur.d.path
+}
 
 // Close disconnects and ends every Events channel. Calls after Close return
 // ErrClosed.
@@ -220,7 +232,7 @@ func (c *Conn) Close() error {
 func (c *Conn) dial(ctx context.Context, id uint64) (*session, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
-	d := &dialer{path: c.cfg.Socket, timeout: c.cfg.DialTimeout}
+	d := &dialer{path: c.cfg.SocketPath(), timeout: c.cfg.DialTimeout}
 	l := libvirt.NewWithDialer(d)
 	done := make(chan error, 1)
 	go func() { done <- l.ConnectToURI(libvirt.ConnectURI(c.cfg.URI)) }()
@@ -347,7 +359,7 @@ func (c *Conn) session(ctx context.Context) (*session, error) {
 		}
 		wait := time.Until(downSince.Add(c.cfg.ReconnectWait))
 		if wait <= 0 {
-			return nil, fmt.Errorf("%w: %s: down for %s: %w", ErrUnreachable, c.cfg.Socket, time.Since(downSince).Round(time.Second), lastErr)
+			return nil, fmt.Errorf("%w: %s: down for %s: %w", ErrUnreachable, c.cfg.where(), time.Since(downSince).Round(time.Second), lastErr)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -358,7 +370,7 @@ func (c *Conn) session(ctx context.Context) (*session, error) {
 			return nil, ErrClosed
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("%w: %s: %w (%w)", ErrUnreachable, c.cfg.Socket, lastErr, ctx.Err())
+			return nil, fmt.Errorf("%w: %s: %w (%w)", ErrUnreachable, c.cfg.where(), lastErr, ctx.Err())
 		}
 		t.Stop()
 	}

@@ -69,7 +69,7 @@ func (l *Lazy) TryConnect(ctx context.Context, timeout time.Duration) error {
 	l.conn = c
 	close(l.ready)
 	l.mu.Unlock()
-	l.log.Info("connected to libvirt", "uri", l.cfg.URI, "socket", l.cfg.Socket)
+	l.log.Info("connected to libvirt", "uri", l.cfg.URI, "socket", c.Socket())
 	return nil
 }
 
@@ -85,7 +85,7 @@ func (l *Lazy) Connect(ctx context.Context, onReady func()) {
 			return
 		}
 		if attempt == 1 {
-			l.log.Warn("libvirt not reachable yet; attach waits for it and vgpud keeps trying", "socket", l.cfg.Socket, "err", err)
+			l.log.Warn("libvirt not reachable yet; attach waits for it and vgpud keeps trying", "socket", l.cfg.where(), "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -123,9 +123,9 @@ func (l *Lazy) get(ctx context.Context) (*Conn, error) {
 		defer l.mu.Unlock()
 		return l.conn, nil
 	case <-t.C:
-		return nil, fmt.Errorf("connecting to libvirtd at %s: not connected yet (vgpud keeps trying): %w", l.cfg.Socket, ErrUnreachable)
+		return nil, fmt.Errorf("connecting to libvirtd at %s: not connected yet (vgpud keeps trying): %w", l.cfg.where(), ErrUnreachable)
 	case <-ctx.Done():
-		return nil, fmt.Errorf("connecting to libvirtd at %s: %w", l.cfg.Socket, ErrUnreachable)
+		return nil, fmt.Errorf("connecting to libvirtd at %s: %w", l.cfg.where(), ErrUnreachable)
 	}
 }
 

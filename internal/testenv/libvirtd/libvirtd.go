@@ -1,35 +1,43 @@
-// Package libvirtd gives tests a real libvirtd with the QEMU driver: it uses
-// a libvirtd already answering on the default socket, or starts virtlogd and
-// libvirtd as child processes that it owns and stops at cleanup. It also
-// defines tiny TCG domains that are undefined at cleanup.
+// Package libvirtd gives tests a real libvirtd with the QEMU driver: as root
+// it starts virtlogd and libvirtd as child processes of its own, in a private
+// mount namespace, and stops them at cleanup; otherwise it uses a libvirtd
+// already answering on the default socket. It also defines tiny TCG domains
+// that are undefined at cleanup.
 //
 // Only tests import it (pkg/virt's tests and the e2e suite).
 //
 // How libvirtd runs here (Debian 12, root, no systemd):
 //
-//   - A libvirtd started by Start listens on a private socket in a temporary
-//     directory (its own libvirtd.conf sets unix_sock_dir), which the QEMU
-//     driver accepts as root. The driver's state is NOT private: a privileged
-//     libvirtd always keeps domains in /etc/libvirt/qemu and /run/libvirt/qemu
-//     and holds /run/libvirt/*/driver.pid, so only one privileged libvirtd
-//     can run on a machine. virtlogd's socket is fixed too
-//     (/run/libvirt/virtlogd-sock).
-//   - Because of that, Start takes a machine-wide lock (flock on
-//     /run/lock/vgpud-testenv-libvirtd.lock) for the life of the Env, so test
-//     binaries that use this package take turns, and it removes domains that a
-//     crashed earlier run of this package left defined (they carry a marker in
-//     their metadata; no other domain is touched).
-//   - /etc/libvirt/qemu.conf is written with user and group root when it is
-//     missing, which TCG guests need when libvirtd runs as root. An existing
-//     file is left alone.
+//   - A privileged libvirtd keeps its drivers' state at fixed paths
+//     (/etc/libvirt/qemu, /run/libvirt/*/driver.pid, /var/lib/libvirt,
+//     /var/cache/libvirt) whatever its configuration says, so two on one
+//     machine collide: the second exits at start-up on the first one's
+//     /run/libvirt/network/driver.pid. Start therefore runs virtlogd and
+//     libvirtd in a mount namespace of their own (namespace.go), where
+//     /etc/libvirt, /run/libvirt, /var/lib/libvirt, /var/cache/libvirt and
+//     /var/log/libvirt are private directories of the Env; a system libvirtd
+//     from the package, another test binary's Env or the demo may run at
+//     the same time. The socket the harness and clients use is in the Env's
+//     directory, outside those paths, so it is reached from outside the
+//     namespace.
+//   - The private /etc/libvirt holds a qemu.conf with user and group root,
+//     which TCG guests need when libvirtd runs as root, and no network,
+//     storage or nwfilter definitions: nothing is autostarted.
+//   - A libvirtd already answering on the default socket is used only when
+//     this process cannot start one (not root, or the packages missing);
+//     then Start takes a machine-wide lock (flock on
+//     /run/lock/vgpud-testenv-libvirtd.lock) for the life of the Env, so
+//     test binaries sharing it take turns, and it removes domains that a
+//     crashed earlier run left defined (they carry a marker in their
+//     metadata; no other domain is touched).
 //
-// Tests skip, with the reason printed, when libvirtd, virtlogd or
-// qemu-system-x86_64 is missing or the test does not run as root and no
-// libvirtd answers. Setting VGPUD_TEST_REQUIRE_LIBVIRTD=1 turns those skips
-// into failures, for CI machines that install the packages.
-// VGPUD_TEST_LIBVIRTD_LOG_FILTERS (libvirtd's log_filters syntax, e.g.
-// "1:qemu 3:*") turns on debug logging in a libvirtd that Start runs; its log
-// is printed when a test fails.
+// Tests skip, with the reason printed, when libvirtd, virtlogd,
+// qemu-system-x86_64, unshare or nsenter is missing or the test does not run
+// as root and no libvirtd answers. Setting VGPUD_TEST_REQUIRE_LIBVIRTD=1
+// turns those skips into failures, for CI machines that install the
+// packages. VGPUD_TEST_LIBVIRTD_LOG_FILTERS (libvirtd's log_filters syntax,
+// e.g. "1:qemu 3:*") turns on debug logging in a libvirtd that Start runs;
+// its log is printed when a test fails.
 //
 // Imports: nothing from vgpud.
 package libvirtd
@@ -56,21 +64,19 @@ import (
 const DefaultSocket = "/run/libvirt/libvirt-sock"
 
 const (
-	virtlogdSocket = "/run/libvirt/virtlogd-sock"
-	qemuConf       = "/etc/libvirt/qemu.conf"
-	lockPath       = "/run/lock/vgpud-testenv-libvirtd.lock"
-	requireEnv     = "VGPUD_TEST_REQUIRE_LIBVIRTD"
-	debugEnv       = "VGPUD_TEST_LIBVIRTD_LOG_FILTERS"
+	lockPath   = "/run/lock/vgpud-testenv-libvirtd.lock"
+	requireEnv = "VGPUD_TEST_REQUIRE_LIBVIRTD"
+	debugEnv   = "VGPUD_TEST_LIBVIRTD_LOG_FILTERS"
 
 	readyTimeout = 60 * time.Second
 	stopTimeout  = 20 * time.Second
 	lockTimeout  = 5 * time.Minute
 )
 
-// inProcess keeps two Envs of one test binary from waiting on each other's
-// machine-wide lock forever: a second Start while one is in use fails at once.
-// It guards a process-wide resource (the one libvirtd a machine can run), which
-// is why it is package state.
+// inProcess keeps one Env per test binary: a second Start while one is in
+// use fails at once (a shared libvirtd's machine-wide lock would otherwise
+// wait on itself, and one libvirtd per binary is all a test needs). It
+// guards a process-wide resource, which is why it is package state.
 var inProcess sync.Mutex
 
 // Env is a libvirtd a test can use.
@@ -78,6 +84,8 @@ type Env struct {
 	socket string
 	owned  bool   // started by Start: Restart and Stop are allowed
 	dir    string // private directory: config, socket, pid files, logs
+
+	ns *namespace // the private mount namespace (owned Envs)
 
 	mu       sync.Mutex
 	libvirtd *proc
@@ -101,30 +109,27 @@ func Start(t testing.TB) *Env {
 		t.Fatal("libvirtd.Start: another Env is in use in this test binary; pass it down instead of starting a second one")
 	}
 	t.Cleanup(inProcess.Unlock)
-	lock := acquireLock(t)
-	t.Cleanup(func() { lock.Close() })
-
-	e := &Env{socket: DefaultSocket}
-	if answers(DefaultSocket) {
-		t.Logf("using the libvirtd already answering on %s", DefaultSocket)
+	if why := cannotStart(); why != "" {
+		if !answers(DefaultSocket) {
+			skip(t, why)
+		}
+		lock := acquireLock(t)
+		t.Cleanup(func() { lock.Close() })
+		t.Logf("using the libvirtd already answering on %s (%s)", DefaultSocket, why)
+		e := &Env{socket: DefaultSocket}
 		e.sweepStale(t)
 		return e
-	}
-	for _, bin := range []string{"libvirtd", "virtlogd", "qemu-system-x86_64"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			skip(t, fmt.Sprintf("%s is not installed (apt-get install libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86)", bin))
-		}
-	}
-	if os.Geteuid() != 0 {
-		skip(t, "no libvirtd answers on "+DefaultSocket+" and starting one needs root")
 	}
 	dir, err := os.MkdirTemp("", "vgpud-libvirtd-")
 	if err != nil {
 		t.Fatalf("libvirtd: temp dir: %v", err)
 	}
-	e.dir = dir
-	e.socket = filepath.Join(dir, "libvirt-sock")
-	e.owned = true
+	// Clients outside the namespace (virsh as another user in some tests)
+	// reach the socket through it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatalf("libvirtd: %v", err)
+	}
+	e := &Env{socket: filepath.Join(dir, "libvirt-sock"), owned: true, dir: dir}
 	t.Cleanup(func() {
 		e.stopAll(t)
 		if t.Failed() {
@@ -136,24 +141,56 @@ func Start(t testing.TB) *Env {
 		}
 		os.RemoveAll(dir)
 	})
-	if err := ensureQEMUConf(); err != nil {
+	if err := e.writeConfig(); err != nil {
 		t.Fatalf("libvirtd: %v", err)
 	}
-	conf := fmt.Sprintf("unix_sock_dir = %q\nunix_sock_rw_perms = \"0700\"\nauth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\n", dir)
+	ns, err := newNamespace(dir)
+	if err != nil {
+		t.Fatalf("libvirtd: %v", err)
+	}
+	e.ns = ns
+	e.virtlogd = e.spawn(t, "virtlogd", "-p", "/run/libvirt/virtlogd.pid")
+	e.waitFor(t, e.virtlogd, func() bool { return dials(e.ns.path("/run/libvirt/virtlogd-sock")) })
+	e.StartDaemon(t)
+	return e
+}
+
+// cannotStart says why this process cannot start a libvirtd of its own
+// ("" when it can).
+func cannotStart() string {
+	for _, bin := range []string{"libvirtd", "virtlogd", "qemu-system-x86_64", "unshare", "nsenter"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return fmt.Sprintf("%s is not installed (apt-get install libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 util-linux)", bin)
+		}
+	}
+	if os.Geteuid() != 0 {
+		return "no libvirtd answers on " + DefaultSocket + " and starting one needs root"
+	}
+	return ""
+}
+
+// writeConfig writes libvirtd's configuration in the Env's directory and
+// the QEMU driver's in the private /etc/libvirt.
+func (e *Env) writeConfig() error {
+	conf := fmt.Sprintf("unix_sock_dir = %q\nunix_sock_rw_perms = \"0700\"\nauth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\n", e.dir)
 	if f := os.Getenv(debugEnv); f != "" {
 		// libvirtd's own log filter syntax, e.g. "1:qemu 3:*".
 		conf += fmt.Sprintf("log_filters = %q\nlog_outputs = %q\n", f, "1:stderr")
 	}
-	if err := os.WriteFile(filepath.Join(dir, "libvirtd.conf"), []byte(conf), 0o600); err != nil {
-		t.Fatalf("libvirtd: write config: %v", err)
+	if err := os.WriteFile(filepath.Join(e.dir, "libvirtd.conf"), []byte(conf), 0o600); err != nil {
+		return fmt.Errorf("write config: %w", err)
 	}
-	if !answers(virtlogdSocket) {
-		e.virtlogd = e.spawn(t, "virtlogd", "-p", filepath.Join(dir, "virtlogd.pid"))
-		e.waitFor(t, e.virtlogd, func() bool { return answers(virtlogdSocket) })
+	etc := filepath.Join(e.dir, privateDir("/etc/libvirt"))
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return err
 	}
-	e.StartDaemon(t)
-	e.sweepStale(t)
-	return e
+	// Without it the QEMU driver runs guests as libvirt-qemu, which cannot
+	// open what a root test prepares.
+	qemu := "# Written by vgpud's test harness: TCG guests run as root here.\nuser = \"root\"\ngroup = \"root\"\n"
+	if err := os.WriteFile(filepath.Join(etc, "qemu.conf"), []byte(qemu), 0o644); err != nil {
+		return fmt.Errorf("write qemu.conf: %w", err)
+	}
+	return nil
 }
 
 // Socket is the path of libvirtd's read-write unix socket.
@@ -198,6 +235,28 @@ func (e *Env) StopDaemon(t testing.TB) {
 	}
 }
 
+// Pause stops libvirtd with SIGSTOP, as a hung libvirtd: its socket still
+// accepts connections and nothing answers. The returned func (also run at
+// cleanup) resumes it. It skips the test when the libvirtd was not started
+// by Start.
+func (e *Env) Pause(t testing.TB) (resume func()) {
+	t.Helper()
+	e.requireOwned(t)
+	e.mu.Lock()
+	p := e.libvirtd
+	e.mu.Unlock()
+	if p == nil {
+		t.Fatal("libvirtd: Pause while it is stopped")
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("libvirtd: pause: %v", err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { p.cmd.Process.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	return resume
+}
+
 // StartDaemon starts libvirtd (after StopDaemon, or the first time) and waits
 // until it answers RPCs on the socket.
 func (e *Env) StartDaemon(t testing.TB) {
@@ -209,7 +268,7 @@ func (e *Env) StartDaemon(t testing.TB) {
 	if running {
 		t.Fatal("libvirtd: StartDaemon while it is running")
 	}
-	p := e.spawn(t, "libvirtd", "-f", filepath.Join(e.dir, "libvirtd.conf"), "-p", filepath.Join(e.dir, "libvirtd.pid"))
+	p := e.spawn(t, "libvirtd", "-f", filepath.Join(e.dir, "libvirtd.conf"), "-p", "/run/libvirt/libvirtd.pid")
 	e.mu.Lock()
 	e.libvirtd = p
 	e.mu.Unlock()
@@ -231,7 +290,7 @@ func (e *Env) spawn(t testing.TB, name string, args ...string) *proc {
 	if err != nil {
 		t.Fatalf("libvirtd: %v", err)
 	}
-	cmd := exec.Command(name, args...)
+	cmd := e.ns.command(name, args...)
 	cmd.Stdout = f
 	cmd.Stderr = f
 	// If the test binary dies without running its cleanups, the daemons go
@@ -299,6 +358,9 @@ func (e *Env) stopAll(t testing.TB) {
 			t.Errorf("libvirtd: %v", err)
 		}
 	}
+	if e.ns != nil {
+		e.ns.close()
+	}
 }
 
 func (e *Env) dumpLogs(t testing.TB) {
@@ -356,17 +418,8 @@ func dial(socket string) (*libvirt.Libvirt, error) {
 	}
 }
 
-// answers reports whether something accepts connections on a unix socket
-// and, for libvirtd's socket, answers a version RPC.
+// answers reports whether libvirtd answers a version RPC on socket.
 func answers(socket string) bool {
-	if socket == virtlogdSocket {
-		c, err := net.DialTimeout("unix", socket, time.Second)
-		if err != nil {
-			return false
-		}
-		c.Close()
-		return true
-	}
 	if _, err := os.Stat(socket); err != nil {
 		return false
 	}
@@ -379,22 +432,14 @@ func answers(socket string) bool {
 	return err == nil
 }
 
-func ensureQEMUConf() error {
-	if _, err := os.Stat(qemuConf); err == nil {
-		return nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("stat %s: %w", qemuConf, err)
+// dials reports whether something accepts connections on a unix socket.
+func dials(socket string) bool {
+	c, err := net.DialTimeout("unix", socket, time.Second)
+	if err != nil {
+		return false
 	}
-	if err := os.MkdirAll(filepath.Dir(qemuConf), 0o755); err != nil {
-		return err
-	}
-	// Without it the QEMU driver runs guests as libvirt-qemu, which cannot
-	// open what a root test prepares.
-	content := "# Written by vgpud's test harness: TCG guests run as root here.\nuser = \"root\"\ngroup = \"root\"\n"
-	if err := os.WriteFile(qemuConf, []byte(content), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", qemuConf, err)
-	}
-	return nil
+	c.Close()
+	return true
 }
 
 // acquireLock takes the machine-wide harness lock, waiting up to lockTimeout
