@@ -108,6 +108,9 @@ type Config struct {
 	// a GPU failed in an earlier boot was reset by the reboot. nil: unknown,
 	// failed GPUs stay failed until cleared.
 	BootID func() string
+	// RecoveryConcurrency is how many GPUs reconcile restores at once
+	// (restoreAll); 0: DefaultRecoveryConcurrency.
+	RecoveryConcurrency int
 }
 
 // Manager runs the operations.
@@ -120,6 +123,8 @@ type Manager struct {
 	now   func() time.Time
 	crash func(string)
 	retry time.Duration
+	// recovery bounds how many GPUs reconcile restores at once.
+	recovery int
 
 	// Lock order. A goroutine takes these locks only in this order (any of
 	// them may be skipped) and never takes one while it holds a later one:
@@ -197,6 +202,10 @@ func New(c Config) *Manager {
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
+	}
+	m.recovery = c.RecoveryConcurrency
+	if m.recovery <= 0 {
+		m.recovery = DefaultRecoveryConcurrency
 	}
 	if m.now == nil {
 		m.now = time.Now

@@ -27,6 +27,8 @@ type ReconcileReport struct {
 	// Pending are intents left for a later pass (libvirt not connected, a
 	// host call failing), each with why.
 	Pending []string `json:"pending,omitempty"`
+	// carved: the pass changed a GPU (restoreGPU re-reads it).
+	carved bool
 }
 
 // Reconcile compares the records with the host: it finishes or undoes
@@ -107,13 +109,8 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	if err := m.db.View(func(tx *store.Tx) (err error) { recs, err = tx.Instances(); return err }); err != nil {
 		return rep, classify(err, "read instances")
 	}
-	for i := range recs {
-		if m.inflight.busy(recs[i].UUID) {
-			continue // an operation in flight owns it
-		}
-		if err := m.restore(ctx, &recs[i], &rep); err != nil && ctx.Err() != nil {
-			return rep, ctx.Err()
-		}
+	if err := m.restoreAll(ctx, recs, &rep); err != nil {
+		return rep, err
 	}
 	for uuid := range m.dirty {
 		m.refreshGPU(ctx, uuid)

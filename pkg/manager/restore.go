@@ -60,9 +60,7 @@ func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *Reconcile
 	l.Lock()
 	err := m.recreate(ctx, r, g, gi, ci)
 	l.Unlock()
-	// The GPU is re-read once at the end of the pass, not per instance: the
-	// records already hold the devices this pass hands out.
-	m.dirty[r.GPUUUID] = true
+	rep.carved = true
 	if err != nil {
 		r.State, r.Reason, r.Updated = store.StateFailed, Message(classify(err, "re-create")), m.now()
 		if uerr := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) }); uerr != nil {
