@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vgpud/vgpud/pkg/apply"
+	"github.com/vgpud/vgpud/pkg/manager"
 )
 
 // defaultConfigPath is read when --config is not given; absent is fine.
@@ -70,6 +71,11 @@ type Config struct {
 	// ApplyMaxChanges bounds the changes one declarative apply document
 	// may make; a larger one is refused before its first change.
 	ApplyMaxChanges int `json:"applyMaxChanges,omitempty"`
+	// GPUConcurrency is how many GPUs the start-up reconcile and a
+	// declarative apply work on at once: the driver runs the calls of
+	// different GPUs side by side, so recovery takes about as long as the
+	// slowest GPU.
+	GPUConcurrency int `json:"gpuConcurrency,omitempty"`
 
 	file  string
 	flags *flagValues
@@ -153,6 +159,7 @@ func defaultConfig() *Config {
 		UeventSettle:    Duration{500 * time.Millisecond},
 		RecoverProbe:    Duration{5 * time.Second},
 		ApplyMaxChanges: apply.DefaultMaxChanges,
+		GPUConcurrency:  manager.DefaultRecoveryConcurrency,
 	}
 }
 
@@ -335,8 +342,14 @@ func (c *Config) validate() error {
 	if c.ApplyMaxChanges < 1 || c.ApplyMaxChanges > maxApplyChanges {
 		return fmt.Errorf("applyMaxChanges: %d must be 1..%d", c.ApplyMaxChanges, maxApplyChanges)
 	}
+	if c.GPUConcurrency < 1 || c.GPUConcurrency > maxGPUConcurrency {
+		return fmt.Errorf("gpuConcurrency: %d must be 1..%d", c.GPUConcurrency, maxGPUConcurrency)
+	}
 	return nil
 }
+
+// maxGPUConcurrency caps gpuConcurrency at the most GPUs a host has.
+const maxGPUConcurrency = 64
 
 // maxApplyChanges caps applyMaxChanges: every change is one manager
 // operation, and a document beyond this is better split.
