@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
 	"github.com/vgpud/vgpud/pkg/manager"
@@ -136,4 +137,46 @@ func TestRecoveryCrashInsideParallelPass(t *testing.T) {
 			t.Fatalf("crash at re-create %d: second reconcile: %+v, %v", nth, rep2, err)
 		}
 	}
+}
+
+// A MIG mode change keeps the admission lock only for its decision: while
+// the driver works on one GPU's mode, creates on other GPUs are admitted
+// and carved, and one aimed at the switching GPU is refused at once.
+func TestModeChangeLeavesAdmissionFree(t *testing.T) {
+	no := false
+	e := newEnv(t, &sim.Spec{Version: "v1", GPUs: []sim.GPUSpec{
+		{Model: "H100-SXM5-80GB", PCI: sim.DefaultH100MIG, Flavour: gpu.FlavourVFIO, VFs: &no},
+		{Model: "L4-24GB", PCI: sim.DefaultL4, Flavour: gpu.FlavourVFIO},
+	}})
+	e.tenant("acme", unlimited())
+	// The mode change takes until the test lets it go (a slow driver).
+	if err := e.sim.AddFault(sim.Fault{Op: "SetMigMode", Delay: "3s", Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	modeDone := make(chan error, 1)
+	go func() { modeDone <- e.m.SetMIGMode(context.Background(), sim.DefaultH100MIG, true) }()
+	// Wait until the driver call is in flight: the GPU refuses creates.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := e.create("acme", "H100XM-10C", sim.DefaultH100MIG)
+		if err != nil && strings.Contains(manager.Message(err), "MIG mode is being changed") {
+			break
+		}
+		if err == nil || time.Now().After(deadline) {
+			t.Fatalf("create on the switching GPU: %v, want a refusal naming the mode change", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := e.create("acme", "L4-4Q", sim.DefaultL4); err != nil {
+		t.Fatalf("create on another GPU during the mode change: %v", err)
+	}
+	select {
+	case err := <-modeDone:
+		t.Fatalf("the mode change returned (%v) before the create on the other GPU was admitted", err)
+	default:
+	}
+	if err := <-modeDone; err != nil {
+		t.Fatal(err)
+	}
+	e.mustCreate("acme", "1g.10gb", sim.DefaultH100MIG)
 }
