@@ -92,7 +92,11 @@ func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, g
 		if !g.MIG.Enabled {
 			return fail(ErrBusy, nil, "MIG mode is off on GPU %s; enable it to bring back %s", g.PCI, r.UUID)
 		}
+		start := r.GIStart
 		if err := m.moveIfTaken(r, g); err != nil {
+			return err
+		}
+		if err := m.recordMove(r, r.GIStart != start); err != nil {
 			return err
 		}
 		x, err := m.mig.CreateGPUInstance(ctx, r.GPUUUID, r.GIProfileID, r.GIStart)
@@ -114,7 +118,11 @@ func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, g
 	if r.Kind == store.KindVGPU || r.Kind == store.KindMIGVGPU {
 		_, _, vg := m.present(r)
 		if !vg {
+			vf, parent := r.VF, r.MdevParent
 			if err := m.pickDevice(r, g); err != nil {
+				return err
+			}
+			if err := m.recordMove(r, r.VF != vf || r.MdevParent != parent); err != nil {
 				return err
 			}
 			if err := m.createVGPU(ctx, r); err != nil {
@@ -128,6 +136,17 @@ func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, g
 		}
 	}
 	return nil
+}
+
+// recordMove writes a record whose placement or device re-creation moved,
+// before the driver call: a crash after the call then finds the device
+// where the record says (present), one before it finds the new place free.
+func (m *Manager) recordMove(r *store.Instance, moved bool) error {
+	if !moved {
+		return nil
+	}
+	r.Updated = m.now()
+	return m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) })
 }
 
 // moveIfTaken moves a lost GPU instance's recorded start when something
