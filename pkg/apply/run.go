@@ -17,8 +17,7 @@ import (
 //     usage down);
 //   - each GPU's creates, largest first, once the tenants changed: a
 //     GPU without MIG work starts creating while MIG modes change on
-//     other GPUs; the next create of the same profile is admitted while
-//     the one before is carved (creates);
+//     other GPUs;
 //   - creates that name no GPU, one after another, at the end: placement
 //     picks their GPU from what the others left.
 //
@@ -85,7 +84,7 @@ func (r *run) execute() {
 			defer all.Done()
 			r.stage(w.pre, destroyed.Done)
 			<-tenantsDone
-			r.creates(w.creates)
+			r.stage(w.creates, nil)
 		}()
 	}
 	destroyed.Wait()
@@ -127,63 +126,6 @@ func (r *run) stage(idx []int, afterDestroys func()) {
 	}
 }
 
-// inFlightPerGPU is how many creates of one GPU are in flight at once:
-// the next one is admitted while the manager carves the one before (its
-// GPU lock keeps the carving one at a time), so admission is off the
-// GPU's critical path.
-const inFlightPerGPU = 2
-
-// creates runs one GPU's creates in order, holding one of the limit
-// slots. Creates of the same profile for the same tenant overlap
-// (inFlightPerGPU): their order does not matter to placement. A create of
-// another profile waits for those before it, so that larger instances are
-// placed first.
-func (r *run) creates(idx []int) {
-	if len(idx) == 0 {
-		return
-	}
-	select {
-	case r.sem <- struct{}{}:
-	case <-r.ctx.Done():
-		r.fail(idx[0], r.changes[idx[0]], r.ctx.Err())
-		return
-	}
-	defer func() { <-r.sem }()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	depth := inFlightPerGPU
-	if cap(r.sem) == 1 {
-		depth = 1 // concurrency 1 is the serial way, one change at a time
-	}
-	slots := make(chan struct{}, depth)
-	for k, i := range idx {
-		if k > 0 && !sameCreate(r.changes[idx[k-1]], r.changes[i]) {
-			wg.Wait()
-		}
-		slots <- struct{}{}
-		if r.stopped() {
-			return
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-slots }()
-			r.do(i, wanted(r.pick(idx[k+1:])))
-		}()
-	}
-}
-
-// sameCreate: two creates placement treats alike.
-func sameCreate(a, b Change) bool {
-	return a.Profile == b.Profile && a.Model == b.Model && a.Tenant == b.Tenant && gpuID(a) == gpuID(b)
-}
-
-func (r *run) stopped() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.failed >= 0
-}
-
 // serial runs changes one after another.
 func (r *run) serial(idx []int) {
 	for k, i := range idx {
@@ -204,7 +146,10 @@ func (r *run) pick(idx []int) []Change {
 // do performs change i unless the run has stopped; it reports whether the
 // run goes on.
 func (r *run) do(i int, wanted map[string]int) bool {
-	if r.stopped() {
+	r.mu.Lock()
+	stopped := r.failed >= 0
+	r.mu.Unlock()
+	if stopped {
 		return false
 	}
 	c := r.changes[i]
