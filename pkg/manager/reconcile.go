@@ -27,8 +27,6 @@ type ReconcileReport struct {
 	// Pending are intents left for a later pass (libvirt not connected, a
 	// host call failing), each with why.
 	Pending []string `json:"pending,omitempty"`
-	// carved: the pass changed a GPU (restoreGPU re-reads it).
-	carved bool
 }
 
 // Reconcile compares the records with the host: it finishes or undoes

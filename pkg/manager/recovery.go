@@ -34,7 +34,7 @@ func (m *Manager) restoreAll(ctx context.Context, recs []store.Instance, rep *Re
 		}
 		byGPU[u] = append(byGPU[u], &recs[i])
 	}
-	reps := make([]ReconcileReport, len(order))
+	reps := make([]gpuReport, len(order))
 	sem := make(chan struct{}, max(1, m.recovery))
 	var wg sync.WaitGroup
 	for i, u := range order {
@@ -60,8 +60,15 @@ func (m *Manager) restoreAll(ctx context.Context, recs []store.Instance, rep *Re
 	return ctx.Err()
 }
 
+// gpuReport is what one worker of restoreAll found and did on its GPU.
+type gpuReport struct {
+	ReconcileReport
+	// carved: the worker changed the GPU (it re-reads it at its end).
+	carved bool
+}
+
 // restoreGPU is one worker of restoreAll: the records of one GPU, in order.
-func (m *Manager) restoreGPU(ctx context.Context, gpuUUID string, recs []*store.Instance, rep *ReconcileReport) {
+func (m *Manager) restoreGPU(ctx context.Context, gpuUUID string, recs []*store.Instance, rep *gpuReport) {
 	for _, r := range recs {
 		if ctx.Err() != nil {
 			break

@@ -9,7 +9,7 @@ import (
 )
 
 // restore brings one record's devices back on the host if they are gone.
-func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *ReconcileReport) error {
+func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *gpuReport) error {
 	if r.State == store.StateCreating || r.State == store.StateDestroying {
 		return nil // an intent is in charge (or was just resolved)
 	}
