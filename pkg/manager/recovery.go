@@ -25,9 +25,6 @@ func (m *Manager) restoreAll(ctx context.Context, recs []store.Instance, rep *Re
 	var order []string
 	byGPU := map[string][]*store.Instance{}
 	for i := range recs {
-		if m.inflight.busy(recs[i].UUID) {
-			continue // an operation in flight owns it
-		}
 		u := recs[i].GPUUUID
 		if _, ok := byGPU[u]; !ok {
 			order = append(order, u)
@@ -72,6 +69,9 @@ func (m *Manager) restoreGPU(ctx context.Context, gpuUUID string, recs []*store.
 	for _, r := range recs {
 		if ctx.Err() != nil {
 			break
+		}
+		if m.inflight.busy(r.UUID) {
+			continue // an operation in flight owns it
 		}
 		n := len(rep.Recreated)
 		_ = m.restore(ctx, r, rep) // a failure is recorded on the instance and in rep
