@@ -180,3 +180,33 @@ func TestModeChangeLeavesAdmissionFree(t *testing.T) {
 	}
 	e.mustCreate("acme", "1g.10gb", sim.DefaultH100MIG)
 }
+
+// Creates on different GPUs do not queue behind one another: admission
+// decides and lets go, and each GPU's driver calls run beside the others'.
+func TestCreatesOnDifferentGPUsOverlap(t *testing.T) {
+	const gpus = 4
+	e, ov := newOverlapEnv(t, gpus)
+	e.tenant("acme", unlimited())
+	ov.armed.Store(true)
+	var wg sync.WaitGroup
+	errs := make(chan error, gpus)
+	for g := 0; g < gpus; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := e.create("acme", "H200X-4C", bigHost(gpus).GPUs[g].PCI)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	ov.armed.Store(false)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ov.most != gpus {
+		t.Fatalf("at most %d vGPU writes in flight at once, want %d (one per GPU)", ov.most, gpus)
+	}
+}
