@@ -19,7 +19,7 @@ DESTDIR ?=
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GOIMPORTS ?= golang.org/x/tools/cmd/goimports@v0.51.0
 
-.PHONY: all build deps test unit e2e e2e-container bench bench-placement bench-metrics soak demo lint fuzz install uninstall man clean help
+.PHONY: all build deps test unit e2e e2e-container bench bench-placement bench-metrics bench-recovery soak demo lint fuzz install uninstall man clean help
 
 all: build
 
@@ -65,6 +65,9 @@ bench-placement: ## placement churn benchmark: first-fit, random, vgpud, vgpud+d
 
 bench-metrics: build ## scrape latency, NVML slowdown, RSS and idle CPU -> bench/metrics.json
 	$(GO) run ./bench/metrics -out bench/metrics.json
+
+bench-recovery: ## time to READY after a reboot and a full apply on 8 mixed GPUs with driver latencies, vs critical path and serial sum -> bench/recovery.json
+	$(GO) run ./bench/recovery -out bench/recovery.json
 
 soak: build ## the crash test with 1000 iterations
 	VGPUD_CRASH_ITERATIONS=1000 $(GO) test -p 1 -count=1 -timeout 120m -run Crash -v ./e2e/

@@ -145,7 +145,9 @@ type crashWorld struct {
 	vms   []string
 	cat   *profile.Catalog
 	host  discover.Host
-	lv    *golibvirt.Libvirt
+	// sim is the simulated host, for the reboots between daemon runs.
+	sim *sim.Host
+	lv  *golibvirt.Libvirt
 	// acked: instances the daemon acknowledged (created and not destroyed).
 	acked map[string]bool
 	// attached: the VM of each instance whose attach the daemon acknowledged.
@@ -160,8 +162,11 @@ type crashWorld struct {
 // disk, drives a random mix of create, create-and-attach, destroy, attach
 // and detach, and kills the daemon with SIGKILL at a named crash point or at
 // a random moment (a timer, so the kill lands while an operation is in
-// flight). It restarts the daemon, sometimes first with a crash point in the
-// start-up reconcile, and after every restart checks, reading each side
+// flight). It restarts the daemon, sometimes after a simulated host reboot
+// (the start-up reconcile then carves every GPU again side by side, and
+// half of those starts die at a crash point inside that parallel pass),
+// sometimes with a crash point in the start-up reconcile's settling of
+// intents, and after every restart checks, reading each side
 // directly: the store (read after the daemon stopped) against the simulated
 // host as discovery sees it, and its attachments against the VMs' libvirt
 // configs (hostdevs and vgpud metadata); no acknowledged instance or
@@ -231,7 +236,7 @@ func TestCrashRecovery(t *testing.T) {
 			}
 		}
 	}
-	leaks, lost, run := 0, 0, 0
+	leaks, lost, run, reboots := 0, 0, 0, 0
 	atPoint, inFlight, idle, inReconcile := 0, 0, 0, 0
 	for it := 0; it < iterations; it++ {
 		run++
@@ -286,10 +291,21 @@ func TestCrashRecovery(t *testing.T) {
 		}
 
 		// Restart; sometimes with a crash point in the start-up reconcile,
-		// which the daemon reaches when the crash left an intent.
+		// which the daemon reaches when the crash left an intent. Now and
+		// then the host reboots first, so the start-up reconcile carves
+		// every GPU again side by side; half of those starts die inside
+		// that parallel pass, after the first few instances came back.
 		t2 := time.Now()
 		reconcileAt := ""
-		if rng.Intn(3) == 0 {
+		if rng.Intn(4) == 0 {
+			if err := w.sim.Reboot(); err != nil {
+				t.Fatalf("iteration %d: reboot: %v", it, err)
+			}
+			reboots++
+			if rng.Intn(2) == 0 {
+				reconcileAt = fmt.Sprintf("%s:%d", manager.CrashRestore, 1+rng.Intn(3))
+			}
+		} else if rng.Intn(3) == 0 {
 			reconcileAt = manager.CrashReconcile + ":1"
 		}
 		r := startCrashDaemon(t, w.state, bus.Address(), lv.Socket(), reconcileAt)
@@ -356,8 +372,8 @@ func TestCrashRecovery(t *testing.T) {
 			break
 		}
 	}
-	t.Logf("crash iterations: %d, leaks: %d, lost: %d (died at a crash point: %d, killed with an operation in flight: %d, killed between operations: %d, then died in the start-up reconcile: %d)",
-		run, leaks, lost, atPoint, inFlight, idle, inReconcile)
+	t.Logf("crash iterations: %d, leaks: %d, lost: %d (died at a crash point: %d, killed with an operation in flight: %d, killed between operations: %d, host rebooted before the restart: %d, then died in the start-up reconcile: %d)",
+		run, leaks, lost, atPoint, inFlight, idle, reboots, inReconcile)
 	fmt.Printf("crash iterations: %d, leaks: %d, lost: %d\n", run, leaks, lost)
 	if leaks != 0 || lost != 0 {
 		t.Fatalf("leaks %d, lost %d", leaks, lost)
@@ -383,6 +399,13 @@ func (w *crashWorld) openHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.Close() })
+	// Driver calls take a few milliseconds, each GPU's in turn, so that
+	// the start-up reconcile's GPUs are carved at the same time and a
+	// crash in it finds the others' calls in flight.
+	if err := h.SetLatency(sim.Latency{GPUInstanceCreate: "4ms", ComputeInstanceCreate: "2ms", VGPUType: "3ms", MdevCreate: "3ms", Jitter: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	w.sim = h
 	b := nvmlb.New(h.NVML(), cat, nvmlb.Options{})
 	if err := b.Init(context.Background()); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vgpud/vgpud/pkg/apply"
+	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/virt"
 )
 
@@ -81,6 +82,11 @@ type Config struct {
 	// ApplyMaxChanges bounds the changes one declarative apply document
 	// may make; a larger one is refused before its first change.
 	ApplyMaxChanges int `json:"applyMaxChanges,omitempty"`
+	// GPUConcurrency is how many GPUs the start-up reconcile and a
+	// declarative apply work on at once: the driver runs the calls of
+	// different GPUs side by side, so recovery takes about as long as the
+	// slowest GPU.
+	GPUConcurrency int `json:"gpuConcurrency,omitempty"`
 
 	file  string
 	flags *flagValues
@@ -169,6 +175,7 @@ func defaultConfig() *Config {
 		RecoverProbe:      Duration{5 * time.Second},
 		DiscoveryInterval: Duration{time.Minute},
 		ApplyMaxChanges:   apply.DefaultMaxChanges,
+		GPUConcurrency:    manager.DefaultRecoveryConcurrency,
 	}
 }
 
@@ -364,8 +371,14 @@ func (c *Config) validate() error {
 	if c.ApplyMaxChanges < 1 || c.ApplyMaxChanges > maxApplyChanges {
 		return fmt.Errorf("applyMaxChanges: %d must be 1..%d", c.ApplyMaxChanges, maxApplyChanges)
 	}
+	if c.GPUConcurrency < 1 || c.GPUConcurrency > maxGPUConcurrency {
+		return fmt.Errorf("gpuConcurrency: %d must be 1..%d", c.GPUConcurrency, maxGPUConcurrency)
+	}
 	return nil
 }
+
+// maxGPUConcurrency caps gpuConcurrency at the most GPUs a host has.
+const maxGPUConcurrency = 64
 
 // maxApplyChanges caps applyMaxChanges: every change is one manager
 // operation, and a document beyond this is better split.

@@ -84,6 +84,12 @@ func TestConfigFileAndFlags(t *testing.T) {
 			}
 			return ""
 		}},
+		{name: "gpu-concurrency", yaml: "gpuConcurrency: 1\n", check: func(c *Config) string {
+			if c.GPUConcurrency != 1 {
+				return "gpuConcurrency not taken from the file"
+			}
+			return ""
+		}},
 		{name: "reloadable-settings", yaml: "ueventSettle: 2s\nrecoverProbe: 1s\ncriticalXIDs: [94]\n", check: func(c *Config) string {
 			l := c.Reloadable()
 			if l.UeventSettle != 2*time.Second || l.RecoverProbe != time.Second || !l.CriticalXIDs[94] || l.CriticalXIDs[79] {
@@ -130,6 +136,8 @@ func TestConfigErrors(t *testing.T) {
 		{name: "xid-zero", yaml: "criticalXIDs: [0]\n", want: "criticalXIDs: 0 is not an XID"},
 		{name: "uevent-settle", yaml: "ueventSettle: 1ms\n", want: "ueventSettle: 1ms must be 10ms..1m"},
 		{name: "recover-probe", yaml: "recoverProbe: 1h\n", want: "recoverProbe"},
+		{name: "gpu-concurrency", yaml: "gpuConcurrency: 0\n", want: "gpuConcurrency: 0 must be 1..64"},
+		{name: "gpu-concurrency-high", yaml: "gpuConcurrency: 65\n", want: "gpuConcurrency: 65 must be 1..64"},
 		{name: "sim-host-without-sim", yaml: "simHost: /etc/vgpud/host.yaml\n", want: "simHost: only with sim"},
 		{name: "flag-checked-too", args: []string{"--collect-interval", "1ms"}, want: "collectInterval"},
 	}

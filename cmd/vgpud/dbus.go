@@ -31,7 +31,7 @@ func startDBus(ctx context.Context, d *daemon) (stop func(), err error) {
 		Address: addr,
 		Logger:  d.log.With("component", "dbus"),
 		Version: version.Version,
-		Apply:   dbusapi.NewApplier(d.mgr, apply.Limits{MaxChanges: d.cfg.ApplyMaxChanges}),
+		Apply:   dbusapi.NewApplier(d.mgr, apply.Limits{MaxChanges: d.cfg.ApplyMaxChanges, Concurrency: d.cfg.GPUConcurrency}),
 		Shares:  d.shares,
 	})
 	if err != nil {

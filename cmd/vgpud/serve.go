@@ -106,7 +106,7 @@ func (d *daemon) start(ctx context.Context) error {
 	d.mgr = manager.New(manager.Config{
 		Catalog: h.cat, Store: db, NVML: h.nvml, Sysfs: h.sysfs, Virt: mv,
 		Logger: log.With("component", "manager"), Crash: crash, Degraded: degraded, BootID: h.bootID,
-		UndefinePolicy: d.cfg.UndefinePolicy,
+		UndefinePolicy: d.cfg.UndefinePolicy, RecoveryConcurrency: d.cfg.GPUConcurrency,
 	})
 	if degraded == "" {
 		d.notify.Status("reconciling")

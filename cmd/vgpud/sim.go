@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -71,13 +70,6 @@ func simCmd(cfg *Config) *cobra.Command {
 		sub("close-device DEV", "Simulate the VM using an mdev UUID or VF address stopping", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
 			return h.CloseDevice(a[0])
 		}),
-		sub("latency DURATION", "Add a latency to every NVML call", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
-			d, err := time.ParseDuration(a[0])
-			if err != nil {
-				return usageError{err}
-			}
-			return h.SetCallLatency(d)
-		}),
 		sub("fault-clear", "Remove every injected fault", cobra.NoArgs, func(h *sim.Host, _ []string) error {
 			return h.ClearFaults()
 		}),
@@ -111,7 +103,7 @@ func simCmd(cfg *Config) *cobra.Command {
 	fault.Flags().StringVar(&f.Delay, "delay", "", "delay added to the call")
 	fault.Flags().IntVar(&f.Count, "count", 0, "fire this many times (0: forever)")
 	fault.Flags().IntVar(&f.Skip, "skip", 0, "let this many matching calls pass first")
-	cmd.AddCommand(xid, open, fault)
+	cmd.AddCommand(xid, open, fault, simLatencyCmd(withHost))
 	cmd.AddCommand(simWorkloadCmds(cfg)...)
 	cmd.AddCommand(simMIGCmds(cfg)...)
 	return cmd

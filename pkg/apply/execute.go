@@ -9,14 +9,15 @@ import (
 	"github.com/vgpud/vgpud/pkg/manager"
 )
 
-// Result is what Execute did: the changes done, in order (a create with
-// the new instance's UUID), the change that failed and why. Changes after
-// the failed one were not attempted.
+// Result is what Execute did: the changes done, in Execute's order (a
+// create with the new instance's UUID), the change that failed and why.
+// After a failure no further change is begun.
 type Result struct {
 	Done   []Change `json:"done"`
 	Failed *Change  `json:"failed,omitempty"`
 	Error  string   `json:"error,omitempty"`
-	// Remaining counts the changes not attempted after a failure.
+	// Remaining counts the changes not attempted after a failure (with
+	// a change that failed on another GPU meanwhile among them).
 	Remaining int `json:"remaining,omitempty"`
 }
 
@@ -24,10 +25,14 @@ type Result struct {
 // safe order whatever the order given: destroys first (they free room and
 // let MIG modes change), then MIG modes, then tenants (defines and updates,
 // then undefines), then creates, largest profiles first so small instances
-// do not fragment the room large ones need. It stops at the first error
-// and returns it, wrapped with what was done, keeping the manager's
-// sentinel (errors.Is(err, manager.ErrNoCapacity) and so on); the Result
-// says the same. A destroy of an instance already gone counts as done.
+// do not fragment the room large ones need. The changes of different GPUs
+// run side by side (see run.go): each GPU keeps that order for its own
+// changes, the tenants change once every destroy is done, and a GPU's
+// creates begin once the tenants changed. It stops at the first error
+// (no further change is begun; those in flight on other GPUs finish) and
+// returns it, wrapped with what was done, keeping the manager's sentinel
+// (errors.Is(err, manager.ErrNoCapacity) and so on); the Result says the
+// same. A destroy of an instance already gone counts as done.
 //
 // Before the first change the whole change set is checked, against the
 // host as it is now: its size, and whether what it creates fits the GPUs
@@ -35,8 +40,8 @@ type Result struct {
 // carried out is refused with a *PreflightError, and nothing is done.
 //
 // Each step is one manager operation, which undoes itself on failure, so
-// the host is left with the steps before the failed one done. Diff again
-// to see what remains.
+// the host is left with the steps done before the failure. Diff again to
+// see what remains.
 func Execute(ctx context.Context, m Manager, cs ChangeSet) (Result, error) {
 	return ExecuteWith(ctx, m, cs, Limits{})
 }
@@ -53,21 +58,21 @@ func ExecuteWith(ctx context.Context, m Manager, cs ChangeSet, lim Limits) (Resu
 			return res, err
 		}
 	}
-	for i, c := range changes {
-		err := ctx.Err()
-		if err == nil {
-			c, err = step(ctx, m, c, wanted(changes[i+1:]))
+	r := newRun(ctx, m, changes, lim.concurrency())
+	r.execute()
+	for i := range r.done {
+		if r.done[i] != nil {
+			res.Done = append(res.Done, *r.done[i])
 		}
-		if err != nil {
-			res.Failed = &changes[i]
-			res.Error = manager.Message(err)
-			res.Remaining = len(changes) - i - 1
-			return res, fmt.Errorf("apply: %s: %w (%d of %d changes done before it; %d not attempted)",
-				c, err, len(res.Done), len(changes), res.Remaining)
-		}
-		res.Done = append(res.Done, c)
 	}
-	return res, nil
+	if r.failed < 0 {
+		return res, nil
+	}
+	res.Failed = &changes[r.failed]
+	res.Error = manager.Message(r.err)
+	res.Remaining = len(changes) - len(res.Done) - 1
+	return res, fmt.Errorf("apply: %s: %w (%d of %d changes done before it; %d not attempted)",
+		r.failedAs, r.err, len(res.Done), len(changes), res.Remaining)
 }
 
 // check is the pre-flight of a change set: its size, then the host as it

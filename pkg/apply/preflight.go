@@ -19,6 +19,20 @@ type Limits struct {
 	// DefaultMaxChanges. The daemon sets it from applyMaxChanges in
 	// vgpud.yaml.
 	MaxChanges int
+	// Concurrency is how many GPUs' changes run at once; 0 means
+	// DefaultConcurrency.
+	Concurrency int
+}
+
+// DefaultConcurrency is how many GPUs' changes Execute runs at once when
+// Limits.Concurrency is 0.
+const DefaultConcurrency = 16
+
+func (l Limits) concurrency() int {
+	if l.Concurrency > 0 {
+		return l.Concurrency
+	}
+	return DefaultConcurrency
 }
 
 func (l Limits) maxChanges() int {

@@ -30,6 +30,9 @@ const (
 	CrashMoveRelease  = "move.after-release"
 	CrashMoveCarve    = "move.after-carve"
 	CrashReconcile    = "reconcile.after-step"
+	// CrashRestore: an instance a reboot lost was carved again and its
+	// record written, while the other GPUs' workers carve on (restoreAll).
+	CrashRestore = "reconcile.after-recreate"
 )
 
 // CrashPoints lists every crash point.
@@ -37,7 +40,7 @@ var CrashPoints = []string{
 	CrashCreateIntent, CrashCreateGI, CrashCreateCI, CrashCreateVGPU, CrashCreateCommit,
 	CrashDestroyStart, CrashDestroyVGPU, CrashDestroyCI, CrashDestroyGI,
 	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashCreateAttach,
-	CrashMoveRelease, CrashMoveCarve, CrashReconcile,
+	CrashMoveRelease, CrashMoveCarve, CrashReconcile, CrashRestore,
 }
 
 // CrashAt returns a crash hook that kills the process with SIGKILL (no

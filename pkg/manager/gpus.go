@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
@@ -89,24 +90,18 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 	if !g.MIG.Capable {
 		return fail(ErrInvalidArgument, nil, "GPU %s (%s) has no MIG", g.PCI, g.Model)
 	}
-	m.admit.Lock()
-	defer m.admit.Unlock()
-	var n int
-	if err := m.db.View(func(tx *store.Tx) error {
-		s, err := m.snapshot(tx)
-		n = len(s.byGPU[g.UUID])
+	l, err := m.admitModeChange(&g)
+	if err != nil {
 		return err
-	}); err != nil {
-		return classify(err, "set MIG mode")
 	}
-	if n > 0 {
-		return fail(ErrBusy, nil, "GPU %s holds %d vgpud instances; destroy them before changing its MIG mode", g.PCI, n)
-	}
-	l := m.gpuLock(g.UUID)
-	l.Lock()
+	// The driver call (up to seconds) runs outside the admission lock:
+	// admission places nothing on the GPU until it is re-read.
 	err = m.mig.SetMIGMode(ctx, g.UUID, on)
 	l.Unlock()
 	m.refreshGPU(ctx, g.UUID)
+	m.invMu.Lock()
+	delete(m.switching, g.UUID)
+	m.invMu.Unlock()
 	m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
 	if errors.Is(err, gpu.ErrResetRequired) {
 		return fail(ErrBusy, err, "MIG mode on GPU %s is pending: stop the GPU's clients and disable its SR-IOV VFs (sriov-manage -d %s), then reset it (nvidia-smi -r -i %d)", g.PCI, g.PCI, g.Index)
@@ -116,6 +111,37 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 	}
 	m.log.Info("MIG mode set", "gpu", g.PCI, "on", on)
 	return nil
+}
+
+// admitModeChange decides, under the admission lock, that g's MIG mode
+// may change (no vgpud instance on it, no other change in progress), marks
+// it switching and returns its lock, held.
+func (m *Manager) admitModeChange(g *gpu.GPU) (*sync.Mutex, error) {
+	m.admit.Lock()
+	defer m.admit.Unlock()
+	var n int
+	if err := m.db.View(func(tx *store.Tx) error {
+		s, err := m.snapshot(tx)
+		n = len(s.byGPU[g.UUID])
+		return err
+	}); err != nil {
+		return nil, classify(err, "set MIG mode")
+	}
+	if n > 0 {
+		return nil, fail(ErrBusy, nil, "GPU %s holds %d vgpud instances; destroy them before changing its MIG mode", g.PCI, n)
+	}
+	m.invMu.Lock()
+	busy := m.switching[g.UUID]
+	m.switching[g.UUID] = true
+	m.invMu.Unlock()
+	if busy {
+		return nil, fail(ErrBusy, nil, "the MIG mode of GPU %s is already being changed; retry shortly", g.PCI)
+	}
+	// No record on the GPU: only an undo finishing there can hold its
+	// lock, briefly.
+	l := m.gpuLock(g.UUID)
+	l.Lock()
+	return l, nil
 }
 
 // SetHeterogeneous switches a GPU's time-sliced vGPUs between one type and

@@ -108,6 +108,9 @@ type Config struct {
 	// a GPU failed in an earlier boot was reset by the reboot. nil: unknown,
 	// failed GPUs stay failed until cleared.
 	BootID func() string
+	// RecoveryConcurrency is how many GPUs reconcile restores at once
+	// (restoreAll); 0: DefaultRecoveryConcurrency.
+	RecoveryConcurrency int
 }
 
 // Manager runs the operations.
@@ -120,6 +123,8 @@ type Manager struct {
 	now   func() time.Time
 	crash func(string)
 	retry time.Duration
+	// recovery bounds how many GPUs reconcile restores at once.
+	recovery int
 
 	// Lock order. A goroutine takes these locks only in this order (any of
 	// them may be skipped) and never takes one while it holds a later one:
@@ -148,7 +153,7 @@ type Manager struct {
 	gpuMu    sync.Mutex
 	gpuLocks map[string]*sync.Mutex
 
-	// invMu guards inv, reads, readOf, degraded and failedGPUs.
+	// invMu guards inv, reads, readOf, degraded, failedGPUs and switching.
 	invMu sync.RWMutex
 	inv   gpu.Inventory
 	// reads numbers host reads; readOf is the number of the read each
@@ -160,6 +165,9 @@ type Manager struct {
 	// refused. The store keeps them across restarts (loadGPUState).
 	failedGPUs map[string]GPUFault
 	boot       func() string
+	// switching are GPUs whose MIG mode SetMIGMode is changing: admission
+	// places nothing there meanwhile (guarded by invMu).
+	switching map[string]bool
 
 	// confMu guards what SetCatalog and SetVirt replace while the daemon runs.
 	confMu sync.RWMutex
@@ -195,10 +203,14 @@ func New(c Config) *Manager {
 		log: c.Logger, db: c.Store, mig: c.NVML, vgpu: c.Sysfs, disc: discover.Host{NVML: c.NVML, Sysfs: c.Sysfs}, virt: c.Virt,
 		now: c.Now, crash: c.Crash, retry: c.BusyRetry, degraded: c.Degraded,
 		gpuLocks:   map[string]*sync.Mutex{},
-		failedGPUs: map[string]GPUFault{}, boot: c.BootID, undefinePolicy: c.UndefinePolicy, events: newBroadcaster(), dirty: map[string]bool{}, readOf: map[string]uint64{},
+		failedGPUs: map[string]GPUFault{}, boot: c.BootID, undefinePolicy: c.UndefinePolicy, events: newBroadcaster(), dirty: map[string]bool{}, readOf: map[string]uint64{}, switching: map[string]bool{},
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
+	}
+	m.recovery = c.RecoveryConcurrency
+	if m.recovery <= 0 {
+		m.recovery = DefaultRecoveryConcurrency
 	}
 	if m.now == nil {
 		m.now = time.Now

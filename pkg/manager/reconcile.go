@@ -139,13 +139,8 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	if err := m.db.View(func(tx *store.Tx) (err error) { recs, err = tx.Instances(); return err }); err != nil {
 		return rep, classify(err, "read instances")
 	}
-	for i := range recs {
-		if m.inflight.busy(recs[i].UUID) {
-			continue // an operation in flight owns it
-		}
-		if err := m.restore(ctx, &recs[i], &rep); err != nil && ctx.Err() != nil {
-			return rep, ctx.Err()
-		}
+	if err := m.restoreAll(ctx, recs, &rep); err != nil {
+		return rep, err
 	}
 	for uuid := range m.dirty {
 		m.refreshGPU(ctx, uuid)

@@ -9,7 +9,7 @@ import (
 )
 
 // restore brings one record's devices back on the host if they are gone.
-func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *ReconcileReport) error {
+func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *gpuReport) error {
 	if r.State == store.StateCreating || r.State == store.StateDestroying {
 		return nil // an intent is in charge (or was just resolved)
 	}
@@ -60,9 +60,7 @@ func (m *Manager) restore(ctx context.Context, r *store.Instance, rep *Reconcile
 	l.Lock()
 	err := m.recreate(ctx, r, g, gi, ci)
 	l.Unlock()
-	// The GPU is re-read once at the end of the pass, not per instance: the
-	// records already hold the devices this pass hands out.
-	m.dirty[r.GPUUUID] = true
+	rep.carved = true
 	if err != nil {
 		r.State, r.Reason, r.Updated = store.StateFailed, Message(classify(err, "re-create")), m.now()
 		if uerr := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) }); uerr != nil {
@@ -94,7 +92,11 @@ func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, g
 		if !g.MIG.Enabled {
 			return fail(ErrBusy, nil, "MIG mode is off on GPU %s; enable it to bring back %s", g.PCI, r.UUID)
 		}
+		start := r.GIStart
 		if err := m.moveIfTaken(r, g); err != nil {
+			return err
+		}
+		if err := m.recordMove(r, r.GIStart != start); err != nil {
 			return err
 		}
 		x, err := m.mig.CreateGPUInstance(ctx, r.GPUUUID, r.GIProfileID, r.GIStart)
@@ -116,7 +118,11 @@ func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, g
 	if r.Kind == store.KindVGPU || r.Kind == store.KindMIGVGPU {
 		_, _, vg := m.present(r)
 		if !vg {
+			vf, parent := r.VF, r.MdevParent
 			if err := m.pickDevice(r, g); err != nil {
+				return err
+			}
+			if err := m.recordMove(r, r.VF != vf || r.MdevParent != parent); err != nil {
 				return err
 			}
 			if err := m.createVGPU(ctx, r); err != nil {
@@ -130,6 +136,17 @@ func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, g
 		}
 	}
 	return nil
+}
+
+// recordMove writes a record whose placement or device re-creation moved,
+// before the driver call: a crash after the call then finds the device
+// where the record says (present), one before it finds the new place free.
+func (m *Manager) recordMove(r *store.Instance, moved bool) error {
+	if !moved {
+		return nil
+	}
+	r.Updated = m.now()
+	return m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(r) })
 }
 
 // moveIfTaken moves a lost GPU instance's recorded start when something

@@ -3,6 +3,7 @@ package manager
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 
 	"github.com/google/uuid"
@@ -23,6 +24,8 @@ type snapshot struct {
 	atts   map[string]store.Attachment
 	failed map[string]string
 	byGPU  map[string][]*store.Instance
+	// switching are GPUs whose MIG mode is being changed (SetMIGMode).
+	switching map[string]bool
 }
 
 func (m *Manager) snapshot(tx *store.Tx) (*snapshot, error) {
@@ -47,6 +50,7 @@ func (m *Manager) snapshot(tx *store.Tx) (*snapshot, error) {
 	for k, v := range m.failedGPUs {
 		s.failed[k] = v.Why
 	}
+	s.switching = maps.Clone(m.switching)
 	m.invMu.RUnlock()
 	return s, nil
 }
@@ -91,6 +95,8 @@ func (s *snapshot) unavailable(g *gpu.GPU) string {
 		return "failed: " + s.failed[g.UUID]
 	case s.passthroughOn(g.UUID) != nil:
 		return "passed through whole"
+	case s.switching[g.UUID]:
+		return "its MIG mode is being changed"
 	}
 	return ""
 }

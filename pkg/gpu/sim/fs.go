@@ -186,33 +186,8 @@ func (f *FS) WriteFile(name string, data []byte) error {
 	h := f.h
 	var delay time.Duration
 	var werr error
-	err = h.mutate(func(st *state) (bool, error) {
-		canon, ent, rerr := h.tree.resolve(c, true)
-		if rerr != nil {
-			werr = rerr
-			return false, nil
-		}
-		if ent.kind == 'd' {
-			werr = syscall.EISDIR
-			return false, nil
-		}
-		g := st.gpuOfPath(canon)
-		flt, moved := st.checkFault("write:"+filepath.Base(canon), g, true)
-		if flt != nil {
-			delay = flt.delay()
-			if flt.Errno != 0 {
-				werr = syscall.Errno(flt.Errno)
-				return moved, nil
-			}
-		}
-		if g != nil && g.Lost {
-			werr = syscall.EIO
-			return moved, nil
-		}
-		changed, e := h.store(st, g, canon, data)
-		werr = e
-		return moved || changed, nil
-	})
+	class, idx := h.sysfsLatClass(c)
+	h.timed(class, idx, func() { err = h.writeLocked(c, data, &delay, &werr) })
 	if delay > 0 {
 		h.sleep(delay)
 	}
@@ -223,6 +198,71 @@ func (f *FS) WriteFile(name string, data []byte) error {
 		return pathErr("write", name, werr)
 	}
 	return nil
+}
+
+// sysfsLatClass names the timed operation a write of the cleaned path c
+// is, and the index of the GPU it acts on (latNone, -1: untimed).
+func (h *Host) sysfsLatClass(c string) (latClass, int) {
+	if m := h.ops.Load(); m == nil || m.by == ([latClasses]time.Duration{}) {
+		return latNone, -1
+	}
+	class, idx := latNone, -1
+	_ = h.view(func(st *state) error {
+		canon, _, err := h.tree.resolve(c, true)
+		if err != nil {
+			return nil // the write fails as it would untimed
+		}
+		switch {
+		case reVFType.MatchString(canon):
+			class = latVGPUType
+		case reCreate.MatchString(canon):
+			class = latMdevCreate
+		case reRemove.MatchString(canon):
+			class = latMdevRemove
+		default:
+			return nil
+		}
+		g := st.gpuOfPath(canon)
+		for i := range st.GPUs {
+			if st.GPUs[i] == g {
+				idx = i
+			}
+		}
+		return nil
+	})
+	return class, idx
+}
+
+// writeLocked applies a write of the cleaned path c under the host lock:
+// werr is the write's own failure, delay a fault's added time.
+func (h *Host) writeLocked(c string, data []byte, delay *time.Duration, werr *error) error {
+	return h.mutate(func(st *state) (bool, error) {
+		canon, ent, rerr := h.tree.resolve(c, true)
+		if rerr != nil {
+			*werr = rerr
+			return false, nil
+		}
+		if ent.kind == 'd' {
+			*werr = syscall.EISDIR
+			return false, nil
+		}
+		g := st.gpuOfPath(canon)
+		flt, moved := st.checkFault("write:"+filepath.Base(canon), g, true)
+		if flt != nil {
+			*delay = flt.delay()
+			if flt.Errno != 0 {
+				*werr = syscall.Errno(flt.Errno)
+				return moved, nil
+			}
+		}
+		if g != nil && g.Lost {
+			*werr = syscall.EIO
+			return moved, nil
+		}
+		changed, e := h.store(st, g, canon, data)
+		*werr = e
+		return moved || changed, nil
+	})
 }
 
 // gpuOfPath finds the GPU a canonical sysfs path belongs to.

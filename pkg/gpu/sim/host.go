@@ -72,6 +72,10 @@ type Host struct {
 	stamp fileStamp
 	// latency is read by every NVML call without the host lock.
 	latency atomic.Int64
+	// ops is the per-operation latency model (latency.go), read without
+	// the host lock; serial serialises the timed calls per GPU.
+	ops    atomic.Pointer[latencyModel]
+	serial gpuSerial
 	// tree is the sysfs tree the state implies; FS reads are served from it.
 	tree *tree
 	// mirror: also keep the tree on disk under DIR/sys (for people and
@@ -168,6 +172,7 @@ func Open(dir string, spec *Spec, cat *profile.Catalog, opts OpenOptions) (*Host
 func (h *Host) setLatency(s *Spec) {
 	d, _ := s.callLatency()
 	h.latency.Store(int64(d))
+	h.ops.Store(newLatencyModel(s.Options.Latency))
 }
 
 // Close releases the host's files; the state stays on disk.

@@ -269,7 +269,9 @@ func (h *Host) call(op string, gpuIdx int, write bool, fn func(st *state, g *gpu
 	}
 	var err error
 	if write {
-		err = h.mutate(func(st *state) (bool, error) { return run(st, true), nil })
+		h.timed(nvmlLatClass(op), gpuIdx, func() {
+			err = h.mutate(func(st *state) (bool, error) { return run(st, true), nil })
+		})
 	} else {
 		err = h.view(func(st *state) error { run(st, false); return nil })
 		if err == nil && needWrite {

@@ -684,6 +684,10 @@ func TestSpecValidation(t *testing.T) {
 		{"MIG on a non-MIG GPU", "version: v1\ngpus: [{model: L4-24GB, mig: true}]", "gpus[0].mig"},
 		{"no GPUs", "version: v1\ngpus: []", "gpus"},
 		{"bad latency", "version: v1\ngpus: [{model: L4-24GB}]\noptions: {callLatency: fast}", "callLatency"},
+		{"bad op latency", "version: v1\ngpus: [{model: L4-24GB}]\noptions: {latency: {mdevCreate: soon}}", "options.latency.mdevCreate"},
+		{"op latency too long", "version: v1\ngpus: [{model: L4-24GB}]\noptions: {latency: {migMode: 1h}}", "options.latency.migMode"},
+		{"jitter above 1", "version: v1\ngpus: [{model: L4-24GB}]\noptions: {latency: {jitter: 2}}", "options.latency.jitter"},
+		{"unknown latency op", "version: v1\ngpus: [{model: L4-24GB}]\noptions: {latency: {reboot: 1s}}", "reboot"},
 		{"yaml syntax", "version: v1\ngpus: [", "host.yaml"},
 	}
 	for _, c := range cases {

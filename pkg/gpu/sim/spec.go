@@ -73,6 +73,9 @@ type Options struct {
 	VFsRestoredOnReboot *bool `json:"vfsRestoredOnReboot,omitempty"`
 	// CallLatency is added to every NVML call (e.g. "50us"); fault rules add more.
 	CallLatency string `json:"callLatency,omitempty"`
+	// Latency is the time each GPU-changing driver operation takes, per
+	// GPU (latency.go); nil: none.
+	Latency *Latency `json:"latency,omitempty"`
 }
 
 // The PCI addresses of the built-in host's GPUs (DefaultSpec), by which
@@ -138,6 +141,11 @@ func (s *Spec) Validate(cat *profile.Catalog) error {
 	}
 	if _, err := s.callLatency(); err != nil {
 		return fmt.Errorf("%w: options.callLatency: %w", ErrBadSpec, err)
+	}
+	if s.Options.Latency != nil {
+		if _, err := s.Options.Latency.parse(); err != nil {
+			return fmt.Errorf("%w: options.latency.%w", ErrBadSpec, err)
+		}
 	}
 	seenPCI, seenUUID := map[string]int{}, map[string]int{}
 	for i := range s.GPUs {
