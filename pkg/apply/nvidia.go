@@ -169,18 +169,27 @@ func compact(b json.RawMessage) string {
 // migProfileRE is mig-parted's profile grammar: [Cc.]Gg.GBgb[+attr,...].
 var migProfileRE = regexp.MustCompile(`^(?:([0-9]+)c\.)?([0-9]+)g\.([0-9]+)gb(\+[a-z0-9.,]+)?$`)
 
-// migProfile maps a mig-parted profile to vgpud's name. vgpud gives each
-// GPU instance one compute instance spanning it, so a compute-instance
-// profile narrower than its GPU instance ("1c.2g.20gb") has no equivalent.
+// migProfile maps a mig-parted profile to vgpud's name: the one place
+// where mig-parted's profile names are read. A compute-instance profile
+// narrower than its GPU instance keeps its name ("1c.3g.40gb": one
+// compute slice of a 3g.40gb, several sharing one GPU instance); one as
+// wide as its GPU instance is the GPU-instance profile ("3c.3g.40gb" is
+// "3g.40gb"), as nvidia-smi names it.
 func migProfile(s string) (string, error) {
 	m := migProfileRE.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
 	if m == nil {
-		return "", fmt.Errorf("%q is not a MIG profile (want e.g. 1g.10gb, 3g.40gb, 1g.10gb+me)", s)
+		return "", fmt.Errorf("%q is not a MIG profile (want e.g. 1g.10gb, 3g.40gb, 1c.3g.40gb, 1g.10gb+me)", s)
 	}
-	if m[1] != "" && m[1] != m[2] {
-		return "", fmt.Errorf("%q: compute-instance profiles narrower than their GPU instance are not supported (vgpud gives each GPU instance one compute instance); use %sg.%sgb", s, m[2], m[3])
+	gi := m[2] + "g." + m[3] + "gb" + m[4]
+	if m[1] == "" || m[1] == m[2] {
+		return gi, nil
 	}
-	return m[2] + "g." + m[3] + "gb" + m[4], nil
+	c, _ := strconv.Atoi(m[1]) // the grammar admits digits only
+	g, _ := strconv.Atoi(m[2])
+	if c == 0 || c > g {
+		return "", fmt.Errorf("%q: a compute instance of %s slices does not fit a GPU instance of %s", s, m[1], m[2])
+	}
+	return m[1] + "c." + gi, nil
 }
 
 func parseMigParted(name string, data []byte, opts Options) (*Desired, error) {

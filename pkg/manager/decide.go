@@ -19,9 +19,9 @@ type decision struct {
 	shared *store.Instance // mig-vgpu, compute instance: an existing GI with room, owned by this record
 	// ciStart is a compute instance's start inside its GPU instance.
 	ciStart int
-	vf     string          // vendor-VFIO VF
-	parent string          // mdev parent
-	reason string
+	vf      string // vendor-VFIO VF
+	parent  string // mdev parent
+	reason  string
 }
 
 // decide picks GPU, slot and device for a request.
