@@ -215,7 +215,7 @@ func (a *app) profilesCmd() *cobra.Command {
 	var gpu string
 	cmd := &cobra.Command{
 		Use:   "profiles [--gpu GPU]",
-		Short: "List the profiles (MIG profiles, vGPU types, passthrough) of the host's GPU models",
+		Short: "List the profiles (MIG GPU- and compute-instance profiles, vGPU types, passthrough) of the host's GPU models",
 		Args:  cobra.NoArgs,
 		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
 			ps, err := c.Profiles(ctx, gpu)
