@@ -91,7 +91,7 @@ func (m *Manager) decideCI(s *snapshot, models map[string]offer, names []string,
 	if len(gis) > 0 {
 		if d, err := placement.PlaceCompute(gis, ciProf); err == nil {
 			r := anchors[d.GI]
-			return decision{o: models[r.Model], g: m.gpuOf(s, r.GPUUUID), shared: r, ciStart: d.Start,
+			return decision{o: models[r.Model], g: m.gpuOf(s, r.GPUUUID), shared: r, start: r.GIStart, ciStart: d.Start,
 				reason: fmt.Sprintf("compute slices %d+%d of GPU instance %d, beside %s", d.Start, ciProf.Slices, r.GIID, r.UUID)}, nil
 		}
 	}

@@ -45,6 +45,13 @@ func TestComputeInstancesShareAGPUInstance(t *testing.T) {
 		if r.Kind != store.KindMIG || r.CISlices != 1 || r.CIStart != i || r.CIProfileID != 0 || r.GIProfileID != 9 {
 			t.Fatalf("compute instance %d: %+v", i, r)
 		}
+		if i == 1 {
+			// Plan says where the next goes: into the same GPU instance.
+			p, err := e.m.Plan(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "1c.3g.40gb", GPU: sim.DefaultH100MIG})
+			if err != nil || !p.Fits || p.Start != made[0].GIStart || p.ComputeMilli != tenant.MIGComputeMilli(1, 7) {
+				t.Fatalf("plan of a second 1c.3g.40gb: %+v, %v", p, err)
+			}
+		}
 		if i > 0 && (r.GIID != made[0].GIID || r.GIStart != made[0].GIStart) {
 			t.Fatalf("compute instance %d in GPU instance %d@%d, the first in %d@%d", i, r.GIID, r.GIStart, made[0].GIID, made[0].GIStart)
 		}

@@ -122,7 +122,7 @@ func (m *Manager) decideMIG(s *snapshot, models map[string]offer, names []string
 					continue
 				}
 				if vf, parent, ok := m.deviceFor(s, g, t.ID); ok {
-					return decision{o: models[r.Model], g: g, shared: r, vf: vf, parent: parent,
+					return decision{o: models[r.Model], g: g, shared: r, start: r.GIStart, vf: vf, parent: parent,
 						reason: fmt.Sprintf("shares GPU instance %d with %s", r.GIID, r.UUID)}, nil
 				}
 			}
