@@ -94,6 +94,10 @@ func TestComputeInstanceRefusals(t *testing.T) {
 		{"compute instance in a GI hosting a MIG-backed vGPU", func(t *testing.T, e *env) nvml.Return {
 			gi := mustGI(t, e.dev(t, sim.DefaultH100MIG), p3g, 0)
 			writeOK(t, e, vfType(h100MIGVF(0)), typeID(t, e, "H100-SXM5-80GB", "H100XM-3-40C"))
+			info := ciProfileInfo(t, gi, c1)
+			if n, r := gi.GetComputeInstanceRemainingCapacity(&info); r != nvml.SUCCESS || n != 0 {
+				t.Fatalf("remaining 1c beside a vGPU: %d, %v; want 0", n, r)
+			}
 			_, r := createCIAt(t, gi, c1, 0)
 			return r
 		}, nvml.ERROR_IN_USE},

@@ -443,6 +443,9 @@ func ciCount(gi *gi, c *profile.ComputeInstanceProfile) int {
 }
 
 func ciRemaining(g *gpuState, gi *gi, c *profile.ComputeInstanceProfile) int {
+	if len(g.vgpusOnGI(gi.ID)) > 0 {
+		return 0 // the vGPU manager's GI takes no compute instance (createCI)
+	}
 	count := ciCount(gi, c)
 	n := 0
 	for _, s := range ciStarts(giProfileOf(g, gi).ComputeSlices, c.Slices) {
