@@ -96,6 +96,10 @@ func TestComputeInstanceRefusals(t *testing.T) {
 			t.Fatalf("%s: %v, want ErrInvalidArgument", p, err)
 		}
 	}
+	_, err := e.create("acme", "4c.3g.40gb", "")
+	if msg := manager.Message(err); !strings.Contains(msg, "offers 1c.3g.40gb, 2c.3g.40gb, 3g.40gb") {
+		t.Fatalf("4c.3g.40gb refused with %q; want the sizes a 3g.40gb offers", msg)
+	}
 	// Six 1c fill the two 3g.40gb an H100 holds; the seventh has no room.
 	for i := 0; i < 6; i++ {
 		e.mustCreate("acme", "1c.3g.40gb", sim.DefaultH100MIG)

@@ -114,6 +114,9 @@ func (m *Manager) offersFor(name string) ([]offer, error) {
 		}
 	}
 	if len(out) == 0 {
+		if err := unknownComputeInstance(models, raw, want); err != nil {
+			return nil, err
+		}
 		return nil, fail(ErrInvalidArgument, nil, "unknown profile %q: not a MIG profile, vGPU type or %q of any GPU model in the catalog (run `vgpuctl profiles`)", raw, ProfilePassthrough)
 	}
 	return out, nil
@@ -150,6 +153,29 @@ func migOffers(md *profile.Model, name string) []offer {
 			o.ci = c
 		}
 		return []offer{o}
+	}
+	return nil
+}
+
+// unknownComputeInstance explains a compute-instance name whose GPU
+// instance exists but does not offer that size ("4c.3g.40gb"): the sizes
+// it offers. nil when the name is not of that kind.
+func unknownComputeInstance(models []*profile.Model, raw, want string) error {
+	slices, giName, ok := profile.ParseComputeInstanceName(want)
+	if !ok {
+		return nil
+	}
+	for _, md := range models {
+		gi, found := md.GPUInstanceProfileByName(giName)
+		if !found {
+			continue
+		}
+		var sizes []string
+		for _, c := range md.ComputeInstanceProfiles(gi.ComputeSlices) {
+			sizes = append(sizes, profile.ComputeInstanceName(c.Slices, gi))
+		}
+		return fail(ErrInvalidArgument, nil, "unknown profile %q: a %s GPU instance has no compute instance of %d slices; it offers %s",
+			raw, gi.Name, slices, strings.Join(sizes, ", "))
 	}
 	return nil
 }
