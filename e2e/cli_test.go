@@ -164,6 +164,10 @@ type (
 			Size                 int `json:"size"`
 			GPUInstanceID        int `json:"gpuInstanceID"`
 			ComputeInstanceID    int `json:"computeInstanceID"`
+			// The compute instance inside its GPU instance.
+			ComputeInstanceProfileID int `json:"computeInstanceProfileID"`
+			ComputeInstanceStart     int `json:"computeInstanceStart"`
+			ComputeInstanceSlices    int `json:"computeInstanceSlices"`
 		} `json:"mig,omitempty"`
 		VGPU *struct {
 			TypeID     int    `json:"typeID"`

@@ -128,7 +128,7 @@ func (r *crashRun) stop(t *testing.T) {
 }
 
 var (
-	crashProfiles = []string{"1g.10gb", "2g.20gb", "3g.40gb", "H100XM-1-10C", "H100XM-10C", "L4-2Q", "A10-2Q"}
+	crashProfiles = []string{"1g.10gb", "2g.20gb", "3g.40gb", "1c.3g.40gb", "2c.3g.40gb", "H100XM-1-10C", "H100XM-10C", "L4-2Q", "A10-2Q"}
 	// attachProfiles are the profiles create-and-attach uses: vGPUs (a bare
 	// MIG instance is no hostdev).
 	attachProfiles = []string{"H100XM-1-10C", "H100XM-10C", "L4-2Q", "A10-2Q"}

@@ -215,7 +215,7 @@ func (a *app) profilesCmd() *cobra.Command {
 	var gpu string
 	cmd := &cobra.Command{
 		Use:   "profiles [--gpu GPU]",
-		Short: "List the profiles (MIG profiles, vGPU types, passthrough) of the host's GPU models",
+		Short: "List the profiles (MIG GPU- and compute-instance profiles, vGPU types, passthrough) of the host's GPU models",
 		Args:  cobra.NoArgs,
 		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
 			ps, err := c.Profiles(ctx, gpu)
@@ -335,6 +335,16 @@ func (a *app) showCmd() *cobra.Command {
 	}
 }
 
+// computeInstanceOf describes a MIG instance's compute instance: the
+// compute slices it takes of its GPU instance, or all of them.
+func computeInstanceOf(m *dbusapi.InstanceMIG) string {
+	where := "the whole GPU instance"
+	if m.ComputeInstanceSlices > 0 {
+		where = fmt.Sprintf("compute slices %d-%d", m.ComputeInstanceStart, m.ComputeInstanceStart+m.ComputeInstanceSlices-1)
+	}
+	return fmt.Sprintf("id %d, profile %d, %s", m.ComputeInstanceID, m.ComputeInstanceProfileID, where)
+}
+
 func instanceDetail(w io.Writer, in dbusapi.Instance) error {
 	kv := [][2]string{
 		{"UUID", in.UUID}, {"Tenant", in.Tenant}, {"Profile", in.Profile}, {"Kind", in.Kind}, {"Model", in.Model},
@@ -343,6 +353,9 @@ func instanceDetail(w io.Writer, in dbusapi.Instance) error {
 	}
 	if in.MIG != nil {
 		kv = append(kv, [2]string{"GPU instance", fmt.Sprintf("id %d, profile %d, slots %d-%d", in.MIG.GPUInstanceID, in.MIG.GPUInstanceProfileID, in.MIG.Start, in.MIG.Start+in.MIG.Size-1)})
+		if in.Kind == "mig" {
+			kv = append(kv, [2]string{"Compute instance", computeInstanceOf(in.MIG)})
+		}
 	}
 	if in.VGPU != nil {
 		dev := in.VGPU.VF

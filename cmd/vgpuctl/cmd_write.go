@@ -19,7 +19,7 @@ type createFlags struct {
 func (a *app) bindCreate(cmd *cobra.Command, f *createFlags) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.tenant, "tenant", "", "tenant that holds the instance (see vgpuctl tenant list)")
-	fl.StringVar(&f.profile, "profile", "", "profile: a MIG profile (3g.40gb, H100-3g.40gb), a vGPU type (L4-4Q) or passthrough")
+	fl.StringVar(&f.profile, "profile", "", "profile: a MIG profile (3g.40gb, H100-3g.40gb), a compute instance in one (1c.3g.40gb), a vGPU type (L4-4Q) or passthrough")
 	fl.StringVar(&f.gpu, "gpu", "", "pin the GPU (PCI address, UUID or index)")
 	fl.StringVar(&f.uuid, "uuid", "", "the instance's UUID (makes retries idempotent)")
 	fl.StringVar(&f.affinity, "affinity", "", "none, spread (over GPUs) or pack (onto the tenant's GPUs)")

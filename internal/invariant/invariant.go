@@ -11,6 +11,7 @@ package invariant
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/profile"
@@ -49,6 +50,13 @@ func Cost(cat *profile.Catalog, in store.Instance) (vram, compute uint64, err er
 		if p == nil {
 			return 0, 0, fmt.Errorf("instance %s: no MIG profile %d on %s", in.UUID, in.GIProfileID, m.Name)
 		}
+		// A compute instance smaller than its GPU instance ("1c.3g.40gb",
+		// read from the profile name, not the record): its slices, and the
+		// GPU instance's memory in proportion.
+		name := in.Profile[strings.LastIndex(in.Profile, "/")+1:]
+		if c, _, ok := profile.ParseComputeInstanceName(name); ok && c < p.ComputeSlices {
+			return (p.MemoryMiB << 20) * uint64(c) / uint64(p.ComputeSlices), uint64(c) * 1000 / uint64(m.MIG.ComputeSlices), nil
+		}
 		return p.MemoryMiB << 20, uint64(p.ComputeSlices) * 1000 / uint64(m.MIG.ComputeSlices), nil
 	case store.KindMIGVGPU:
 		if typ == nil || typ.GPUInstanceProfile == nil {
@@ -79,7 +87,10 @@ func HostDiff(inv gpu.Inventory, recs []store.Instance) (extra, missing []string
 		gpu string
 		id  int
 	}
+	// Several records may own one GPU instance (MIG-backed vGPUs, or
+	// compute instances); ownedCI holds the compute instances they own.
 	ownedGI := map[giKey]*store.Instance{}
+	ownedCI := map[giKey]map[int]bool{}
 	ownedVF := map[string]bool{}
 	ownedMdev := map[string]bool{}
 	for i := range recs {
@@ -100,9 +111,23 @@ func HostDiff(inv gpu.Inventory, recs []store.Instance) (extra, missing []string
 				missing = append(missing, fmt.Sprintf("instance %s: the GPU instance at slot %d on %s has id %d, the record says %d", r.UUID, r.GIStart, g.PCI, g.MIG.Instances[i].ID, r.GIID))
 			default:
 				gi := g.MIG.Instances[i]
-				ownedGI[giKey{g.UUID, gi.ID}] = r
-				if r.Kind == store.KindMIG && !slices.ContainsFunc(gi.Compute, func(ci gpu.ComputeInstance) bool { return ci.ID == r.CIID }) {
+				k := giKey{g.UUID, gi.ID}
+				ownedGI[k] = r
+				if r.Kind != store.KindMIG {
+					break
+				}
+				j := slices.IndexFunc(gi.Compute, func(ci gpu.ComputeInstance) bool { return ci.ID == r.CIID })
+				switch {
+				case j < 0:
 					missing = append(missing, fmt.Sprintf("instance %s: no compute instance %d in GPU instance %d on %s", r.UUID, r.CIID, gi.ID, g.PCI))
+				case r.CISlices > 0 && (gi.Compute[j].Placement != gpu.Range{Start: r.CIStart, Size: r.CISlices}):
+					missing = append(missing, fmt.Sprintf("instance %s: compute instance %d in GPU instance %d on %s sits at %d+%d, the record says %d+%d",
+						r.UUID, r.CIID, gi.ID, g.PCI, gi.Compute[j].Placement.Start, gi.Compute[j].Placement.Size, r.CIStart, r.CISlices))
+				default:
+					if ownedCI[k] == nil {
+						ownedCI[k] = map[int]bool{}
+					}
+					ownedCI[k][r.CIID] = true
 				}
 			}
 		}
@@ -134,7 +159,7 @@ func HostDiff(inv gpu.Inventory, recs []store.Instance) (extra, missing []string
 				continue
 			}
 			for _, ci := range gi.Compute {
-				if r.Kind != store.KindMIG || ci.ID != r.CIID {
+				if !ownedCI[giKey{g.UUID, gi.ID}][ci.ID] {
 					extra = append(extra, fmt.Sprintf("compute instance %d in GPU instance %d on %s: no record", ci.ID, gi.ID, g.PCI))
 				}
 			}

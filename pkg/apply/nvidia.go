@@ -176,36 +176,38 @@ var migProfileRE = regexp.MustCompile(`^(?:([0-9]+)c\.)?([0-9]+)g\.([0-9]+)gb(?:
 // engines (+me.all), none of them (-me), graphics (+gfx).
 var migAttributes = map[string]bool{"+me": true, "+me.all": true, "-me": true, "+gfx": true}
 
-// migProfile maps a mig-parted profile to vgpud's name: "1g.10gb",
-// "1g.24gb+gfx", "1g.24gb-me". An attribute the catalog has no profile
+// migProfile maps a mig-parted profile to vgpud's name: the one place
+// where mig-parted's profile names are read ("1g.10gb", "1g.24gb+gfx",
+// "1g.24gb-me", "1c.3g.40gb"). An attribute the catalog has no profile
 // for, or several at once, is refused by name.
 func migProfile(s string) (string, error) {
 	m := migProfileRE.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
 	if m == nil {
-		return "", fmt.Errorf("%q is not a MIG profile (want e.g. 1g.10gb, 3g.40gb, 1g.10gb+me, 1g.24gb-me)", s)
-	}
-	gi := m[2] + "g." + m[3] + "gb"
-	if err := migComputeProfile(s, m[1], m[2], gi); err != nil {
-		return "", err
+		return "", fmt.Errorf("%q is not a MIG profile (want e.g. 1g.10gb, 3g.40gb, 1c.3g.40gb, 1g.10gb+me, 1g.24gb-me)", s)
 	}
 	attr := m[4] + m[5]
 	if attr != "" && !migAttributes[attr] {
 		return "", fmt.Errorf("%q: MIG profile attribute %q is not known (vgpud knows +me, +me.all, -me and +gfx, one at a time)", s, attr)
 	}
-	return gi + attr, nil
+	return migComputeProfile(s, m[1], m[2], m[2]+"g."+m[3]+"gb"+attr)
 }
 
-// migComputeProfile checks the compute-instance part of a mig-parted
-// profile ("<C>c." before the GPU instance). vgpud gives each GPU instance
-// one compute instance spanning it, so only a compute instance as wide as
-// its GPU instance ("1c.1g.10gb", "3c.3g.40gb") has an equivalent, the GPU
-// instance profile itself; a narrower one ("1c.3g.40gb") is refused by
-// name. Compute-instance profiles of their own would be decided here.
-func migComputeProfile(s, computeSlices, giSlices, gi string) error {
+// migComputeProfile reads the compute-instance part of a mig-parted
+// profile ("<C>c." before the GPU instance). A compute instance narrower
+// than its GPU instance keeps its name ("1c.3g.40gb": one compute slice of
+// a 3g.40gb, several sharing one GPU instance); one as wide as its GPU
+// instance is the GPU-instance profile ("3c.3g.40gb" is "3g.40gb"), as
+// nvidia-smi names it; a wider one is refused.
+func migComputeProfile(s, computeSlices, giSlices, gi string) (string, error) {
 	if computeSlices == "" || computeSlices == giSlices {
-		return nil
+		return gi, nil
 	}
-	return fmt.Errorf("%q: compute-instance profiles narrower than their GPU instance are not supported (vgpud gives each GPU instance one compute instance); use %s", s, gi)
+	c, _ := strconv.Atoi(computeSlices) // the grammar admits digits only
+	g, _ := strconv.Atoi(giSlices)
+	if c == 0 || c > g {
+		return "", fmt.Errorf("%q: a compute instance of %s slices does not fit a GPU instance of %s", s, computeSlices, giSlices)
+	}
+	return computeSlices + "c." + gi, nil
 }
 
 func parseMigParted(name string, data []byte, opts Options) (*Desired, error) {

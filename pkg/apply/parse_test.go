@@ -142,13 +142,14 @@ mig-configs:
   c:
     - devices: [0]
       mig-enabled: true
-      mig-devices: {"1c.1g.10gb": 1, "1g.10gb+me": 1, "3g.40gb": 0}
+      mig-devices: {"1c.1g.10gb": 1, "1g.10gb+me": 1, "1C.3g.40gb": 3, "3c.3g.40gb": 1}
 `, "c", func(t *testing.T, d *apply.Desired) {
 			var got []string
 			for _, in := range d.Layout[0].Instances {
 				got = append(got, in.Profile)
 			}
-			if strings.Join(got, " ") != "1g.10gb 1g.10gb+me" {
+			// Sorted by the file's spelling; 3c.3g.40gb is the GPU instance.
+			if strings.Join(got, " ") != "1c.3g.40gb 1g.10gb 1g.10gb+me 3g.40gb" {
 				t.Fatalf("profiles %v", got)
 			}
 		}},
@@ -250,8 +251,6 @@ func TestParseErrors(t *testing.T) {
 		{"mig-parted enabled without devices", mp + "    - {devices: all, mig-enabled: true}", "c", "mig-configs.c[0]", "mig-devices is required"},
 		{"mig-parted disabled with devices", mp + "    - {devices: all, mig-enabled: false, mig-devices: {1g.10gb: 1}}", "c", "mig-configs.c[0].mig-devices", "while mig-enabled is false"},
 		{"mig-parted bad profile", mp + "    - {devices: all, mig-enabled: true, mig-devices: {1x.10gb: 1}}", "c", `mig-configs.c[0].mig-devices["1x.10gb"]`, "not a MIG profile"},
-		{"mig-parted compute-instance profile", mp + "    - {devices: all, mig-enabled: true, mig-devices: {1c.2g.20gb: 1}}", "c", `mig-devices["1c.2g.20gb"]`, "compute-instance profiles"},
-		{"mig-parted narrower compute instance", mp + "    - {devices: all, mig-enabled: true, mig-devices: {1c.3g.40gb: 1}}", "c", `mig-devices["1c.3g.40gb"]`, "use 3g.40gb"},
 		{"mig-parted unknown attribute", mp + "    - {devices: all, mig-enabled: true, mig-devices: {1g.10gb+foo: 1}}", "c", `mig-devices["1g.10gb+foo"]`, `attribute "+foo" is not known`},
 		{"mig-parted two attributes", mp + "    - {devices: all, mig-enabled: true, mig-devices: {\"1g.24gb+me,gfx\": 1}}", "c", `mig-devices["1g.24gb+me,gfx"]`, `attribute "+me,gfx" is not known`},
 		{"mig-parted negated gfx", mp + "    - {devices: all, mig-enabled: true, mig-devices: {1g.24gb-gfx: 1}}", "c", `mig-devices["1g.24gb-gfx"]`, `attribute "-gfx" is not known`},
@@ -259,6 +258,9 @@ func TestParseErrors(t *testing.T) {
 		{"vgpu-device-manager unknown attribute", vd + "    - {devices: all, vgpu-devices: {A30-1-6CXX: 1}}", "c", `vgpu-devices["A30-1-6CXX"]`, "not a vGPU type name"},
 		{"vgpud index order unknown", "version: v1\nlayout:\n  - {gpu: \"0\", indexOrder: bus}", "", "layout[0].indexOrder", `unknown index order "bus"`},
 		{"vgpud PCI order of an address", "version: v1\nlayout:\n  - {gpu: \"0000:41:00.0\", indexOrder: pci}", "", "layout[0].indexOrder", "counts GPUs by number"},
+		{"mig-parted compute instance wider than its GPU instance", mp + "    - {devices: all, mig-enabled: true, mig-devices: {3c.2g.20gb: 1}}", "c", `mig-devices["3c.2g.20gb"]`, "does not fit a GPU instance of 2"},
+		{"mig-parted compute instance of no slices", mp + "    - {devices: all, mig-enabled: true, mig-devices: {0c.2g.20gb: 1}}", "c", `mig-devices["0c.2g.20gb"]`, "does not fit"},
+		{"mig-parted compute instance twice", mp + "    - {devices: all, mig-enabled: true, mig-devices: {1c.3g.40gb: 1, 1C.3g.40gb: 2}}", "c", `mig-devices["1c.3g.40gb"]`, `same profile as "1C.3g.40gb"`},
 		{"mig-parted negative count", mp + "    - {devices: all, mig-enabled: true, mig-devices: {1g.10gb: -1}}", "c", `mig-devices["1g.10gb"]`, "negative"},
 		{"mig-parted same profile twice", mp + "    - {devices: all, mig-enabled: true, mig-devices: {1g.10gb: 1, 1c.1g.10gb: 1}}", "c", `mig-devices["1g.10gb"]`, `same profile as "1c.1g.10gb"`},
 		{"mig-parted bad filter", mp + "    - {devices: all, device-filter: ['0x2330'], mig-enabled: false}", "c", "mig-configs.c[0].device-filter[0]", "bad PCI device id"},

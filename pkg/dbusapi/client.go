@@ -817,7 +817,9 @@ func instanceFrom(p map[string]dbus.Variant) Instance {
 	}
 	if in.Kind == "mig" || in.Kind == "mig-vgpu" {
 		in.MIG = &InstanceMIG{GPUInstanceProfileID: i32(p, "GPUInstanceProfileID"), Start: i32(p, "GPUInstanceStart"), Size: i32(p, "GPUInstanceSize"),
-			GPUInstanceID: i32(p, "GPUInstanceID"), ComputeInstanceID: i32(p, "ComputeInstanceID")}
+			GPUInstanceID: i32(p, "GPUInstanceID"), ComputeInstanceID: i32(p, "ComputeInstanceID"),
+			ComputeInstanceProfileID: i32(p, "ComputeInstanceProfileID"), ComputeInstanceStart: i32(p, "ComputeInstanceStart"),
+			ComputeInstanceSlices: i32(p, "ComputeInstanceSlices")}
 	}
 	if in.Kind == "vgpu" || in.Kind == "mig-vgpu" {
 		in.VGPU = &InstanceVGPU{TypeID: i32(p, "VGPUTypeID"), Type: str(p, "VGPUType"), Flow: str(p, "Flow"), VF: str(p, "VF"),

@@ -127,6 +127,12 @@ type InstanceMIG struct {
 	Size                 int `json:"size"`
 	GPUInstanceID        int `json:"gpuInstanceID"`
 	ComputeInstanceID    int `json:"computeInstanceID"`
+	// The compute instance inside the GPU instance (kind mig): its
+	// profile id, first compute slice and slices; Slices 0 when it covers
+	// the whole GPU instance.
+	ComputeInstanceProfileID int `json:"computeInstanceProfileID"`
+	ComputeInstanceStart     int `json:"computeInstanceStart"`
+	ComputeInstanceSlices    int `json:"computeInstanceSlices"`
 }
 
 // InstanceVGPU is a vGPU's type and device.

@@ -140,7 +140,9 @@ func (m *Manager) carvedParts(ctx context.Context, rec *store.Instance, steps ma
 
 // carveSteps runs the host steps of a record, saving after each.
 func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func(carveStep) error) error {
-	if rec.Kind == store.KindMIG || (rec.Kind == store.KindMIGVGPU && rec.GIID < 0) {
+	// A record sharing a GPU instance (several vGPUs or compute instances
+	// in one) has its GIID from admission: the GI is another record's step.
+	if (rec.Kind == store.KindMIG || rec.Kind == store.KindMIGVGPU) && rec.GIID < 0 {
 		gi, err := m.mig.CreateGPUInstance(ctx, rec.GPUUUID, rec.GIProfileID, rec.GIStart)
 		if err != nil {
 			return err
@@ -152,7 +154,8 @@ func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func
 		m.crash(CrashCreateGI)
 	}
 	if rec.Kind == store.KindMIG {
-		ci, err := m.mig.CreateComputeInstance(ctx, rec.GPUUUID, rec.GIID, -1)
+		ciProfile, ciStart := ciArgs(rec)
+		ci, err := m.mig.CreateComputeInstance(ctx, rec.GPUUUID, rec.GIID, ciProfile, ciStart)
 		if err != nil {
 			return err
 		}

@@ -163,6 +163,9 @@ func (m *Manager) record(req CreateRequest, d decision) store.Instance {
 			r.GIStart, r.GIID = d.shared.GIStart, d.shared.GIID
 		}
 	}
+	if d.o.ci != nil {
+		r.CIProfileID, r.CIStart, r.CISlices = d.o.ci.ID, d.ciStart, d.o.ci.Slices
+	}
 	if d.o.typ != nil {
 		r.TypeID, r.TypeName = d.o.typ.ID, d.o.typ.Name
 		switch {

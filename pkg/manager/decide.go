@@ -16,10 +16,12 @@ type decision struct {
 	o      offer
 	g      *gpu.GPU
 	start  int             // GPU-instance start (mig, mig-vgpu with a new GI)
-	shared *store.Instance // mig-vgpu: an existing GI with room, owned by this record
-	vf     string          // vendor-VFIO VF
-	parent string          // mdev parent
-	reason string
+	shared *store.Instance // mig-vgpu, compute instance: an existing GI with room, owned by this record
+	// ciStart is a compute instance's start inside its GPU instance.
+	ciStart int
+	vf      string // vendor-VFIO VF
+	parent  string // mdev parent
+	reason  string
 }
 
 // decide picks GPU, slot and device for a request.
@@ -47,6 +49,9 @@ func (m *Manager) decide(s *snapshot, offers []offer, req CreateRequest) (decisi
 	sort.Strings(names)
 	switch offers[0].kind {
 	case store.KindMIG:
+		if offers[0].ci != nil {
+			return m.decideCI(s, models, names, pin, req)
+		}
 		return m.decideMIG(s, models, names, pin, req, false)
 	case store.KindMIGVGPU:
 		return m.decideMIG(s, models, names, pin, req, true)
@@ -117,7 +122,7 @@ func (m *Manager) decideMIG(s *snapshot, models map[string]offer, names []string
 					continue
 				}
 				if vf, parent, ok := m.deviceFor(s, g, t.ID); ok {
-					return decision{o: models[r.Model], g: g, shared: r, vf: vf, parent: parent,
+					return decision{o: models[r.Model], g: g, shared: r, start: r.GIStart, vf: vf, parent: parent,
 						reason: fmt.Sprintf("shares GPU instance %d with %s", r.GIID, r.UUID)}, nil
 				}
 			}

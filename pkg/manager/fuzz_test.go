@@ -70,7 +70,7 @@ func decodeFuzzProgram(data []byte) []fuzzOp {
 var (
 	fuzzTenants  = []string{"alpha", "beta", "gamma", "", " ", "alpha ", "ALPHA", "a_b", strings.Repeat("a", 300), "-"}
 	fuzzProfiles = []string{"1g.10gb", "2g.20gb", "3g.40gb", "H100XM-1-10C", "H100XM-10C", "L4-2Q", "A10-2Q", "passthrough",
-		"", " ", "1g.10gb ", "9g.900gb", "L4-24GB/passthrough", "NVIDIA A10-8Q"}
+		"", " ", "1g.10gb ", "9g.900gb", "L4-24GB/passthrough", "NVIDIA A10-8Q", "1c.3g.40gb", "2c.3g.40gb", "4c.3g.40gb"}
 	fuzzGPUs = []string{"", sim.DefaultH100MIG, sim.DefaultH100TS, sim.DefaultL4, sim.DefaultA10, "0", "3", "9", " ", "0000:ff:00.0", "GPU-00000000-0000-0000-0000-000000000000"}
 	fuzzVMs  = []string{"vm1", "vm2", "", " ", "nosuch", "qemu:///system/vm1", "qemu:///elsewhere/vm1", "vm1\n", "VM1"}
 )
@@ -170,6 +170,7 @@ func fuzzSeeds() []fuzzSeed {
 	const (
 		tAlpha, tBeta, tGamma, tEmpty, tSpace, tTrailing, tUpper    = 0, 1, 2, 3, 4, 5, 6
 		pMIG1, pMIG3, pMIGVGPU, pL4, pA10, pEmpty, pSpace, pUnknown = 0, 2, 3, 5, 6, 8, 9, 11
+		pCI1, pCI2, pCIWide                                         = 14, 15, 16
 		gAny, gMIG, gUnknown                                        = 0, 1, 9
 		vm1, vm2, vmEmpty, vmURI                                    = 0, 1, 2, 5
 		iEmpty, iSpace, iUnknown, iMalformed, iUpper, iSpaced       = 0x80, 0x81, 0x82, 0x83, 0x84, 0x85
@@ -185,6 +186,14 @@ func fuzzSeeds() []fuzzSeed {
 			op(fuzzCreate, tAlpha, pL4, gAny), op(fuzzCreate, tBeta, pA10, gAny),
 			op(fuzzUndefine, tEmpty, 0, 1),
 			op(fuzzUndefine, tSpace, 0, 1), op(fuzzUndefine, tUpper, 0, 1), op(fuzzUndefine, tTrailing, 0, 1), op(fuzzUndefine, tGamma, 0, 1),
+		}},
+		// Compute instances share a tenant's GPU instance; a destroy in the
+		// middle leaves a hole the next one fills.
+		{"compute-instances", []fuzzOp{
+			op(fuzzCreate, tAlpha, pCI1, gMIG), op(fuzzCreate, tAlpha, pCI1, gMIG), op(fuzzCreate, tBeta, pCI1, gMIG),
+			op(fuzzCreate, tAlpha, pCI2, gMIG), op(fuzzCreate, tAlpha, pCIWide, gMIG), op(fuzzDestroy, iNth(0), 0, 0),
+			op(fuzzCreate, tAlpha, pCI1, gMIG), op(fuzzCreate, tAlpha, pCI1, gMIG), op(fuzzCreate, tAlpha, pMIGVGPU, gAny),
+			op(fuzzDestroy, iNth(1), 0, 0), op(fuzzDestroy, iNth(0), 0, 0),
 		}},
 		{"undefine-refused", []fuzzOp{
 			op(fuzzCreate, tAlpha, pMIG1, gAny), op(fuzzCreate, tBeta, pMIG1, gAny),

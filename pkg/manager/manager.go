@@ -35,7 +35,9 @@ type MIGBackend interface {
 	SetMIGMode(ctx context.Context, gpuUUID string, enable bool) error
 	CreateGPUInstance(ctx context.Context, gpuUUID string, profileID, start int) (gpu.GPUInstance, error)
 	DestroyGPUInstance(ctx context.Context, gpuUUID string, giID int) error
-	CreateComputeInstance(ctx context.Context, gpuUUID string, giID, ciProfile int) (gpu.ComputeInstance, error)
+	// CreateComputeInstance: ciProfile -1 is the one covering the GPU
+	// instance; start -1 lets the driver choose (reference 3.3).
+	CreateComputeInstance(ctx context.Context, gpuUUID string, giID, ciProfile, start int) (gpu.ComputeInstance, error)
 	DestroyComputeInstance(ctx context.Context, gpuUUID string, giID, ciID int) error
 	SetHeterogeneous(ctx context.Context, gpuUUID string, on bool) error
 	// Settle waits until calls that outran their deadline have returned.

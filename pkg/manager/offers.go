@@ -17,13 +17,19 @@ type offer struct {
 	kind  store.InstanceKind
 	model *profile.Model
 	gi    *profile.GPUInstanceProfile // mig, mig-vgpu
-	typ   *profile.VGPUType           // vgpu, mig-vgpu
+	// ci is a compute instance smaller than its GPU instance ("1c.3g.40gb");
+	// nil for one covering the GPU instance ("3g.40gb", "3c.3g.40gb").
+	ci  *profile.ComputeInstanceProfile
+	typ *profile.VGPUType // vgpu, mig-vgpu
 }
 
 // vram is what the instance takes of the tenant's VRAM quota.
 func (o offer) vram() uint64 {
 	switch o.kind {
 	case store.KindMIG:
+		if o.ci != nil {
+			return tenant.ComputeInstanceVRAMBytes(o.gi.MemoryMiB<<20, o.ci.Slices, o.gi.ComputeSlices)
+		}
 		return o.gi.MemoryMiB << 20
 	case store.KindPassthrough:
 		return o.model.MemoryMiB << 20
@@ -32,11 +38,15 @@ func (o offer) vram() uint64 {
 }
 
 // compute is the instance's entitled compute in milli-GPU (ARCHITECTURE.md,
-// "Shares"): MIG slices over the grid's compute slices; a time-sliced vGPU
-// 1000 over its type's maximum (its FIXED_SHARE); a whole GPU 1000.
+// "Shares"): MIG slices (the compute instance's own) over the grid's
+// compute slices; a time-sliced vGPU 1000 over its type's maximum (its
+// FIXED_SHARE); a whole GPU 1000.
 func (o offer) compute() uint64 {
 	switch o.kind {
 	case store.KindMIG:
+		if o.ci != nil {
+			return tenant.MIGComputeMilli(o.ci.Slices, o.model.MIG.ComputeSlices)
+		}
 		return tenant.MIGComputeMilli(o.gi.ComputeSlices, o.model.MIG.ComputeSlices)
 	case store.KindMIGVGPU:
 		return tenant.MIGComputeMilli(o.gi.ComputeSlices, o.model.MIG.ComputeSlices) / uint64(max(1, o.typ.MaxPerGPUInstance))
@@ -50,6 +60,9 @@ func (o offer) compute() uint64 {
 func (o offer) name() string {
 	switch o.kind {
 	case store.KindMIG:
+		if o.ci != nil {
+			return profile.ComputeInstanceName(o.ci.Slices, o.gi)
+		}
 		return o.gi.Name
 	case store.KindPassthrough:
 		return ProfilePassthrough
@@ -60,6 +73,8 @@ func (o offer) name() string {
 // offersFor turns a profile name into offers. Accepted names:
 //
 //	3g.40gb                      a MIG profile, on every model that has it
+//	1c.3g.40gb                   a compute instance of 1 slice in a 3g.40gb
+//	                             GPU instance (3c.3g.40gb is 3g.40gb)
 //	H100-3g.40gb                 the same, on models whose name starts with H100
 //	H100-SXM5-80GB/3g.40gb       the same, on one catalog model
 //	H100XM-3-40C, NVIDIA L4-4Q   a vGPU type (MIG-backed or time-sliced)
@@ -93,14 +108,15 @@ func (m *Manager) offersFor(name string) ([]offer, error) {
 			prefix, gi := strings.ToLower(want[:i]), want[i+1:]
 			for _, md := range models {
 				if strings.HasPrefix(strings.ToLower(md.Name), prefix) {
-					if p, ok := md.GPUInstanceProfileByName(gi); ok {
-						out = append(out, offer{kind: store.KindMIG, model: md, gi: p})
-					}
+					out = append(out, migOffers(md, gi)...)
 				}
 			}
 		}
 	}
 	if len(out) == 0 {
+		if err := unknownComputeInstance(models, raw, want); err != nil {
+			return nil, err
+		}
 		return nil, fail(ErrInvalidArgument, nil, "unknown profile %q: not a MIG profile, vGPU type or %q of any GPU model in the catalog (run `vgpuctl profiles`)", raw, ProfilePassthrough)
 	}
 	return out, nil
@@ -110,10 +126,7 @@ func offersOn(md *profile.Model, name string) []offer {
 	if name == ProfilePassthrough {
 		return []offer{{kind: store.KindPassthrough, model: md}}
 	}
-	var out []offer
-	if p, ok := md.GPUInstanceProfileByName(name); ok {
-		out = append(out, offer{kind: store.KindMIG, model: md, gi: p})
-	}
+	out := migOffers(md, name)
 	if t, ok := md.VGPUTypeByName(name); ok {
 		o := offer{kind: store.KindVGPU, model: md, typ: t}
 		if t.MIGBacked() {
@@ -124,6 +137,47 @@ func offersOn(md *profile.Model, name string) []offer {
 		out = append(out, o)
 	}
 	return out
+}
+
+// migOffers: a GPU-instance profile ("3g.40gb") or a compute-instance
+// profile ("1c.3g.40gb") of md. A compute instance covering its GPU
+// instance ("3c.3g.40gb") is the GPU-instance profile itself, as
+// nvidia-smi names it.
+func migOffers(md *profile.Model, name string) []offer {
+	if p, ok := md.GPUInstanceProfileByName(name); ok {
+		return []offer{{kind: store.KindMIG, model: md, gi: p}}
+	}
+	if p, c, ok := md.ComputeInstanceByName(name); ok {
+		o := offer{kind: store.KindMIG, model: md, gi: p}
+		if c.Slices < p.ComputeSlices {
+			o.ci = c
+		}
+		return []offer{o}
+	}
+	return nil
+}
+
+// unknownComputeInstance explains a compute-instance name whose GPU
+// instance exists but does not offer that size ("4c.3g.40gb"): the sizes
+// it offers. nil when the name is not of that kind.
+func unknownComputeInstance(models []*profile.Model, raw, want string) error {
+	slices, giName, ok := profile.ParseComputeInstanceName(want)
+	if !ok {
+		return nil
+	}
+	for _, md := range models {
+		gi, found := md.GPUInstanceProfileByName(giName)
+		if !found {
+			continue
+		}
+		var sizes []string
+		for _, c := range md.ComputeInstanceProfiles(gi.ComputeSlices) {
+			sizes = append(sizes, profile.ComputeInstanceName(c.Slices, gi))
+		}
+		return fail(ErrInvalidArgument, nil, "unknown profile %q: a %s GPU instance has no compute instance of %d slices; it offers %s",
+			raw, gi.Name, slices, strings.Join(sizes, ", "))
+	}
+	return nil
 }
 
 func (m *Manager) modelNames() string {
@@ -161,7 +215,14 @@ func (m *Manager) Profiles() []ProfileInfo {
 		var offers []offer
 		if md.MIG != nil {
 			for i := range md.MIG.GPUInstanceProfiles {
-				offers = append(offers, offer{kind: store.KindMIG, model: md, gi: &md.MIG.GPUInstanceProfiles[i]})
+				p := &md.MIG.GPUInstanceProfiles[i]
+				offers = append(offers, offer{kind: store.KindMIG, model: md, gi: p})
+				for _, c := range md.ComputeInstanceProfiles(p.ComputeSlices) {
+					if c.Slices < p.ComputeSlices {
+						c := c
+						offers = append(offers, offer{kind: store.KindMIG, model: md, gi: p, ci: &c})
+					}
+				}
 			}
 		}
 		if md.VGPU != nil {
@@ -176,6 +237,8 @@ func (m *Manager) Profiles() []ProfileInfo {
 			case o.typ != nil:
 				p.MaxPerGPU = o.typ.MaxInstances
 				p.Flows = strings.Join(flowsOf(md, o.typ), ",")
+			case o.ci != nil:
+				p.MaxPerGPU = o.gi.MaxInstances * o.ci.MaxInstances
 			case o.gi != nil:
 				p.MaxPerGPU = o.gi.MaxInstances
 			}

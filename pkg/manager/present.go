@@ -41,7 +41,14 @@ func (m *Manager) present(r *store.Instance) (gi, ci, vg bool) {
 			gi = true
 			r.GIID = x.ID
 			for _, c := range x.Compute {
-				if r.CIID < 0 || c.ID == r.CIID {
+				switch {
+				case r.CISlices > 0:
+					// One of several compute instances: the record's is
+					// the one at its placement (ids change across reboots).
+					if c.Placement.Start == r.CIStart && c.Placement.Size == r.CISlices && c.ProfileID == r.CIProfileID {
+						ci, r.CIID = true, c.ID
+					}
+				case r.CIID < 0 || c.ID == r.CIID:
 					ci, r.CIID, r.CIProfileID = true, c.ID, c.ProfileID
 				}
 			}

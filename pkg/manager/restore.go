@@ -109,7 +109,8 @@ func (m *Manager) recreate(ctx context.Context, r *store.Instance, g *gpu.GPU, g
 		m.refreshGPU(ctx, r.GPUUUID)
 	}
 	if r.Kind == store.KindMIG && (!gi || !ci) {
-		c, err := m.mig.CreateComputeInstance(ctx, r.GPUUUID, r.GIID, -1)
+		ciProfile, ciStart := ciArgs(r)
+		c, err := m.mig.CreateComputeInstance(ctx, r.GPUUUID, r.GIID, ciProfile, ciStart)
 		if err != nil {
 			return err
 		}

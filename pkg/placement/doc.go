@@ -1,5 +1,6 @@
 // Package placement is vgpud's allocator: given the fleet's slot maps and a
 // request, it chooses the GPU and the start slot of a MIG GPU instance, the
+// GPU instance and start of a compute instance inside one (compute.go), the
 // GPU of a time-sliced vGPU, and, when a MIG request is refused for
 // fragmentation, the moves of movable instances that would admit it. It is
 // pure: no I/O, no NVML, no clock, no state between calls; callers pass the

@@ -62,6 +62,13 @@ type Instance struct {
 	GIID        int `json:"giID"`
 	CIProfileID int `json:"ciProfileID"`
 	CIID        int `json:"ciID"`
+	// CIStart and CISlices place a compute instance inside its GPU
+	// instance, in compute slices ("1c.3g.40gb": one slice; several such
+	// records share one GPU instance). CISlices 0: the compute instance
+	// covers the whole GPU instance, as every record written before
+	// compute-instance profiles does, so those read unchanged.
+	CIStart  int `json:"ciStart,omitempty"`
+	CISlices int `json:"ciSlices,omitempty"`
 
 	// vGPU parts.
 	TypeID     int    `json:"typeID"`

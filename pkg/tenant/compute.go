@@ -32,3 +32,17 @@ func TimeSlicedComputeMilli(maxInstances int) uint64 {
 	}
 	return 1000 / uint64(maxInstances)
 }
+
+// ComputeInstanceVRAMBytes is what a compute instance takes of its
+// tenant's VRAM quota: its GPU instance's memory in proportion to its
+// compute slices, rounded down (a 1c.3g.40gb costs a third of the
+// 3g.40gb). Compute instances share their GPU instance's memory, so a GPU
+// instance filled with them costs, to the byte or less, what the GPU
+// instance costs whole. Arguments out of range give 0, as for
+// MIGComputeMilli.
+func ComputeInstanceVRAMBytes(giMemoryBytes uint64, ciSlices, giSlices int) uint64 {
+	if giSlices <= 0 || ciSlices < 0 || ciSlices > giSlices {
+		return 0
+	}
+	return giMemoryBytes * uint64(ciSlices) / uint64(giSlices)
+}

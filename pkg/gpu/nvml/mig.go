@@ -118,21 +118,56 @@ func (b *Backend) DestroyGPUInstance(ctx context.Context, uuid string, giID int)
 
 // CreateComputeInstance creates a compute instance in GPU instance giID.
 // ciProfile is the compute-instance profile index, or -1 for the one that
-// covers the whole GPU instance. Idempotent: an existing compute instance
-// of that profile is returned.
-func (b *Backend) CreateComputeInstance(ctx context.Context, uuid string, giID, ciProfile int) (gpu.ComputeInstance, error) {
+// covers the whole GPU instance. start is its placement inside the GPU
+// instance, in compute slices (CreateComputeInstanceWithPlacement), or -1
+// to let the driver choose. Idempotent: an existing compute instance of
+// that profile (at start, when one is given) is returned.
+func (b *Backend) CreateComputeInstance(ctx context.Context, uuid string, giID, ciProfile, start int) (gpu.ComputeInstance, error) {
 	h, err := b.gpuInstance(ctx, uuid, giID)
 	if err != nil {
 		return gpu.ComputeInstance{}, err
 	}
-	giInfo, err := call(ctx, b, "GpuInstanceGetInfo", h.GetInfo)
+	info, err := b.ciProfileInfo(ctx, uuid, giID, h, ciProfile)
 	if err != nil {
 		return gpu.ComputeInstance{}, err
 	}
+	cis, err := call(ctx, b, "GetComputeInstances", func() ([]gonvml.ComputeInstance, gonvml.Return) { return h.GetComputeInstances(&info) })
+	if err != nil {
+		return gpu.ComputeInstance{}, err
+	}
+	for _, c := range cis {
+		ci, err := readCI(ctx, b, c)
+		if err != nil {
+			return ci, err
+		}
+		if start < 0 || ci.Placement.Start == start {
+			return ci, nil
+		}
+	}
+	var c gonvml.ComputeInstance
+	if start < 0 {
+		c, err = call(ctx, b, "CreateComputeInstance", func() (gonvml.ComputeInstance, gonvml.Return) { return h.CreateComputeInstance(&info) })
+	} else {
+		pl := gonvml.ComputeInstancePlacement{Start: uint32(start), Size: info.SliceCount}
+		c, err = call(ctx, b, "CreateComputeInstanceWithPlacement", func() (gonvml.ComputeInstance, gonvml.Return) {
+			return h.CreateComputeInstanceWithPlacement(&info, &pl)
+		})
+	}
+	if err != nil {
+		return gpu.ComputeInstance{}, fmt.Errorf("create compute instance of profile %d at %d in GPU instance %d on GPU %s: %w", info.Id, start, giID, uuid, err)
+	}
+	return readCI(ctx, b, c)
+}
+
+// ciProfileInfo finds compute-instance profile ciProfile of a GPU
+// instance; -1: the one with the most slices, which covers the GI.
+func (b *Backend) ciProfileInfo(ctx context.Context, uuid string, giID int, h gonvml.GpuInstance, ciProfile int) (gonvml.ComputeInstanceProfileInfo, error) {
 	var info gonvml.ComputeInstanceProfileInfo
 	found := false
-	best := uint32(0)
 	for idx := 0; idx < gonvml.COMPUTE_INSTANCE_PROFILE_COUNT; idx++ {
+		if ciProfile >= 0 && idx != ciProfile {
+			continue
+		}
 		c, err := call(ctx, b, "GetComputeInstanceProfileInfo", func() (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
 			return h.GetComputeInstanceProfileInfo(idx, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 		})
@@ -140,31 +175,19 @@ func (b *Backend) CreateComputeInstance(ctx context.Context, uuid string, giID, 
 			continue
 		}
 		if err != nil {
-			return gpu.ComputeInstance{}, err
+			return info, err
 		}
-		if ciProfile >= 0 && idx == ciProfile {
+		if !found || c.SliceCount > info.SliceCount {
 			info, found = c, true
-			break
-		}
-		// Without a profile: the one with the most slices covers the GI.
-		if ciProfile < 0 && c.SliceCount > best {
-			info, found, best = c, true, c.SliceCount
 		}
 	}
 	if !found {
-		return gpu.ComputeInstance{}, fmt.Errorf("GPU instance %d on GPU %s (profile %d) has no compute-instance profile %d: %w",
-			giID, uuid, giInfo.ProfileId, ciProfile, gpu.ErrNotSupported)
+		return info, fmt.Errorf("GPU instance %d on GPU %s has no compute-instance profile %d: %w", giID, uuid, ciProfile, gpu.ErrNotSupported)
 	}
-	cis, err := call(ctx, b, "GetComputeInstances", func() ([]gonvml.ComputeInstance, gonvml.Return) { return h.GetComputeInstances(&info) })
-	if err != nil {
-		return gpu.ComputeInstance{}, err
-	}
-	var c gonvml.ComputeInstance
-	if len(cis) > 0 {
-		c = cis[0]
-	} else if c, err = call(ctx, b, "CreateComputeInstance", func() (gonvml.ComputeInstance, gonvml.Return) { return h.CreateComputeInstance(&info) }); err != nil {
-		return gpu.ComputeInstance{}, fmt.Errorf("create compute instance in GPU instance %d on GPU %s: %w", giID, uuid, err)
-	}
+	return info, nil
+}
+
+func readCI(ctx context.Context, b *Backend, c gonvml.ComputeInstance) (gpu.ComputeInstance, error) {
 	ci, err := call(ctx, b, "ComputeInstanceGetInfo", c.GetInfo)
 	if err != nil {
 		return gpu.ComputeInstance{}, err

@@ -59,11 +59,11 @@ func TestGPUInstanceLifecycle(t *testing.T) {
 	if _, err := b.CreateGPUInstance(ctx, u, 9, 2); !errors.Is(err, gpu.ErrInvalid) {
 		t.Fatalf("illegal start: %v", err)
 	}
-	ci, err := b.CreateComputeInstance(ctx, u, gi.ID, -1)
+	ci, err := b.CreateComputeInstance(ctx, u, gi.ID, -1, -1)
 	if err != nil || ci.Placement.Size != 3 {
 		t.Fatalf("full compute instance: %+v, %v", ci, err)
 	}
-	if again, err := b.CreateComputeInstance(ctx, u, gi.ID, -1); err != nil || again.ID != ci.ID {
+	if again, err := b.CreateComputeInstance(ctx, u, gi.ID, -1, -1); err != nil || again.ID != ci.ID {
 		t.Fatalf("repeat compute instance: %+v, %v", again, err)
 	}
 	if err := b.DestroyGPUInstance(ctx, u, gi.ID); !errors.Is(err, gpu.ErrInUse) {
@@ -83,6 +83,43 @@ func TestGPUInstanceLifecycle(t *testing.T) {
 	}
 	if _, err := b.CreateGPUInstance(ctx, gpus[1].UUID, 9, 0); !errors.Is(err, gpu.ErrNotSupported) {
 		t.Fatalf("MIG off: %v", err)
+	}
+}
+
+// TestComputeInstancesAtPlacements: 1c compute instances at chosen starts
+// in one 3g GPU instance, idempotent per start, the driver's refusals kept
+// in the error chain.
+func TestComputeInstancesAtPlacements(t *testing.T) {
+	_, b, gpus := setup(t)
+	ctx := context.Background()
+	u := gpus[0].UUID
+	gi, err := b.CreateGPUInstance(ctx, u, 9, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[int]bool{}
+	for _, start := range []int{2, 0, 1} {
+		ci, err := b.CreateComputeInstance(ctx, u, gi.ID, 0, start)
+		if err != nil || ci.Placement != (gpu.Range{Start: start, Size: 1}) || ci.ProfileID != 0 {
+			t.Fatalf("1c at %d: %+v, %v", start, ci, err)
+		}
+		again, err := b.CreateComputeInstance(ctx, u, gi.ID, 0, start)
+		if err != nil || again.ID != ci.ID {
+			t.Fatalf("repeat 1c at %d: %+v, %v; want compute instance %d", start, again, err, ci.ID)
+		}
+		ids[ci.ID] = true
+	}
+	if len(ids) != 3 {
+		t.Fatalf("compute instance ids %v, want three", ids)
+	}
+	if _, err := b.CreateComputeInstance(ctx, u, gi.ID, 1, 0); !errors.Is(err, gpu.ErrNoResources) || !errors.Is(err, gonvml.ERROR_INSUFFICIENT_RESOURCES) {
+		t.Fatalf("2c over two 1c: %v", err)
+	}
+	if _, err := b.CreateComputeInstance(ctx, u, gi.ID, 4, 0); !errors.Is(err, gpu.ErrNotSupported) {
+		t.Fatalf("7c profile in a 3g: %v", err)
+	}
+	if err := b.DestroyGPUInstance(ctx, u, gi.ID); !errors.Is(err, gpu.ErrInUse) {
+		t.Fatalf("destroy a GI with compute instances: %v", err)
 	}
 }
 

@@ -390,14 +390,9 @@ func (x *gpuInstance) GetComputeInstanceProfileInfo(idx, eng int) (nvml.ComputeI
 	return info, ret
 }
 
-// ciStarts are the legal starts of a CI of size slices in a GI of n compute slices.
-func ciStarts(n, size int) []int {
-	var out []int
-	for s := 0; s+size <= n; s += size {
-		out = append(out, s)
-	}
-	return out
-}
+// ciStarts are the legal starts of a CI of size slices in a GI of n
+// compute slices: the catalog's rule, which the allocator follows too.
+func ciStarts(n, size int) []int { return profile.ComputeInstanceStarts(n, size) }
 
 func (x *gpuInstance) GetComputeInstancePossiblePlacements(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstancePlacement, nvml.Return) {
 	var out []nvml.ComputeInstancePlacement
@@ -448,6 +443,9 @@ func ciCount(gi *gi, c *profile.ComputeInstanceProfile) int {
 }
 
 func ciRemaining(g *gpuState, gi *gi, c *profile.ComputeInstanceProfile) int {
+	if len(g.vgpusOnGI(gi.ID)) > 0 {
+		return 0 // the vGPU manager's GI takes no compute instance (createCI)
+	}
 	count := ciCount(gi, c)
 	n := 0
 	for _, s := range ciStarts(giProfileOf(g, gi).ComputeSlices, c.Slices) {
@@ -478,6 +476,13 @@ func (x *gpuInstance) createCI(op string, info *nvml.ComputeInstanceProfileInfo,
 		c, r := ciProfileFromInfo(g, gi, info)
 		if r != nvml.SUCCESS {
 			return false, r
+		}
+		// A GPU instance the vGPU manager hosts vGPUs on is the vGPU
+		// manager's: no compute instance serves the host beside them
+		// (the converse of rules.go refusing a vGPU on a GI with CIs).
+		// IN_USE as for Destroy with a vGPU on the GI (reference 3.7; inferred).
+		if len(g.vgpusOnGI(gi.ID)) > 0 {
+			return false, nvml.ERROR_IN_USE
 		}
 		if ciCount(gi, c) >= c.MaxInstances {
 			return false, nvml.ERROR_INSUFFICIENT_RESOURCES
