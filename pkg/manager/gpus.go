@@ -20,6 +20,9 @@ type GPUView struct {
 	Reason string `json:"reason,omitempty"`
 	// Instances are the records on this GPU.
 	Instances []string `json:"instances,omitempty"`
+	// Scheduler is the time-sliced vGPU scheduler's control (nil: the GPU
+	// has none: MIG on, no vGPU manager).
+	Scheduler *SchedulerView `json:"scheduler,omitempty"`
 }
 
 // GPUs lists the host's GPUs as last discovered.
@@ -29,6 +32,14 @@ func (m *Manager) GPUs() ([]GPUView, error) {
 		s, err := m.snapshot(tx)
 		if err != nil {
 			return err
+		}
+		sts, err := tx.GPUs()
+		if err != nil {
+			return err
+		}
+		pinned := map[string]*store.Scheduler{}
+		for _, st := range sts {
+			pinned[st.UUID] = st.Scheduler
 		}
 		for i := range s.inv.GPUs {
 			g := s.inv.GPUs[i]
@@ -45,6 +56,10 @@ func (m *Manager) GPUs() ([]GPUView, error) {
 				v.Instances = append(v.Instances, r.UUID)
 			}
 			sort.Strings(v.Instances)
+			if pinned[g.UUID] != nil || (!g.MIG.Enabled && g.VGPU.Flavour != "" && g.VGPU.Flavour != gpu.FlavourNone) {
+				sv := schedulerViewOf(pinned[g.UUID], m.scheds.get(g.UUID))
+				v.Scheduler = &sv
+			}
 			out = append(out, v)
 		}
 		return nil
