@@ -164,6 +164,7 @@ func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerReq
 		m.scheds.set(g.UUID, "")
 		m.log.Info("vGPU scheduler handed to the share loop", "gpu", g.PCI)
 		m.emit(Event{Kind: EventPolicySwitched, ID: g.UUID, Op: SchedAdaptive, Detail: fmt.Sprintf("GPU %s: scheduler handed to the share loop (adaptive)", g.PCI)})
+		m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
 		return m.schedulerView(g.UUID), nil
 	}
 	err = m.setScheduler(ctx, g, *want)
@@ -187,6 +188,9 @@ func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerReq
 		m.log.Info("vGPU scheduler pinned", "gpu", g.PCI, "policy", want.Policy, "timeslice", want.Timeslice)
 		m.emit(Event{Kind: EventPolicySwitched, ID: g.UUID, Op: SchedPinned, Detail: what})
 	}
+	// GPUChanged: the GPU's properties and the share loop's inventory
+	// (which leaves pinned GPUs alone) follow.
+	m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
 	return m.schedulerView(g.UUID), nil
 }
 
@@ -293,6 +297,7 @@ func (m *Manager) applyScheduler(ctx context.Context, st store.GPU) string {
 		if was != "" {
 			m.log.Info("pending vGPU scheduler setting applied", "gpu", g.PCI, "policy", want.Policy, "timeslice", want.Timeslice)
 			m.emit(Event{Kind: EventPolicySwitched, ID: g.UUID, Op: "switched", Detail: fmt.Sprintf("GPU %s: pending scheduler setting applied: %s", g.PCI, schedString(want))})
+			m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
 		}
 		return ""
 	case errors.Is(err, gpu.ErrNotSupported):

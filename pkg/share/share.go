@@ -132,6 +132,9 @@ type GPU struct {
 	State gpu.State
 	// MIGSlots is the MIG grid's number of memory slices (0 without MIG).
 	MIGSlots int
+	// Pinned: an operator pinned the GPU's scheduler policy (vgpuctl gpu
+	// scheduler); the loop never changes it.
+	Pinned bool
 }
 
 // Tenant is one tenant's name and class.
