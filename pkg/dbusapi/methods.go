@@ -451,13 +451,24 @@ func (s *Service) getShares(c *call) ([]shareEntry, error) {
 			}
 		}
 	}
+	tenants, err := s.m.Tenants()
+	if err != nil {
+		return nil, err
+	}
+	guaranteed := map[string]bool{}
+	for _, t := range tenants {
+		guaranteed[t.Name] = t.Class == tenant.Guaranteed
+	}
 	out := []shareEntry{}
 	for _, v := range insts {
-		e := shareEntry{Instance: v.UUID, Entitled: v.ComputeMilli, Achieved: -1, Demand: -1, Interference: -1}
+		// Entitled as the share engine and the metrics define it: the
+		// instance's compute for a guaranteed tenant, 0 for a best-effort
+		// one, with or without the engine.
+		e := shareEntry{Instance: v.UUID, Achieved: -1, Demand: -1, Interference: -1}
+		if guaranteed[v.Tenant] {
+			e.Entitled = v.ComputeMilli
+		}
 		if sh, ok := fromEngine[v.UUID]; ok {
-			if sh.EntitledMilli > 0 {
-				e.Entitled = sh.EntitledMilli
-			}
 			e.Achieved, e.Demand, e.Interference = sh.AchievedMilli, sh.DemandMilli, sh.Interference
 		}
 		out = append(out, e)

@@ -656,9 +656,28 @@ func TestDBusSharesFromTheEngine(t *testing.T) {
 	if r := byID[a.UUID]; r.AchievedMilli == nil || *r.AchievedMilli != 120 || *r.DemandMilli != 200 || *r.Interference != 0.277 {
 		t.Fatalf("reported instance: %+v", r)
 	}
-	// An instance the engine does not report keeps its entitled compute.
-	if r := byID[b.UUID]; r.EntitledMilli != b.ComputeMilli || r.AchievedMilli != nil || r.Interference != nil {
-		t.Fatalf("unreported instance: %+v", r)
+	// acme is best effort: entitled to nothing, whatever the engine or the
+	// instance's compute says (as the metric and docs/metrics.md have it).
+	if r := byID[a.UUID]; r.EntitledMilli != 0 {
+		t.Fatalf("best-effort instance reported entitled %d, want 0", r.EntitledMilli)
+	}
+	if r := byID[b.UUID]; r.EntitledMilli != 0 || r.AchievedMilli != nil || r.Interference != nil {
+		t.Fatalf("unreported best-effort instance: %+v", r)
+	}
+	// A guaranteed tenant's instance the engine does not report keeps its
+	// entitled compute.
+	if _, err := e.client.DefineTenant(ctxT(t), TenantSpec{Name: "gold", Quota: unlimitedQuota(), Class: "guaranteed"}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.create("gold", "L4-4Q", "")
+	rows, err = e.client.Shares(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Instance == c.UUID && (r.EntitledMilli != c.ComputeMilli || c.ComputeMilli == 0) {
+			t.Fatalf("guaranteed instance: entitled %d, want %d", r.EntitledMilli, c.ComputeMilli)
+		}
 	}
 }
 
