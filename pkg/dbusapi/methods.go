@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/godbus/dbus/v5"
 
@@ -415,6 +416,28 @@ func (s *Service) setMIGMode(c *call, id string, on bool, options map[string]dbu
 
 func (s *Service) setHeterogeneous(c *call, id string, on bool, options map[string]dbus.Variant) error {
 	return s.gpuSwitch(c, id, on, options, s.m.SetHeterogeneous)
+}
+
+func (s *Service) setGPUScheduler(c *call, id, mode, policy string, timesliceUsec uint64, options map[string]dbus.Variant) (string, bool, string, error) {
+	o := newOpts(c.member, options)
+	ctx, end, err := c.begin(o)
+	if err != nil {
+		return "", false, "", err
+	}
+	defer end()
+	if timesliceUsec > uint64(time.Hour/time.Microsecond) {
+		return "", false, "", invalidArg("SetGPUScheduler: time slice %d µs is out of range", timesliceUsec)
+	}
+	v, err := s.m.SetGPUScheduler(ctx, id, manager.SchedulerRequest{Mode: mode, Policy: policy, Timeslice: time.Duration(timesliceUsec) * time.Microsecond})
+	s.sync()
+	if err != nil {
+		return "", false, "", cancelled(ctx, err)
+	}
+	return v.Mode, v.Pending, v.PendingWhy, nil
+}
+
+func (s *Service) objSetScheduler(c *call, mode, policy string, timesliceUsec uint64, options map[string]dbus.Variant) (string, bool, string, error) {
+	return s.setGPUScheduler(c, c.id, mode, policy, timesliceUsec, options)
 }
 
 func (s *Service) clearGPU(c *call, id string, options map[string]dbus.Variant) error {

@@ -791,3 +791,41 @@ func TestDBusSignalsBeforeReply(t *testing.T) {
 		}
 	}
 }
+
+// The scheduler through D-Bus: pinned on an idle GPU, pending while a VM
+// runs a vGPU there, shown on the GPU object, refused with a named error
+// for a bad policy.
+func TestDBusSetGPUScheduler(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	ctx := ctxT(t)
+	r, err := e.client.SetGPUScheduler(ctx, sim.DefaultL4, "", "equal_share", 3*time.Millisecond)
+	if err != nil || r.Mode != "pinned" || r.Pending {
+		t.Fatalf("pin: %+v, %v", r, err)
+	}
+	g, err := e.client.GPU(ctx, sim.DefaultL4)
+	if err != nil || g.Scheduler == nil || g.Scheduler.Policy != "equal_share" || g.Scheduler.Timeslice != 3*time.Millisecond {
+		t.Fatalf("GPU shows %+v, %v", g.Scheduler, err)
+	}
+	in := e.create("acme", "L4-4Q", sim.DefaultL4)
+	if in.VGPU == nil {
+		t.Fatalf("L4-4Q instance without a vGPU: %+v", in)
+	}
+	dev := in.VGPU.MdevUUID
+	if dev == "" {
+		dev = in.VGPU.VF
+	}
+	if err := e.sim.OpenDevice(dev, "5f0b7a52-93a4-4f0e-8f35-2c1d0f6f7e01", "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	r, err = e.client.SetGPUScheduler(ctx, sim.DefaultL4, "pinned", "fixed_share", 0)
+	if err != nil || !r.Pending || r.Detail == "" {
+		t.Fatalf("pin while a VM runs: %+v, %v (want pending)", r, err)
+	}
+	if g, _ := e.client.GPU(ctx, sim.DefaultL4); g.Scheduler == nil || !g.Scheduler.Pending || g.Scheduler.Policy != "fixed_share" {
+		t.Fatalf("GPU shows %+v, want fixed_share pending", g.Scheduler)
+	}
+	if _, err := e.client.SetGPUScheduler(ctx, sim.DefaultL4, "pinned", "round_robin", 0); ErrorName(err) != NameInvalidArgument {
+		t.Fatalf("bad policy: %v, want InvalidArgument", err)
+	}
+}
