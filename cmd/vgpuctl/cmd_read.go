@@ -90,7 +90,7 @@ func gpuTable(w io.Writer, gpus []dbusapi.GPU) error {
 func (a *app) gpuCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "gpu",
-		Short: "Show one GPU or change its MIG or heterogeneous vGPU mode",
+		Short: "Show one GPU or change its MIG mode, heterogeneous vGPU mode or vGPU scheduler",
 	}
 	show := &cobra.Command{
 		Use:               "show GPU",
@@ -156,7 +156,7 @@ a lost GPU (fallen off the bus) returns by itself when it answers again.`,
 			})
 		}),
 	}
-	cmd.AddCommand(show, clear,
+	cmd.AddCommand(show, clear, a.gpuSchedulerCmd(),
 		mode("mig", "Turn MIG mode on or off (refused while vgpud instances live on the GPU)", "MIG mode", api.SetMIGMode),
 		mode("heterogeneous", "Allow time-sliced vGPUs of different sizes on one GPU, or not", "heterogeneous vGPU mode", api.SetHeterogeneous))
 	return cmd
@@ -170,7 +170,7 @@ func gpuDetail(w io.Writer, g dbusapi.GPU) error {
 		{"Memory", bytesOf(g.MemoryBytes)}, {"NUMA node", fmt.Sprint(g.NUMANode)}, {"Driver", dash(g.KernelDriver)},
 		{"State", g.State}, {"Reason", dash(g.Reason)}, {"MIG", migCell(g)}, {"vGPU flavour", dash(g.VGPU.Flavour)},
 		{"Heterogeneous", onOff(g.VGPU.Heterogeneous)}, {"VFs", fmt.Sprintf("%d of %d", g.VGPU.NumVFs, g.VGPU.TotalVFs)},
-		{"Instances", fmt.Sprint(len(g.Instances))},
+		{"Scheduler", schedCell(g.Scheduler)}, {"Instances", fmt.Sprint(len(g.Instances))},
 	})
 	for _, id := range g.Instances {
 		fmt.Fprintf(w, "  instance %s\n", id)

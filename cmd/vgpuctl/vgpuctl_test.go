@@ -36,6 +36,7 @@ var verbs = []struct {
 	{"gpus", []string{"gpus"}},
 	{"gpu-show", []string{"gpu", "show", "0000:41:00.0"}},
 	{"gpu-mig", []string{"gpu", "mig", "0000:41:00.0", "off"}},
+	{"gpu-scheduler", []string{"gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "2ms"}},
 	{"profiles", []string{"profiles"}},
 	{"capacity", []string{"capacity"}},
 	{"list", []string{"list"}},
@@ -422,5 +423,31 @@ func TestDocsCoverCommands(t *testing.T) {
 	}
 	if !strings.Contains(text, "\n| 130 | ") {
 		t.Error("exit code 130 undocumented")
+	}
+}
+
+// gpu scheduler: the flags checked before any call, the call as made, and
+// the pending state said in words.
+func TestGPUScheduler(t *testing.T) {
+	for _, bad := range [][]string{
+		{"gpu", "scheduler", "0000:81:00.0"},
+		{"gpu", "scheduler", "0000:81:00.0", "--mode", "sometimes", "--policy", "fixed_share"},
+		{"gpu", "scheduler", "0000:81:00.0", "--mode", "adaptive", "--policy", "fixed_share"},
+		{"gpu", "scheduler", "0000:81:00.0", "--mode", "pinned"},
+		{"gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "-1ms"},
+	} {
+		f := &fake{}
+		if _, errOut, code := runFake(f, bad...); code != exitUsage || len(f.calls) != 0 {
+			t.Errorf("%v: exit %d, calls %v, %s; want a usage error and no call", bad, code, f.calls, errOut)
+		}
+	}
+	f := &fake{}
+	out, errOut, code := runFake(f, "gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "2ms")
+	if code != 0 || f.lastCall() != `SetGPUScheduler 0000:81:00.0 "" "fixed_share" 2ms` || !strings.Contains(out, "pinned to fixed_share, time slice 2ms\n  pending: ") {
+		t.Fatalf("pin: exit %d, call %q, out %q, err %q", code, f.lastCall(), out, errOut)
+	}
+	out, _, code = runFake(f, "gpu", "scheduler", "0000:81:00.0", "--mode", "adaptive")
+	if code != 0 || f.lastCall() != `SetGPUScheduler 0000:81:00.0 "adaptive" "" 0s` || !strings.Contains(out, "is adaptive") {
+		t.Fatalf("adaptive: exit %d, call %q, out %q", code, f.lastCall(), out)
 	}
 }

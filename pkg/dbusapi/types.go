@@ -81,7 +81,7 @@ type GPU struct {
 type GPUSchedulerState struct {
 	Mode      string        `json:"mode"`
 	Policy    string        `json:"policy,omitempty"`
-	Timeslice time.Duration `json:"timeslice,omitempty"`
+	Timeslice time.Duration `json:"timesliceNs,omitempty"`
 	Pending   bool          `json:"pending,omitempty"`
 }
 

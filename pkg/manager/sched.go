@@ -54,7 +54,7 @@ type SchedulerView struct {
 	Mode string `json:"mode"`
 	// Policy and Timeslice are the pinned setting (empty when adaptive).
 	Policy    string        `json:"policy,omitempty"`
-	Timeslice time.Duration `json:"timeslice,omitempty"`
+	Timeslice time.Duration `json:"timesliceNs,omitempty"`
 	// Pending: the driver refused the pinned setting so far (a VM with a
 	// vGPU runs on the GPU); it is set when they stop. PendingWhy says why.
 	Pending    bool      `json:"pending,omitempty"`
@@ -99,7 +99,7 @@ func (t *schedTable) uuids() []string {
 }
 
 // pendingWhy is what a pending setting waits for.
-const pendingWhy = "the driver takes a scheduler change only while no VM with a vGPU runs on the GPU; set when they stop"
+const pendingWhy = "the driver refuses a change while a VM with a vGPU runs on the GPU; set when they stop"
 
 // checkSchedulerRequest validates r and returns the pinned setting (nil
 // for adaptive).
