@@ -112,6 +112,16 @@ func step(ctx context.Context, m Manager, c Change, wanted map[string]int) (Chan
 			return c, fmt.Errorf("%w: set-mig-mode change without a mode", manager.ErrInvalidArgument)
 		}
 		return c, m.SetMIGMode(ctx, gpuID(c), *c.MIG)
+	case OpSetScheduler:
+		if c.Scheduler == nil {
+			return c, fmt.Errorf("%w: set-scheduler change without a setting", manager.ErrInvalidArgument)
+		}
+		r, err := c.Scheduler.request()
+		if err != nil {
+			return c, err
+		}
+		_, err = m.SetGPUScheduler(ctx, gpuID(c), r)
+		return c, err
 	case OpDefineTenant, OpUpdateTenant:
 		if c.Settings == nil {
 			// Zero settings would be a tenant that may hold nothing.
