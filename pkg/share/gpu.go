@@ -525,6 +525,14 @@ func (p *gpuPoller) view(shares []InstanceShare) GPUShares {
 		x := *p.pending
 		g.Pending = &x
 	}
+	if p.info.Pinned {
+		// The manager sets a pinned policy; the snapshot shows it as the
+		// wanted one, pending while the driver refuses it.
+		g.Pinned, g.Desired, g.Pending = true, p.info.PinnedPolicy, nil
+		if p.info.PinnedPending {
+			g.Pending = &Pending{To: p.info.PinnedPolicy, Reason: "pinned by an operator; set when the GPU's VMs with vGPUs stop"}
+		}
+	}
 	for k, v := range p.switches {
 		g.Switches[k] = v
 	}

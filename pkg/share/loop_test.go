@@ -181,7 +181,7 @@ func TestPinnedGPUNotSwitched(t *testing.T) {
 	now := time.Unix(1000, 0)
 	ts := &fakeGPU{}
 	drv := fakeDriver{"GPU-ts": ts}
-	inv := Inventory{GPUs: []GPU{{UUID: "GPU-ts", State: "ok", Pinned: true}},
+	inv := Inventory{GPUs: []GPU{{UUID: "GPU-ts", State: "ok", Pinned: true, PinnedPolicy: FixedShare}},
 		Instances: []Instance{{UUID: "v1", Tenant: "acme", Guaranteed: true, GPU: "GPU-ts", Kind: TimeSliced, GI: -1, ComputeMilli: 500}}}
 	l, err := New(SourceFunc(func(context.Context) (Inventory, error) { return inv, nil }), drv,
 		Config{Mode: Static, Now: func() time.Time { return now }})
@@ -200,7 +200,16 @@ func TestPinnedGPUNotSwitched(t *testing.T) {
 	if ts.sets != 0 {
 		t.Fatalf("pinned GPU: %d scheduler changes, want none", ts.sets)
 	}
-	inv.GPUs[0].Pinned = false
+	g := l.Snapshot().GPUs[0]
+	if !g.Pinned || g.Desired != FixedShare || g.Pending != nil {
+		t.Fatalf("pinned GPU in the snapshot: pinned %v, desired %s, pending %+v", g.Pinned, g.Desired, g.Pending)
+	}
+	inv.GPUs[0].PinnedPending = true
+	steps()
+	if g := l.Snapshot().GPUs[0]; g.Pending == nil || g.Pending.To != FixedShare || ts.sets != 0 {
+		t.Fatalf("pinned setting pending: snapshot pending %+v, %d changes", g.Pending, ts.sets)
+	}
+	inv.GPUs[0].Pinned, inv.GPUs[0].PinnedPending = false, false
 	steps()
 	if ts.sets == 0 {
 		t.Fatal("unpinned GPU under the static mode: no scheduler change")

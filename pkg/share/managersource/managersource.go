@@ -67,7 +67,10 @@ func (s *Source) Inventory(ctx context.Context) (share.Inventory, error) {
 	cat := s.catalog()
 	for _, g := range gpus {
 		x := share.GPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, Product: g.Product, MIG: g.MIG.Enabled,
-			Flavour: string(g.VGPU.Flavour), State: g.State, Pinned: g.Scheduler != nil && g.Scheduler.Mode == manager.SchedPinned}
+			Flavour: string(g.VGPU.Flavour), State: g.State}
+		if sc := g.Scheduler; sc != nil && sc.Mode == manager.SchedPinned {
+			x.Pinned, x.PinnedPolicy, x.PinnedPending = true, share.Policy(sc.Policy), sc.Pending
+		}
 		if md, ok := cat.Model(g.Model); ok && md.MIG != nil {
 			x.MIGSlots = md.MIG.MemorySlices
 		}
