@@ -451,3 +451,58 @@ func TestGPUScheduler(t *testing.T) {
 		t.Fatalf("adaptive: exit %d, call %q, out %q", code, f.lastCall(), out)
 	}
 }
+
+// --no-trunc shows every cell whole: list's profiles, gpus' models and
+// states, events' values; without it they are cut with "~".
+func TestNoTrunc(t *testing.T) {
+	long := "H100-SXM5-80GB/1g.10gb+me"
+	insts := []dbusapi.Instance{{UUID: migID, Tenant: "a-tenant-with-a-long-name", Profile: long, Kind: "mig", GPU: "0000:41:00.0", State: "ready"}}
+	gpus := []dbusapi.GPU{{PCI: "0000:41:00.0", Model: "H100-SXM5-80GB-with-a-long-name", State: "failed", Reason: "XID 79 (GPU has fallen off the bus)"}}
+	ev := dbusapi.Event{Signal: "PropertiesChanged", Kind: "instance", ID: migID, Changed: map[string]any{"Reason": "a reason longer than twenty-four characters"}}
+	for _, c := range []struct {
+		name string
+		out  func(full bool) string
+		want string
+	}{
+		{"list", func(full bool) string { var b strings.Builder; _ = instanceTable(&b, insts, full); return b.String() }, long},
+		{"gpus", func(full bool) string { var b strings.Builder; _ = gpuTable(&b, gpus, full); return b.String() }, "failed: XID 79 (GPU has fallen off the bus)"},
+		{"events", func(full bool) string { return eventLine(ev, full) }, "a reason longer than twenty-four characters"},
+	} {
+		if got := c.out(true); !strings.Contains(got, c.want) || strings.Contains(got, "~") {
+			t.Errorf("%s --no-trunc cuts %q:\n%s", c.name, c.want, got)
+		}
+		if got := c.out(false); strings.Contains(got, c.want) || !strings.Contains(got, "~") {
+			t.Errorf("%s without --no-trunc shows %q whole:\n%s", c.name, c.want, got)
+		}
+	}
+	if got := eventLine(ev, true); !strings.Contains(got, migID) {
+		t.Errorf("events --no-trunc shortens the UUID: %s", got)
+	}
+}
+
+// profiles prints its VRAM column in one unit.
+func TestProfilesOneMemoryUnit(t *testing.T) {
+	if got := bytesColumn([]uint64{80 << 30, 9984 << 20, 4 << 30}); strings.Join(got, " ") != "80GiB 9.75GiB 4GiB" {
+		t.Errorf("GiB column: %v", got)
+	}
+	if got := bytesColumn([]uint64{80 << 30, 1000 << 20}); strings.Join(got, " ") != "81920MiB 1000MiB" {
+		t.Errorf("MiB column: %v", got)
+	}
+	out, errOut, code := runFake(&fake{}, "profiles")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	units := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		for _, f := range strings.Fields(line) {
+			for _, u := range []string{"GiB", "MiB", "KiB", "TiB"} {
+				if strings.HasSuffix(f, u) {
+					units[u] = true
+				}
+			}
+		}
+	}
+	if len(units) != 1 {
+		t.Errorf("profiles' VRAM column mixes units %v:\n%s", units, out)
+	}
+}
