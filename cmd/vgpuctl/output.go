@@ -179,7 +179,7 @@ func dash(s string) string {
 	return s
 }
 
-func bytesOf(v uint64) string   { return tenant.FormatBytes(v) }
+func bytesOf(v uint64) string { return tenant.FormatBytes(v) }
 
 // bytesColumn renders sizes for one table column in one unit: GiB (with
 // up to 3 decimals, 9.75GiB) when every size is that exact, else MiB, else
