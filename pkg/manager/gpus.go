@@ -154,6 +154,11 @@ func (m *Manager) SetHeterogeneous(ctx context.Context, id string, on bool) erro
 	err = m.mig.SetHeterogeneous(ctx, g.UUID, on)
 	l.Unlock()
 	m.refreshGPU(ctx, g.UUID)
+	if errors.Is(err, gpu.ErrInUse) {
+		// IN_USE here means vGPUs exist, attached to a VM or not: stopping
+		// a VM does not help, destroying them does.
+		return fail(ErrBusy, err, "set heterogeneous vGPU mode on GPU %s: the driver changes it only while the GPU holds no vGPU; destroy the GPU's vGPUs first (vgpuctl list)", g.PCI)
+	}
 	if err != nil {
 		return classify(err, "set heterogeneous vGPU mode on GPU %s", g.PCI)
 	}

@@ -247,6 +247,9 @@ func schedString(s gpu.VGPUScheduler) string {
 // have it (no driver call: listing GPUs stays cheap).
 func (m *Manager) schedulerView(uuid string) SchedulerView {
 	var st store.GPU
+	// A GPU with no record (NotFound) is adaptive; a failed read leaves the
+	// zero record too, and the setting just written is what the caller
+	// reports, so the view only lacks what a later read shows.
 	_ = m.db.View(func(tx *store.Tx) (err error) { st, err = tx.GPU(uuid); return err })
 	return schedulerViewOf(st.Scheduler, m.scheds.get(uuid))
 }
