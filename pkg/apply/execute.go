@@ -137,9 +137,11 @@ func step(ctx context.Context, m Manager, c Change, wanted map[string]int) (Chan
 	case OpUndefineTenant:
 		return c, m.UndefineTenant(ctx, c.Tenant, false)
 	case OpCreate:
+		// The short name, as `vgpuctl create` stores it: the change names
+		// its GPU, which resolves the name to that GPU's model. Only a
+		// change without a GPU needs the model to pin the name down.
 		profile := c.Profile
-		if c.Model != "" {
-			// One model: the name cannot resolve to another model's profile.
+		if c.Model != "" && gpuID(c) == "" {
 			profile = c.Model + "/" + c.Profile
 		}
 		rec, err := m.Create(ctx, manager.CreateRequest{Tenant: c.Tenant, Profile: profile, GPU: gpuID(c), Wanted: wanted})

@@ -70,3 +70,19 @@ func parseText(t *testing.T, text string) *apply.Desired {
 	}
 	return d
 }
+
+// Instances apply creates store the profile as `vgpuctl create` does: the
+// short name ("1g.10gb"), not a model-qualified one.
+func TestApplyStoresShortProfileNames(t *testing.T) {
+	e := newEnv(t)
+	e.apply(mustParse(t, "vgpud.yaml", ""))
+	insts, err := e.m.AllInstances()
+	if err != nil || len(insts) == 0 {
+		t.Fatalf("instances: %d, %v", len(insts), err)
+	}
+	for _, in := range insts {
+		if strings.Contains(in.Profile, "/") {
+			t.Errorf("instance %s stores profile %q, want the short name", in.UUID, in.Profile)
+		}
+	}
+}
