@@ -100,6 +100,11 @@ type (
 		Kind       string         `json:"kind"`
 		Instance   schemaInstance `json:"instance"`
 	}
+	docGPU struct {
+		APIVersion string    `json:"apiVersion"`
+		Kind       string    `json:"kind"`
+		GPU        schemaGPU `json:"gpu"`
+	}
 	docTenant struct {
 		APIVersion string       `json:"apiVersion"`
 		Kind       string       `json:"kind"`
@@ -148,6 +153,12 @@ type (
 		} `json:"vgpu"`
 		Instances []string `json:"instances"`
 		Errors    []string `json:"errors,omitempty"`
+		Scheduler *struct {
+			Mode        string `json:"mode"`
+			Policy      string `json:"policy,omitempty"`
+			TimesliceNs int64  `json:"timesliceNs,omitempty"`
+			Pending     bool   `json:"pending,omitempty"`
+		} `json:"scheduler,omitempty"`
 	}
 
 	schemaInstance struct {

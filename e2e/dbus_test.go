@@ -37,12 +37,18 @@ type busDaemon struct {
 type busDaemonOpts struct {
 	// libvirtSocket is libvirtd's socket; "" runs without libvirt.
 	libvirtSocket string
+	// stateDir is the state directory; "" is a new one (a daemon started
+	// again on another's stateDir is that daemon after a restart).
+	stateDir string
 }
 
 // startBusDaemon runs vgpud --sim on the bus and waits until it owns dev.vgpud1.
 func startBusDaemon(t testing.TB, bus *testbus.Bus, o busDaemonOpts) *busDaemon {
 	t.Helper()
-	d := &busDaemon{bus: bus, stateDir: t.TempDir(), done: make(chan struct{})}
+	d := &busDaemon{bus: bus, stateDir: o.stateDir, done: make(chan struct{})}
+	if d.stateDir == "" {
+		d.stateDir = t.TempDir()
+	}
 	d.logPath = filepath.Join(d.stateDir, "vgpud.log")
 	args := []string{"--sim", "--state-dir", d.stateDir, "--metrics-listen", "", "--bus-address", bus.Address(), "--log-level", "debug"}
 	args = append(args, "--libvirt-socket", o.libvirtSocket)

@@ -27,6 +27,18 @@ trap cleanup EXIT
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
+# refused CODE CMD...: run CMD, which must be refused with vgpuctl's exit
+# CODE (docs/vgpuctl.md): the demo stops if it shows another refusal.
+refused() {
+  local want=$1 code=0
+  shift
+  printf '$ %s\n' "$*"
+  "$@" || code=$?
+  if [ "$code" != "$want" ]; then
+    echo "demo: expected exit $want from '$*', got $code" >&2
+    exit 1
+  fi
+}
 # instance PROFILE uuid|device [N]: the UUID, or the device `vgpud sim` takes
 # (VF address, mdev UUID, GPU/giN of a MIG instance), of the Nth (default
 # first; -1 the last) instance of PROFILE, from vgpuctl's JSON.
@@ -40,7 +52,13 @@ instance() {
 # --- a private system bus with vgpud's shipped policy -----------------------
 say "private D-Bus system bus"
 # The same configuration as every private bus of the tests.
-sed -e "s|@SOCKET@|$work/bus.sock|" -e "s|@POLICY@|$root/systemd/dbus-1/dev.vgpud1.conf|" -e "s|@EXTRA@||" \
+# The user who ran the demo through sudo may watch the bus (busctl monitor)
+# as root and group vgpud may.
+extra=""
+if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+  extra="<policy user=\"$SUDO_USER\"><allow send_destination=\"org.freedesktop.DBus\" send_interface=\"org.freedesktop.DBus.Monitoring\"/></policy>"
+fi
+sed -e "s|@SOCKET@|$work/bus.sock|" -e "s|@POLICY@|$root/systemd/dbus-1/dev.vgpud1.conf|" -e "s|@EXTRA@|$extra|" \
   "$root/internal/testenv/dbus/bus.conf.in" >"$work/bus.conf"
 dbus-daemon --config-file="$work/bus.conf" --nofork --nopidfile 2>"$work/dbus.log" &
 pids+=($!)
@@ -142,9 +160,11 @@ run vgpuctl create A10-4Q --tenant acme
 run vgpuctl list
 
 say "refusals are named, and change nothing"
-run vgpuctl create H100XM-80C --tenant globex || true
-run vgpuctl create 9g.900gb --tenant acme || true
-run vgpuctl create 7g.80gb --tenant acme || true
+# globex holds 24GiB of its 40GiB: a 20GiB vGPU fits the time-sliced H100
+# but not the quota.
+refused 6 vgpuctl create H100XM-20C --tenant globex   # QuotaExceeded
+refused 2 vgpuctl create 9g.900gb --tenant acme       # InvalidArgument
+refused 5 vgpuctl create 7g.80gb --tenant acme        # NoCapacity
 
 say "capacity and planning"
 run vgpuctl capacity
@@ -208,6 +228,7 @@ run vgpuctl list
 if [ -n "${KEEP:-}" ]; then
   say "left running"
   echo "export VGPUCTL_CONNECT=$VGPUCTL_CONNECT"
+  echo "watch the bus: busctl --address=$VGPUCTL_CONNECT monitor dev.vgpud1   (root, group vgpud, or \$SUDO_USER)"
   echo "state: $work"
 fi
 say "done"

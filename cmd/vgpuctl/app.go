@@ -45,6 +45,7 @@ type api interface {
 	SetMIGMode(ctx context.Context, gpu string, on bool) error
 	SetHeterogeneous(ctx context.Context, gpu string, on bool) error
 	ClearGPU(ctx context.Context, gpu string) error
+	SetGPUScheduler(ctx context.Context, gpu, mode, policy string, timeslice time.Duration) (dbusapi.GPUScheduler, error)
 	Shares(ctx context.Context) ([]dbusapi.ShareRow, error)
 	Events(ctx context.Context) (<-chan dbusapi.Event, error)
 }

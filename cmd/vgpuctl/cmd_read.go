@@ -44,8 +44,9 @@ func (a *app) resolveInstance(ctx context.Context, c api, arg string) (string, e
 }
 
 func (a *app) gpusCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "gpus",
+	var full bool
+	cmd := &cobra.Command{
+		Use:   "gpus [--no-trunc]",
 		Short: "List the host's GPUs",
 		Args:  cobra.NoArgs,
 		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, _ []string) error {
@@ -53,9 +54,11 @@ func (a *app) gpusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.emit(newList("GPU", o.GPUs), func(w io.Writer) error { return gpuTable(w, o.GPUs) })
+			return a.emit(newList("GPU", o.GPUs), func(w io.Writer) error { return gpuTable(w, o.GPUs, full) })
 		}),
 	}
+	cmd.Flags().BoolVar(&full, "no-trunc", false, "show whole cells, marked \"~\" when cut otherwise (wider than 100 columns)")
+	return cmd
 }
 
 func migCell(g dbusapi.GPU) string {
@@ -69,7 +72,7 @@ func migCell(g dbusapi.GPU) string {
 	return s
 }
 
-func gpuTable(w io.Writer, gpus []dbusapi.GPU) error {
+func gpuTable(w io.Writer, gpus []dbusapi.GPU, full bool) error {
 	rows := [][]string{}
 	pending := false
 	for _, g := range gpus {
@@ -80,7 +83,7 @@ func gpuTable(w io.Writer, gpus []dbusapi.GPU) error {
 		}
 		rows = append(rows, []string{g.PCI, dash(g.Model), bytesOf(g.MemoryBytes), migCell(g), dash(g.VGPU.Flavour), state, fmt.Sprint(len(g.Instances))})
 	}
-	err := table(w, []col{{"PCI", 12}, {"MODEL", 22}, {"MEMORY", 9}, {"MIG", 4}, {"VGPU", 5}, {"STATE", 24}, {"INSTANCES", 9}}, rows)
+	err := table(w, trunc([]col{{"PCI", 12}, {"MODEL", 22}, {"MEMORY", 9}, {"MIG", 4}, {"VGPU", 5}, {"STATE", 24}, {"INSTANCES", 9}}, !full), rows)
 	if pending {
 		fmt.Fprintln(w, "* MIG mode changes at the GPU's next reset")
 	}
@@ -90,7 +93,7 @@ func gpuTable(w io.Writer, gpus []dbusapi.GPU) error {
 func (a *app) gpuCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "gpu",
-		Short: "Show one GPU or change its MIG or heterogeneous vGPU mode",
+		Short: "Show one GPU or change its MIG mode, heterogeneous vGPU mode or vGPU scheduler",
 	}
 	show := &cobra.Command{
 		Use:               "show GPU",
@@ -156,7 +159,7 @@ a lost GPU (fallen off the bus) returns by itself when it answers again.`,
 			})
 		}),
 	}
-	cmd.AddCommand(show, clear,
+	cmd.AddCommand(show, clear, a.gpuSchedulerCmd(),
 		mode("mig", "Turn MIG mode on or off (refused while vgpud instances live on the GPU)", "MIG mode", api.SetMIGMode),
 		mode("heterogeneous", "Allow time-sliced vGPUs of different sizes on one GPU, or not", "heterogeneous vGPU mode", api.SetHeterogeneous))
 	return cmd
@@ -170,7 +173,7 @@ func gpuDetail(w io.Writer, g dbusapi.GPU) error {
 		{"Memory", bytesOf(g.MemoryBytes)}, {"NUMA node", fmt.Sprint(g.NUMANode)}, {"Driver", dash(g.KernelDriver)},
 		{"State", g.State}, {"Reason", dash(g.Reason)}, {"MIG", migCell(g)}, {"vGPU flavour", dash(g.VGPU.Flavour)},
 		{"Heterogeneous", onOff(g.VGPU.Heterogeneous)}, {"VFs", fmt.Sprintf("%d of %d", g.VGPU.NumVFs, g.VGPU.TotalVFs)},
-		{"Instances", fmt.Sprint(len(g.Instances))},
+		{"Scheduler", schedCell(g.Scheduler)}, {"Instances", fmt.Sprint(len(g.Instances))},
 	})
 	for _, id := range g.Instances {
 		fmt.Fprintf(w, "  instance %s\n", id)
@@ -224,8 +227,13 @@ func (a *app) profilesCmd() *cobra.Command {
 			}
 			return a.emit(newList("Profile", ps), func(w io.Writer) error {
 				rows := [][]string{}
-				for _, p := range ps {
-					rows = append(rows, []string{p.Model, p.Name, p.Kind, bytesOf(p.VRAMBytes), computeOf(p.ComputeMilli), fmt.Sprint(p.MaxPerGPU), dash(strings.Join(p.Flows, ","))})
+				vram := make([]uint64, len(ps))
+				for i, p := range ps {
+					vram[i] = p.VRAMBytes
+				}
+				mem := bytesColumn(vram) // one unit in the column
+				for i, p := range ps {
+					rows = append(rows, []string{p.Model, p.Name, p.Kind, mem[i], computeOf(p.ComputeMilli), fmt.Sprint(p.MaxPerGPU), dash(strings.Join(p.Flows, ","))})
 				}
 				return table(w, []col{{"MODEL", 20}, {"PROFILE", 22}, {"KIND", 11}, {"VRAM", 8}, {"COMPUTE", 7}, {"MAX/GPU", 7}, {"FLOWS", 10}}, rows)
 			})
@@ -291,7 +299,7 @@ func (a *app) listCmd() *cobra.Command {
 		}),
 	}
 	cmd.Flags().StringVar(&tenantName, "tenant", "", "only this tenant's instances")
-	cmd.Flags().BoolVar(&full, "no-trunc", false, "show whole UUIDs (wider than 100 columns)")
+	cmd.Flags().BoolVar(&full, "no-trunc", false, "show whole UUIDs and cells (wider than 100 columns)")
 	_ = cmd.RegisterFlagCompletionFunc("tenant", a.completeTenants)
 	return cmd
 }
@@ -308,11 +316,7 @@ func instanceTable(w io.Writer, insts []dbusapi.Instance, full bool) error {
 		}
 		rows = append(rows, []string{short(in.UUID, full), in.Tenant, in.Profile, in.Kind, in.GPU, in.State, vm})
 	}
-	id := 8
-	if full {
-		id = 0
-	}
-	return table(w, []col{{"INSTANCE", id}, {"TENANT", 14}, {"PROFILE", 18}, {"KIND", 11}, {"GPU", 12}, {"STATE", 10}, {"VM", 14}}, rows)
+	return table(w, trunc([]col{{"INSTANCE", 8}, {"TENANT", 14}, {"PROFILE", 18}, {"KIND", 11}, {"GPU", 12}, {"STATE", 10}, {"VM", 14}}, !full), rows)
 }
 
 func (a *app) showCmd() *cobra.Command {

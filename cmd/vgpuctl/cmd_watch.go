@@ -37,11 +37,14 @@ func (a *app) stream(v any) error {
 
 func (a *app) eventsCmd() *cobra.Command {
 	var count int
+	var full bool
 	cmd := &cobra.Command{
 		Use:   "events [--count N]",
 		Short: "Follow vgpud's signals: objects added, removed and changed, operations, GPU loss, VM events",
 		Long: `Follow vgpud's signals until interrupted (or --count events): one line per
-signal, or with -o json one JSON object per line (JSON Lines).`,
+signal, or with -o json one JSON object per line (JSON Lines). Lines are cut
+to 100 columns, and long property values to 24 characters, marked with "~";
+--no-trunc prints them whole.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Events run until interrupted: --timeout bounds only connecting.
@@ -62,7 +65,11 @@ signal, or with -o json one JSON object per line (JSON Lines).`,
 			n := 0
 			for e := range events {
 				if a.output == "table" {
-					fmt.Fprintln(a.out, clip(eventLine(e), 100))
+					line := eventLine(e, full)
+					if !full {
+						line = clip(line, 100)
+					}
+					fmt.Fprintln(a.out, line)
 				} else if err := a.stream(eventDoc{hdr("Event"), e}); err != nil {
 					return err
 				}
@@ -78,14 +85,16 @@ signal, or with -o json one JSON object per line (JSON Lines).`,
 		},
 	}
 	cmd.Flags().IntVar(&count, "count", 0, "exit after this many events (0: follow until interrupted)")
+	cmd.Flags().BoolVar(&full, "no-trunc", false, "print whole lines and values (wider than 100 columns)")
 	return cmd
 }
 
-// eventLine is one event as a line of text.
-func eventLine(e dbusapi.Event) string {
+// eventLine is one event as a line of text; full keeps instance UUIDs
+// and property values whole.
+func eventLine(e dbusapi.Event, full bool) string {
 	id := e.ID
 	if e.Kind == "instance" {
-		id = short(id, false)
+		id = short(id, full)
 	}
 	parts := []string{e.Time.Local().Format("15:04:05.000"), e.Signal, e.Kind, dash(id)}
 	if e.Operation != "" {
@@ -103,7 +112,7 @@ func eventLine(e dbusapi.Event) string {
 		var kv []string
 		for _, k := range keys {
 			v := fmt.Sprint(e.Changed[k])
-			if len(v) > 24 {
+			if !full && len(v) > 24 {
 				v = v[:23] + "~"
 			}
 			kv = append(kv, k+"="+v)

@@ -260,6 +260,19 @@ func (f *fake) SetHeterogeneous(_ context.Context, gpu string, on bool) error {
 	return f.record("SetHeterogeneous %s %v", gpu, on)
 }
 
+func (f *fake) SetGPUScheduler(_ context.Context, gpu, mode, policy string, ts time.Duration) (dbusapi.GPUScheduler, error) {
+	if err := f.record("SetGPUScheduler %s %q %q %v", gpu, mode, policy, ts); err != nil {
+		return dbusapi.GPUScheduler{}, err
+	}
+	if mode == "adaptive" {
+		return dbusapi.GPUScheduler{Mode: "adaptive"}, nil
+	}
+	if policy == "fixed_share" {
+		return dbusapi.GPUScheduler{Mode: "pinned", Pending: true, Detail: "the driver refuses a change while a VM with a vGPU runs on the GPU; set when they stop"}, nil
+	}
+	return dbusapi.GPUScheduler{Mode: "pinned"}, nil
+}
+
 func (f *fake) ClearGPU(_ context.Context, gpu string) error {
 	return f.record("ClearGPU %s", gpu)
 }

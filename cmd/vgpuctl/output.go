@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"unicode/utf8"
@@ -141,6 +142,19 @@ func table(w io.Writer, cols []col, rows [][]string) error {
 	return tw.Flush()
 }
 
+// trunc is cols as they are when cut is set, else without width limits
+// (--no-trunc).
+func trunc(cols []col, cut bool) []col {
+	if cut {
+		return cols
+	}
+	out := make([]col, len(cols))
+	for i, c := range cols {
+		out[i] = col{title: c.title}
+	}
+	return out
+}
+
 // clip shortens s to n characters, marking the cut with "~".
 func clip(s string, n int) string {
 	if n <= 0 || utf8.RuneCountInString(s) <= n {
@@ -165,7 +179,35 @@ func dash(s string) string {
 	return s
 }
 
-func bytesOf(v uint64) string   { return tenant.FormatBytes(v) }
+func bytesOf(v uint64) string { return tenant.FormatBytes(v) }
+
+// bytesColumn renders sizes for one table column in one unit: GiB (with
+// up to 3 decimals, 9.75GiB) when every size is that exact, else MiB, else
+// each as bytesOf does.
+func bytesColumn(vs []uint64) []string {
+	out := make([]string, len(vs))
+	for _, u := range []struct {
+		name string
+		size float64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}} {
+		ok := true
+		for i, v := range vs {
+			s := strconv.FormatFloat(float64(v)/u.size, 'f', -1, 64)
+			if dot := strings.IndexByte(s, '.'); dot >= 0 && len(s)-dot-1 > 3 {
+				ok = false
+				break
+			}
+			out[i] = s + u.name
+		}
+		if ok {
+			return out
+		}
+	}
+	for i, v := range vs {
+		out[i] = bytesOf(v)
+	}
+	return out
+}
 func computeOf(v uint64) string { return tenant.FormatCompute(v) }
 
 func limitBytes(l dbusapi.Limit) string   { return tenant.FormatBytes(uint64(l)) }

@@ -36,6 +36,7 @@ var verbs = []struct {
 	{"gpus", []string{"gpus"}},
 	{"gpu-show", []string{"gpu", "show", "0000:41:00.0"}},
 	{"gpu-mig", []string{"gpu", "mig", "0000:41:00.0", "off"}},
+	{"gpu-scheduler", []string{"gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "2ms"}},
 	{"profiles", []string{"profiles"}},
 	{"capacity", []string{"capacity"}},
 	{"list", []string{"list"}},
@@ -422,5 +423,86 @@ func TestDocsCoverCommands(t *testing.T) {
 	}
 	if !strings.Contains(text, "\n| 130 | ") {
 		t.Error("exit code 130 undocumented")
+	}
+}
+
+// gpu scheduler: the flags checked before any call, the call as made, and
+// the pending state said in words.
+func TestGPUScheduler(t *testing.T) {
+	for _, bad := range [][]string{
+		{"gpu", "scheduler", "0000:81:00.0"},
+		{"gpu", "scheduler", "0000:81:00.0", "--mode", "sometimes", "--policy", "fixed_share"},
+		{"gpu", "scheduler", "0000:81:00.0", "--mode", "adaptive", "--policy", "fixed_share"},
+		{"gpu", "scheduler", "0000:81:00.0", "--mode", "pinned"},
+		{"gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "-1ms"},
+	} {
+		f := &fake{}
+		if _, errOut, code := runFake(f, bad...); code != exitUsage || len(f.calls) != 0 {
+			t.Errorf("%v: exit %d, calls %v, %s; want a usage error and no call", bad, code, f.calls, errOut)
+		}
+	}
+	f := &fake{}
+	out, errOut, code := runFake(f, "gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "2ms")
+	if code != 0 || f.lastCall() != `SetGPUScheduler 0000:81:00.0 "" "fixed_share" 2ms` || !strings.Contains(out, "pinned to fixed_share, time slice 2ms\n  pending: ") {
+		t.Fatalf("pin: exit %d, call %q, out %q, err %q", code, f.lastCall(), out, errOut)
+	}
+	out, _, code = runFake(f, "gpu", "scheduler", "0000:81:00.0", "--mode", "adaptive")
+	if code != 0 || f.lastCall() != `SetGPUScheduler 0000:81:00.0 "adaptive" "" 0s` || !strings.Contains(out, "is adaptive") {
+		t.Fatalf("adaptive: exit %d, call %q, out %q", code, f.lastCall(), out)
+	}
+}
+
+// --no-trunc shows every cell whole: list's profiles, gpus' models and
+// states, events' values; without it they are cut with "~".
+func TestNoTrunc(t *testing.T) {
+	long := "H100-SXM5-80GB/1g.10gb+me"
+	insts := []dbusapi.Instance{{UUID: migID, Tenant: "a-tenant-with-a-long-name", Profile: long, Kind: "mig", GPU: "0000:41:00.0", State: "ready"}}
+	gpus := []dbusapi.GPU{{PCI: "0000:41:00.0", Model: "H100-SXM5-80GB-with-a-long-name", State: "failed", Reason: "XID 79 (GPU has fallen off the bus)"}}
+	ev := dbusapi.Event{Signal: "PropertiesChanged", Kind: "instance", ID: migID, Changed: map[string]any{"Reason": "a reason longer than twenty-four characters"}}
+	for _, c := range []struct {
+		name string
+		out  func(full bool) string
+		want string
+	}{
+		{"list", func(full bool) string { var b strings.Builder; _ = instanceTable(&b, insts, full); return b.String() }, long},
+		{"gpus", func(full bool) string { var b strings.Builder; _ = gpuTable(&b, gpus, full); return b.String() }, "failed: XID 79 (GPU has fallen off the bus)"},
+		{"events", func(full bool) string { return eventLine(ev, full) }, "a reason longer than twenty-four characters"},
+	} {
+		if got := c.out(true); !strings.Contains(got, c.want) || strings.Contains(got, "~") {
+			t.Errorf("%s --no-trunc cuts %q:\n%s", c.name, c.want, got)
+		}
+		if got := c.out(false); strings.Contains(got, c.want) || !strings.Contains(got, "~") {
+			t.Errorf("%s without --no-trunc shows %q whole:\n%s", c.name, c.want, got)
+		}
+	}
+	if got := eventLine(ev, true); !strings.Contains(got, migID) {
+		t.Errorf("events --no-trunc shortens the UUID: %s", got)
+	}
+}
+
+// profiles prints its VRAM column in one unit.
+func TestProfilesOneMemoryUnit(t *testing.T) {
+	if got := bytesColumn([]uint64{80 << 30, 9984 << 20, 4 << 30}); strings.Join(got, " ") != "80GiB 9.75GiB 4GiB" {
+		t.Errorf("GiB column: %v", got)
+	}
+	if got := bytesColumn([]uint64{80 << 30, 1000 << 20}); strings.Join(got, " ") != "81920MiB 1000MiB" {
+		t.Errorf("MiB column: %v", got)
+	}
+	out, errOut, code := runFake(&fake{}, "profiles")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	units := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		for _, f := range strings.Fields(line) {
+			for _, u := range []string{"GiB", "MiB", "KiB", "TiB"} {
+				if strings.HasSuffix(f, u) {
+					units[u] = true
+				}
+			}
+		}
+	}
+	if len(units) != 1 {
+		t.Errorf("profiles' VRAM column mixes units %v:\n%s", units, out)
 	}
 }

@@ -157,9 +157,19 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes "30s".
 func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
 
+// StateDirEnv names the default state directory in place of
+// /var/lib/vgpud, so `vgpud sim` verbs and `vgpud inventory` find a
+// daemon's state without --state-dir each time (a configuration file's
+// stateDir and the flag still win).
+const StateDirEnv = "VGPUD_STATE_DIR"
+
 func defaultConfig() *Config {
+	stateDir := "/var/lib/vgpud"
+	if d := os.Getenv(StateDirEnv); d != "" {
+		stateDir = d
+	}
 	return &Config{
-		StateDir:          "/var/lib/vgpud",
+		StateDir:          stateDir,
 		SysfsRoot:         "/sys",
 		MdevctlDir:        "/etc/mdevctl.d",
 		ProfilesDir:       "/etc/vgpud/profiles.d",
@@ -193,7 +203,7 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	v := &flagValues{cfg: *c}
 	c.flags = v
 	fs.StringVar(&v.file, "config", "", "configuration file (default "+defaultConfigPath+" when present)")
-	fs.StringVar(&v.cfg.StateDir, "state-dir", c.StateDir, "state directory (state.db; the simulated host under sim/)")
+	fs.StringVar(&v.cfg.StateDir, "state-dir", c.StateDir, "state directory (state.db; the simulated host under sim/); $"+StateDirEnv+" sets its default")
 	fs.BoolVar(&v.cfg.Sim, "sim", false, "run on the simulated GPU host instead of the NVIDIA driver")
 	fs.StringVar(&v.cfg.SimHost, "sim-host", "", "simulated host description (YAML); default: the built-in host")
 	fs.BoolVar(&v.cfg.SimMirror, "sim-mirror", false, "also write the simulated sysfs tree to STATE/sim/sys for inspection")

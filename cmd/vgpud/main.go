@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/vgpud/vgpud/pkg/version"
 )
@@ -61,6 +62,26 @@ func rootCmd(cfg *Config, serve func(context.Context, *Config) error) *cobra.Com
 	root.SetVersionTemplate("vgpud {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cfg.bindFlags(root.PersistentFlags())
-	root.AddCommand(inventoryCmd(cfg), simCmd(cfg), genDocsCmd())
+	sim := simCmd(cfg)
+	helpOnly(sim, root.HelpFunc(), simFlags)
+	root.AddCommand(inventoryCmd(cfg), sim, genDocsCmd())
 	return root
+}
+
+// simFlags are the daemon's flags that `vgpud sim` verbs read; their help
+// lists only these.
+var simFlags = map[string]bool{"config": true, "state-dir": true, "sim-host": true, "profiles-dir": true, "log-level": true, "help": true}
+
+// helpOnly makes cmd's help (and its subcommands') list, of the flags it
+// inherits, only those in keep: the others are accepted but say nothing
+// about what cmd does.
+func helpOnly(cmd *cobra.Command, help func(*cobra.Command, []string), keep map[string]bool) {
+	cmd.SetHelpFunc(func(c *cobra.Command, args []string) {
+		c.InheritedFlags().VisitAll(func(f *pflag.Flag) {
+			if !keep[f.Name] {
+				f.Hidden = true
+			}
+		})
+		help(c, args)
+	})
 }

@@ -68,11 +68,13 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			unsubscribe()
 			return nil, err
 		}
-		ln, err := net.Listen("tcp", d.cfg.MetricsListen)
-		if err != nil {
-			cancel()
-			unsubscribe()
-			return nil, fmt.Errorf("metrics endpoint %s: %w", d.cfg.MetricsListen, err)
+		ln := d.metricsLn
+		if ln == nil {
+			if ln, err = net.Listen("tcp", d.cfg.MetricsListen); err != nil {
+				cancel()
+				unsubscribe()
+				return nil, fmt.Errorf("metrics endpoint %s: %w", d.cfg.MetricsListen, err)
+			}
 		}
 		prev := d.host.nvml.Observer()
 		d.host.nvml.SetObserver(func(op string, took time.Duration, ret gonvml.Return) {

@@ -4,7 +4,10 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -57,5 +60,25 @@ func TestForwardEventsDurations(t *testing.T) {
 		if !strings.Contains(string(body), want+"\n") {
 			t.Errorf("exposition lacks %s", want)
 		}
+	}
+}
+
+// A metrics port another process holds ends the start at once: no state
+// is opened, no host touched, no reconcile run.
+func TestMetricsPortTakenExitsFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := defaultConfig()
+	cfg.StateDir = filepath.Join(t.TempDir(), "state")
+	cfg.MetricsListen = ln.Addr().String()
+	err = serve(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "metrics endpoint "+ln.Addr().String()) {
+		t.Fatalf("serve with the metrics port taken: %v", err)
+	}
+	if _, err := os.Stat(cfg.StateDir); !os.IsNotExist(err) {
+		t.Fatalf("the state directory was made before the port was checked: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -29,6 +30,9 @@ const (
 	stopUndo    = 10 * time.Second
 )
 
+// schedulerRetry is how often pending scheduler settings are tried.
+const schedulerRetry = 2 * time.Second
+
 // daemon is the running daemon's wiring, one typed struct.
 type daemon struct {
 	cfg    *Config
@@ -46,6 +50,9 @@ type daemon struct {
 	// reloadedCat is the catalog the last reload applied (nil: none yet,
 	// host.cat is in force); read it with catalog().
 	reloadedCat atomic.Pointer[profile.Catalog]
+	// metricsLn is the metrics endpoint's socket, bound first thing at
+	// start so a taken port ends the start before the host is touched.
+	metricsLn net.Listener
 }
 
 // serve runs the daemon until ctx ends (SIGTERM/SIGINT).
@@ -64,6 +71,16 @@ func (d *daemon) start(ctx context.Context) error {
 	crash, err := manager.CrashAt(os.Getenv("VGPUD_CRASH_AT"))
 	if err != nil {
 		return usageError{err}
+	}
+	if cfg.MetricsListen != "" {
+		// Bound before anything else: a port another process holds is a
+		// configuration error, reported at once rather than after the
+		// start-up reconcile.
+		ln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("metrics endpoint %s: %w", cfg.MetricsListen, err)
+		}
+		d.metricsLn = ln
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state directory: %w", err)
@@ -146,6 +163,9 @@ func (d *daemon) run(ctx context.Context) error {
 		})
 	}
 	go d.watchHost(wctx)
+	// A pinned scheduler setting the driver refused while VMs ran is set
+	// once they stop; not every stop is a libvirt event vgpud sees.
+	go d.mgr.WatchSchedulers(wctx, schedulerRetry)
 
 	// SIGHUP is caught before READY=1: a reload asked for as soon as the
 	// unit is up must not meet the default action, which ends the process.
@@ -310,6 +330,9 @@ const driverPoll = 2 * time.Second
 const driftTimeout = 2 * time.Minute
 
 func (d *daemon) close() {
+	if d.metricsLn != nil {
+		d.metricsLn.Close() // the server closed it already when it ran
+	}
 	if d.virt != nil {
 		d.virt.Close()
 	}

@@ -16,6 +16,7 @@ type Op string
 const (
 	OpDestroy        Op = "destroy"
 	OpSetMIGMode     Op = "set-mig-mode"
+	OpSetScheduler   Op = "set-scheduler"
 	OpDefineTenant   Op = "define-tenant"
 	OpUpdateTenant   Op = "update-tenant"
 	OpUndefineTenant Op = "undefine-tenant"
@@ -23,22 +24,25 @@ const (
 )
 
 // phase orders the operations: destroys free room and let MIG modes
-// change; the mode must be right before anything is carved; tenants must
-// exist (and have their new quotas) before their instances are created.
+// change; the mode must be right before anything is carved, and MIG off
+// before a time-sliced scheduler is set; tenants must exist (and have
+// their new quotas) before their instances are created.
 func (o Op) phase() int {
 	switch o {
 	case OpDestroy:
 		return 0
 	case OpSetMIGMode:
 		return 1
-	case OpDefineTenant, OpUpdateTenant:
+	case OpSetScheduler:
 		return 2
-	case OpUndefineTenant:
+	case OpDefineTenant, OpUpdateTenant:
 		return 3
-	case OpCreate:
+	case OpUndefineTenant:
 		return 4
+	case OpCreate:
+		return 5
 	}
-	return 5
+	return 6
 }
 
 // Change is one step of a change set. It carries everything Execute needs,
@@ -57,6 +61,8 @@ type Change struct {
 	Tenant  string `json:"tenant,omitempty"`
 	// MIG is the mode set-mig-mode sets.
 	MIG *bool `json:"mig,omitempty"`
+	// Scheduler is what set-scheduler sets.
+	Scheduler *SchedulerSpec `json:"scheduler,omitempty"`
 	// Settings are what define-tenant and update-tenant set.
 	Settings *TenantSettings `json:"settings,omitempty"`
 	// VRAMBytes and ComputeMilli size a create; the largest go first.
@@ -114,6 +120,8 @@ func (c Change) String() string {
 			verb = "enable"
 		}
 		s = fmt.Sprintf("%s MIG on %s (%s)", verb, c.GPU, c.Model)
+	case OpSetScheduler:
+		s = fmt.Sprintf("set the vGPU scheduler of %s (%s) to %s", c.GPU, c.Model, c.Scheduler)
 	case OpDefineTenant:
 		s = fmt.Sprintf("define tenant %s: %s", c.Tenant, c.Settings)
 	case OpUpdateTenant:

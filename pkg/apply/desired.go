@@ -181,6 +181,9 @@ type LayoutEntry struct {
 	// vgpu, passthrough); instances of other kinds on the GPU are left
 	// alone unless a MIG mode change needs the GPU empty. Empty: all kinds.
 	Scope []store.InstanceKind `json:"scope,omitempty"`
+	// Scheduler pins the time-sliced vGPU scheduler of the GPUs, or hands
+	// them to the share loop (mode adaptive); nil leaves it alone.
+	Scheduler *SchedulerSpec `json:"scheduler,omitempty"`
 	// Instances are the wanted instances.
 	Instances []InstanceSpec `json:"instances,omitempty"`
 	// IndexOrder says how a numeric GPU counts: "" (or "nvml") by NVML's
@@ -361,6 +364,7 @@ type vgpudEntry struct {
 	DeviceIDs  []string             `json:"deviceIDs,omitempty"`
 	MIG        *bool                `json:"mig,omitempty"`
 	Scope      []store.InstanceKind `json:"scope,omitempty"`
+	Scheduler  *SchedulerSpec       `json:"scheduler,omitempty"`
 	Instances  []InstanceSpec       `json:"instances,omitempty"`
 	IndexOrder string               `json:"indexOrder,omitempty"`
 	Optional   bool                 `json:"optional,omitempty"`
@@ -377,7 +381,7 @@ func parseVgpud(name string, data []byte) (*Desired, error) {
 	d := &Desired{Version: Version, Format: FormatVgpud, Source: name, Prune: f.Prune, Tenants: f.Tenants}
 	for i, e := range f.Layout {
 		d.Layout = append(d.Layout, LayoutEntry{GPU: e.GPU, Model: e.Model, All: e.All, DeviceIDs: e.DeviceIDs,
-			MIG: e.MIG, Scope: e.Scope, Instances: e.Instances, IndexOrder: e.IndexOrder, Optional: e.Optional,
+			MIG: e.MIG, Scope: e.Scope, Scheduler: e.Scheduler, Instances: e.Instances, IndexOrder: e.IndexOrder, Optional: e.Optional,
 			Source: fmt.Sprintf("layout[%d]", i)})
 	}
 	return d, nil
@@ -389,7 +393,7 @@ func (d *Desired) VgpudYAML() ([]byte, error) {
 	f := vgpudFile{Version: Version, Prune: d.Prune, Tenants: d.Tenants}
 	for _, e := range d.Layout {
 		f.Layout = append(f.Layout, vgpudEntry{GPU: e.GPU, Model: e.Model, All: e.All, DeviceIDs: e.DeviceIDs,
-			MIG: e.MIG, Scope: e.Scope, Instances: e.Instances, IndexOrder: e.IndexOrder, Optional: e.Optional})
+			MIG: e.MIG, Scope: e.Scope, Scheduler: e.Scheduler, Instances: e.Instances, IndexOrder: e.IndexOrder, Optional: e.Optional})
 	}
 	return yaml.Marshal(f)
 }
@@ -490,6 +494,14 @@ func (d *Desired) validateEntry(e LayoutEntry, selectors map[string]string) erro
 	// there but lists nothing would widen the entry to everything.
 	if e.DeviceIDs != nil && len(e.DeviceIDs) == 0 {
 		return d.bad(f+".deviceIDs", nil, "empty list; give PCI ids or leave deviceIDs out to match every GPU the entry selects")
+	}
+	if e.Scheduler != nil {
+		if _, err := e.Scheduler.request(); err != nil {
+			return d.bad(f+".scheduler", err, "%v", err)
+		}
+		if e.MIG != nil && *e.MIG {
+			return d.bad(f+".scheduler", nil, "a GPU with MIG on has no time-sliced vGPU scheduler")
+		}
 	}
 	if e.Scope != nil && len(e.Scope) == 0 {
 		return d.bad(f+".scope", nil, "empty list; give instance kinds (mig, mig-vgpu, vgpu, passthrough) or leave scope out to describe every kind")

@@ -49,10 +49,15 @@ func (df *differ) gpu(g manager.GPUView, e *LayoutEntry, destroyed map[string]bo
 		return err
 	}
 	here := gd.here()
+	migAfter := g.MIG.Enabled
 	if mode != nil && g.MIG.Capable && *mode != g.MIG.Enabled {
 		gd.changeMode(mode, here)
+		migAfter = *mode
 	} else {
 		gd.reconcile(here)
+	}
+	if err := gd.scheduler(migAfter); err != nil {
+		return err
 	}
 	gd.creates()
 	df.foreign(g, e)

@@ -117,6 +117,16 @@ func step(ctx context.Context, m Manager, c Change, wanted map[string]int) (Chan
 			return c, fmt.Errorf("%w: set-mig-mode change without a mode", manager.ErrInvalidArgument)
 		}
 		return c, m.SetMIGMode(ctx, gpuID(c), *c.MIG)
+	case OpSetScheduler:
+		if c.Scheduler == nil {
+			return c, fmt.Errorf("%w: set-scheduler change without a setting", manager.ErrInvalidArgument)
+		}
+		r, err := c.Scheduler.request()
+		if err != nil {
+			return c, err
+		}
+		_, err = m.SetGPUScheduler(ctx, gpuID(c), r)
+		return c, err
 	case OpDefineTenant, OpUpdateTenant:
 		if c.Settings == nil {
 			// Zero settings would be a tenant that may hold nothing.
@@ -132,9 +142,11 @@ func step(ctx context.Context, m Manager, c Change, wanted map[string]int) (Chan
 	case OpUndefineTenant:
 		return c, m.UndefineTenant(ctx, c.Tenant, false)
 	case OpCreate:
+		// The short name, as `vgpuctl create` stores it: the change names
+		// its GPU, which resolves the name to that GPU's model. Only a
+		// change without a GPU needs the model to pin the name down.
 		profile := c.Profile
-		if c.Model != "" {
-			// One model: the name cannot resolve to another model's profile.
+		if c.Model != "" && gpuID(c) == "" {
 			profile = c.Model + "/" + c.Profile
 		}
 		rec, err := m.Create(ctx, manager.CreateRequest{Tenant: c.Tenant, Profile: profile, GPU: gpuID(c), Wanted: wanted})

@@ -30,6 +30,7 @@ type Manager interface {
 	UpdateTenant(ctx context.Context, t tenant.Tenant) (store.Tenant, error)
 	UndefineTenant(ctx context.Context, name string, force bool) error
 	SetMIGMode(ctx context.Context, id string, on bool) error
+	SetGPUScheduler(ctx context.Context, id string, r manager.SchedulerRequest) (manager.SchedulerView, error)
 	Create(ctx context.Context, req manager.CreateRequest) (store.Instance, error)
 	// Destroy of an unknown instance is manager.ErrNotFound.
 	Destroy(ctx context.Context, id string, opts manager.DestroyOptions) error

@@ -562,6 +562,22 @@ func (c *Client) SetHeterogeneous(ctx context.Context, gpu string, on bool) erro
 	return c.long(ctx, "set heterogeneous mode of "+gpu, "SetHeterogeneous", []any{gpu, on}, nil)
 }
 
+// GPUScheduler is what SetGPUScheduler answers: the GPU's scheduler mode
+// and whether the pinned setting waits for the GPU's VMs to stop.
+type GPUScheduler struct {
+	Mode    string `json:"mode"`
+	Pending bool   `json:"pending"`
+	Detail  string `json:"detail,omitempty"`
+}
+
+// SetGPUScheduler pins a GPU's vGPU scheduler policy and time slice (mode
+// pinned, or "" with a policy) or hands it to the share loop (adaptive).
+func (c *Client) SetGPUScheduler(ctx context.Context, gpu, mode, policy string, timeslice time.Duration) (GPUScheduler, error) {
+	var r GPUScheduler
+	err := c.long(ctx, "set the vGPU scheduler of "+gpu, "SetGPUScheduler", []any{gpu, mode, policy, uint64(timeslice / time.Microsecond)}, nil, &r.Mode, &r.Pending, &r.Detail)
+	return r, err
+}
+
 // ClearGPU returns a failed GPU to service (an operator checked it).
 func (c *Client) ClearGPU(ctx context.Context, gpu string) error {
 	return c.long(ctx, "clear GPU "+gpu, "ClearGPU", []any{gpu}, nil)
@@ -793,6 +809,10 @@ func gpuFrom(p map[string]dbus.Variant) GPU {
 		MIG:       GPUMIG{Capable: boolean(p, "MIGCapable"), Enabled: boolean(p, "MIGEnabled"), Pending: boolean(p, "MIGPending"), Instances: []GPUInstance{}},
 		VGPU:      GPUVGPU{Flavour: str(p, "VGPUFlavour"), Heterogeneous: boolean(p, "Heterogeneous"), TotalVFs: i32(p, "TotalVFs"), NumVFs: i32(p, "NumVFs")},
 		Instances: instanceIDs(p, "Instances"),
+	}
+	if m := str(p, "SchedulerMode"); m != "" {
+		g.Scheduler = &GPUSchedulerState{Mode: m, Policy: str(p, "SchedulerPolicy"),
+			Timeslice: time.Duration(u64(p, "SchedulerTimesliceUsec")) * time.Microsecond, Pending: boolean(p, "SchedulerPending")}
 	}
 	if errs := strs(p, "Errors"); len(errs) > 0 {
 		g.Errors = errs

@@ -166,7 +166,15 @@ func fromDBus(ctx context.Context, what string, err error) error {
 		return &Error{Name: NameUnavailable, Message: what + ": vgpud is not running, and the bus cannot start it because vgpud.service is not enabled; run `systemctl enable --now vgpud`"}
 	case "org.freedesktop.DBus.Error.AccessDenied":
 		return &Error{Name: NameAccessDenied, Message: what + ": the bus policy refused the call; install systemd/dbus-1/dev.vgpud1.conf into /usr/share/dbus-1/system.d and reload dbus"}
-	case "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Timeout", "org.freedesktop.DBus.Error.TimedOut":
+	case "org.freedesktop.DBus.Error.NoReply":
+		// dbus-daemon answers NoReply both when its own reply timeout
+		// passes and when the callee left the bus mid-call (it stopped
+		// or was killed): the latter is vgpud being unreachable.
+		if strings.Contains(strings.ToLower(msg), "disconnected") {
+			return &Error{Name: NameUnavailable, Message: what + ": vgpud left the bus before it answered (it stopped or was killed); its next start settles the operation; check `systemctl status vgpud`"}
+		}
+		return &Error{Name: NameTimeout, Message: what + ": vgpud did not answer in time; retry, or check `systemctl status vgpud`"}
+	case "org.freedesktop.DBus.Error.Timeout", "org.freedesktop.DBus.Error.TimedOut":
 		return &Error{Name: NameTimeout, Message: what + ": vgpud did not answer in time; retry, or check `systemctl status vgpud`"}
 	case "org.freedesktop.DBus.Error.Disconnected":
 		return &Error{Name: NameUnavailable, Message: what + ": the bus connection closed; is vgpud restarting? Retry"}

@@ -120,6 +120,14 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 			{name: "SetHeterogeneous", access: accessManage, fn: s.setHeterogeneous,
 				doc: "Let time-sliced vGPUs of different sizes share a GPU, or not; refused while vGPUs exist on it.",
 				in:  []arg{gpuArg, {name: "enabled", doc: "Mixed sizes on or off."}, optsArg}},
+			{name: "SetGPUScheduler", access: accessManage, fn: s.setGPUScheduler,
+				doc: "Pin a GPU's time-sliced vGPU scheduler to a policy and time slice (the share loop then leaves it alone), or hand it to the share loop (mode adaptive). Kept across restarts and set again after a reboot. The driver takes a change only while no VM with a vGPU runs on the GPU: the setting is then pending, and set when they stop. InvalidArgument for a GPU without a time-sliced scheduler (MIG on, no vGPU manager).",
+				in: []arg{gpuArg, {name: "mode", doc: "pinned, adaptive, or empty (pinned when a policy is given).", max: maxID},
+					{name: "policy", doc: "best_effort, equal_share or fixed_share; empty with adaptive.", max: maxID},
+					{name: "timeslice_usec", doc: "Time slice in microseconds; 0 for the driver's default."}, optsArg},
+				out: []arg{{name: "mode", doc: "The GPU's scheduler mode now: pinned or adaptive."},
+					{name: "pending", doc: "The pinned setting waits for the GPU's VMs to stop."},
+					{name: "detail", doc: "Why it is pending; empty otherwise."}}},
 			{name: "ClearGPU", access: accessManage, fn: s.clearGPU,
 				doc: "Return a failed GPU (a critical XID) to service after an operator checked or reset it, and reconcile, which brings its instances back. A lost GPU returns by itself when it answers (GPULost otherwise).",
 				in:  []arg{gpuArg, optsArg}},
@@ -140,7 +148,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 				{name: "gpu", sig: "s", doc: "PCI address."}, {name: "gpu_uuid", sig: "s", doc: "GPU UUID."}, {name: "reason", sig: "s", doc: "What happened."}}},
 			{name: "VMEvent", doc: "A libvirt domain event vgpud acted on.", args: []arg{
 				{name: "vm_uuid", sig: "s", doc: "Domain UUID."}, {name: "vm", sig: "s", doc: "Domain name."}, {name: "event", sig: "s", doc: "defined, undefined, started, stopped, device-removed, device-removal-failed or reconnected."}}},
-			{name: "PolicySwitched", doc: "The share loop changed a GPU's vGPU scheduler policy.", args: []arg{
+			{name: "PolicySwitched", doc: "A GPU's vGPU scheduler policy changed, or a change is pending: by the share loop or an operator's SetGPUScheduler.", args: []arg{
 				{name: "gpu", sig: "s", doc: "GPU UUID."}, {name: "detail", sig: "s", doc: "Which policy and why."}}},
 			{name: "HostDrift", doc: "The host changed without an event (found by the periodic discovery or a reconcile): an instance's devices vanished (it was re-created or marked lost), or a device no record explains appeared.", args: []arg{
 				{name: "kind", sig: "s", doc: "missing or foreign."}, {name: "id", sig: "s", doc: "The instance UUID (missing) or the GPU's PCI address (foreign)."}, {name: "detail", sig: "s", doc: "What was found and done."}}},
@@ -157,6 +165,12 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 			{name: "SetHeterogeneous", access: accessManage, fn: s.objSetHeterogeneous,
 				doc: "As Manager.SetHeterogeneous for this GPU.",
 				in:  []arg{{name: "enabled", doc: "Mixed sizes on or off."}, optsArg}},
+			{name: "SetScheduler", access: accessManage, fn: s.objSetScheduler,
+				doc: "As Manager.SetGPUScheduler for this GPU.",
+				in: []arg{{name: "mode", doc: "pinned, adaptive, or empty (pinned when a policy is given).", max: maxID},
+					{name: "policy", doc: "best_effort, equal_share or fixed_share; empty with adaptive.", max: maxID},
+					{name: "timeslice_usec", doc: "Time slice in microseconds; 0 for the driver's default."}, optsArg},
+				out: []arg{{name: "mode", doc: "pinned or adaptive."}, {name: "pending", doc: "The setting waits for the GPU's VMs to stop."}, {name: "detail", doc: "Why it is pending."}}},
 			{name: "Clear", access: accessManage, fn: s.objClear,
 				doc: "As Manager.ClearGPU for this GPU.",
 				in:  []arg{optsArg}},

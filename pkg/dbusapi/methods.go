@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/godbus/dbus/v5"
 
@@ -417,6 +418,28 @@ func (s *Service) setHeterogeneous(c *call, id string, on bool, options map[stri
 	return s.gpuSwitch(c, id, on, options, s.m.SetHeterogeneous)
 }
 
+func (s *Service) setGPUScheduler(c *call, id, mode, policy string, timesliceUsec uint64, options map[string]dbus.Variant) (string, bool, string, error) {
+	o := newOpts(c.member, options)
+	ctx, end, err := c.begin(o)
+	if err != nil {
+		return "", false, "", err
+	}
+	defer end()
+	if timesliceUsec > uint64(time.Hour/time.Microsecond) {
+		return "", false, "", invalidArg("SetGPUScheduler: time slice %d µs is out of range", timesliceUsec)
+	}
+	v, err := s.m.SetGPUScheduler(ctx, id, manager.SchedulerRequest{Mode: mode, Policy: policy, Timeslice: time.Duration(timesliceUsec) * time.Microsecond})
+	s.sync()
+	if err != nil {
+		return "", false, "", cancelled(ctx, err)
+	}
+	return v.Mode, v.Pending, v.PendingWhy, nil
+}
+
+func (s *Service) objSetScheduler(c *call, mode, policy string, timesliceUsec uint64, options map[string]dbus.Variant) (string, bool, string, error) {
+	return s.setGPUScheduler(c, c.id, mode, policy, timesliceUsec, options)
+}
+
 func (s *Service) clearGPU(c *call, id string, options map[string]dbus.Variant) error {
 	o := newOpts(c.member, options)
 	ctx, end, err := c.begin(o)
@@ -451,13 +474,24 @@ func (s *Service) getShares(c *call) ([]shareEntry, error) {
 			}
 		}
 	}
+	tenants, err := s.m.Tenants()
+	if err != nil {
+		return nil, err
+	}
+	guaranteed := map[string]bool{}
+	for _, t := range tenants {
+		guaranteed[t.Name] = t.Class == tenant.Guaranteed
+	}
 	out := []shareEntry{}
 	for _, v := range insts {
-		e := shareEntry{Instance: v.UUID, Entitled: v.ComputeMilli, Achieved: -1, Demand: -1, Interference: -1}
+		// Entitled as the share engine and the metrics define it: the
+		// instance's compute for a guaranteed tenant, 0 for a best-effort
+		// one, with or without the engine.
+		e := shareEntry{Instance: v.UUID, Achieved: -1, Demand: -1, Interference: -1}
+		if guaranteed[v.Tenant] {
+			e.Entitled = v.ComputeMilli
+		}
 		if sh, ok := fromEngine[v.UUID]; ok {
-			if sh.EntitledMilli > 0 {
-				e.Entitled = sh.EntitledMilli
-			}
 			e.Achieved, e.Demand, e.Interference = sh.AchievedMilli, sh.DemandMilli, sh.Interference
 		}
 		out = append(out, e)

@@ -107,6 +107,10 @@ var gpuProps = []prop[manager.GPUView]{
 	}},
 	{name: "VGPUFlavour", doc: "How vGPUs are created on this GPU: none, mdev (mediated devices) or vfio (vendor-specific VFIO on SR-IOV VFs).", get: func(g *manager.GPUView) any { return string(g.VGPU.Flavour) }},
 	{name: "Heterogeneous", doc: "Whether time-sliced vGPUs of different sizes may share the GPU.", get: func(g *manager.GPUView) any { return g.VGPU.Heterogeneous }},
+	{name: "SchedulerMode", doc: "The time-sliced vGPU scheduler's control: pinned (an operator's policy, which the share loop leaves alone), adaptive (the share loop chooses), or empty when the GPU has no such scheduler (MIG on, no vGPU manager).", get: func(g *manager.GPUView) any { return schedOf(g).Mode }},
+	{name: "SchedulerPolicy", doc: "The pinned policy (best_effort, equal_share, fixed_share); empty unless pinned.", get: func(g *manager.GPUView) any { return schedOf(g).Policy }},
+	{name: "SchedulerTimesliceUsec", doc: "The pinned time slice in microseconds; 0 for the driver's default.", get: func(g *manager.GPUView) any { return uint64(schedOf(g).Timeslice / time.Microsecond) }},
+	{name: "SchedulerPending", doc: "The pinned setting is not on the GPU yet: the driver refuses a change while a VM with a vGPU runs; it is set when they stop.", get: func(g *manager.GPUView) any { return schedOf(g).Pending }},
 	{name: "TotalVFs", doc: "SR-IOV virtual functions the GPU offers.", get: func(g *manager.GPUView) any { return int32(g.VGPU.TotalVFs) }},
 	{name: "NumVFs", doc: "SR-IOV virtual functions enabled now.", get: func(g *manager.GPUView) any { return int32(g.VGPU.NumVFs) }},
 	{name: "Instances", doc: "Objects of the vgpud instances on this GPU.", get: func(g *manager.GPUView) any { return instancePaths(g.Instances) }},
@@ -215,4 +219,11 @@ func nonNilStrings(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+func schedOf(g *manager.GPUView) manager.SchedulerView {
+	if g.Scheduler == nil {
+		return manager.SchedulerView{}
+	}
+	return *g.Scheduler
 }

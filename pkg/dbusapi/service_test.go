@@ -657,9 +657,28 @@ func TestDBusSharesFromTheEngine(t *testing.T) {
 	if r := byID[a.UUID]; r.AchievedMilli == nil || *r.AchievedMilli != 120 || *r.DemandMilli != 200 || *r.Interference != 0.277 {
 		t.Fatalf("reported instance: %+v", r)
 	}
-	// An instance the engine does not report keeps its entitled compute.
-	if r := byID[b.UUID]; r.EntitledMilli != b.ComputeMilli || r.AchievedMilli != nil || r.Interference != nil {
-		t.Fatalf("unreported instance: %+v", r)
+	// acme is best effort: entitled to nothing, whatever the engine or the
+	// instance's compute says (as the metric and docs/metrics.md have it).
+	if r := byID[a.UUID]; r.EntitledMilli != 0 {
+		t.Fatalf("best-effort instance reported entitled %d, want 0", r.EntitledMilli)
+	}
+	if r := byID[b.UUID]; r.EntitledMilli != 0 || r.AchievedMilli != nil || r.Interference != nil {
+		t.Fatalf("unreported best-effort instance: %+v", r)
+	}
+	// A guaranteed tenant's instance the engine does not report keeps its
+	// entitled compute.
+	if _, err := e.client.DefineTenant(ctxT(t), TenantSpec{Name: "gold", Quota: unlimitedQuota(), Class: "guaranteed"}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.create("gold", "L4-4Q", "")
+	rows, err = e.client.Shares(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Instance == c.UUID && (r.EntitledMilli != c.ComputeMilli || c.ComputeMilli == 0) {
+			t.Fatalf("guaranteed instance: entitled %d, want %d", r.EntitledMilli, c.ComputeMilli)
+		}
 	}
 }
 
@@ -771,5 +790,43 @@ func TestDBusSignalsBeforeReply(t *testing.T) {
 		case <-timeout:
 			t.Fatalf("signals missing: %v", want)
 		}
+	}
+}
+
+// The scheduler through D-Bus: pinned on an idle GPU, pending while a VM
+// runs a vGPU there, shown on the GPU object, refused with a named error
+// for a bad policy.
+func TestDBusSetGPUScheduler(t *testing.T) {
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	ctx := ctxT(t)
+	r, err := e.client.SetGPUScheduler(ctx, sim.DefaultL4, "", "equal_share", 3*time.Millisecond)
+	if err != nil || r.Mode != "pinned" || r.Pending {
+		t.Fatalf("pin: %+v, %v", r, err)
+	}
+	g, err := e.client.GPU(ctx, sim.DefaultL4)
+	if err != nil || g.Scheduler == nil || g.Scheduler.Policy != "equal_share" || g.Scheduler.Timeslice != 3*time.Millisecond {
+		t.Fatalf("GPU shows %+v, %v", g.Scheduler, err)
+	}
+	in := e.create("acme", "L4-4Q", sim.DefaultL4)
+	if in.VGPU == nil {
+		t.Fatalf("L4-4Q instance without a vGPU: %+v", in)
+	}
+	dev := in.VGPU.MdevUUID
+	if dev == "" {
+		dev = in.VGPU.VF
+	}
+	if err := e.sim.OpenDevice(dev, "5f0b7a52-93a4-4f0e-8f35-2c1d0f6f7e01", "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	r, err = e.client.SetGPUScheduler(ctx, sim.DefaultL4, "pinned", "fixed_share", 0)
+	if err != nil || !r.Pending || r.Detail == "" {
+		t.Fatalf("pin while a VM runs: %+v, %v (want pending)", r, err)
+	}
+	if g, _ := e.client.GPU(ctx, sim.DefaultL4); g.Scheduler == nil || !g.Scheduler.Pending || g.Scheduler.Policy != "fixed_share" {
+		t.Fatalf("GPU shows %+v, want fixed_share pending", g.Scheduler)
+	}
+	if _, err := e.client.SetGPUScheduler(ctx, sim.DefaultL4, "pinned", "round_robin", 0); ErrorName(err) != NameInvalidArgument {
+		t.Fatalf("bad policy: %v, want InvalidArgument", err)
 	}
 }

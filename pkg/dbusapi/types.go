@@ -69,6 +69,20 @@ type GPU struct {
 	VGPU      GPUVGPU  `json:"vgpu"`
 	Instances []string `json:"instances"`
 	Errors    []string `json:"errors,omitempty"`
+	// Scheduler is the time-sliced vGPU scheduler's control; nil when the
+	// GPU has none (MIG on, no vGPU manager).
+	Scheduler *GPUSchedulerState `json:"scheduler,omitempty"`
+}
+
+// GPUSchedulerState is how a GPU's vGPU scheduler is controlled: pinned
+// to an operator's policy and time slice (0: the driver's default), or
+// adaptive (the share loop chooses); Pending: the pinned setting waits for
+// the GPU's VMs to stop.
+type GPUSchedulerState struct {
+	Mode      string        `json:"mode"`
+	Policy    string        `json:"policy,omitempty"`
+	Timeslice time.Duration `json:"timesliceNs,omitempty"`
+	Pending   bool          `json:"pending,omitempty"`
 }
 
 // GPUMIG is a GPU's MIG mode and GPU instances.

@@ -21,6 +21,9 @@ type GPUView struct {
 	Reason string `json:"reason,omitempty"`
 	// Instances are the records on this GPU.
 	Instances []string `json:"instances,omitempty"`
+	// Scheduler is the time-sliced vGPU scheduler's control (nil: the GPU
+	// has none: MIG on, no vGPU manager).
+	Scheduler *SchedulerView `json:"scheduler,omitempty"`
 }
 
 // GPUs lists the host's GPUs as last discovered.
@@ -30,6 +33,14 @@ func (m *Manager) GPUs() ([]GPUView, error) {
 		s, err := m.snapshot(tx)
 		if err != nil {
 			return err
+		}
+		sts, err := tx.GPUs()
+		if err != nil {
+			return err
+		}
+		pinned := map[string]*store.Scheduler{}
+		for _, st := range sts {
+			pinned[st.UUID] = st.Scheduler
 		}
 		for i := range s.inv.GPUs {
 			g := s.inv.GPUs[i]
@@ -46,6 +57,10 @@ func (m *Manager) GPUs() ([]GPUView, error) {
 				v.Instances = append(v.Instances, r.UUID)
 			}
 			sort.Strings(v.Instances)
+			if pinned[g.UUID] != nil || (!g.MIG.Enabled && g.VGPU.Flavour != "" && g.VGPU.Flavour != gpu.FlavourNone) {
+				sv := schedulerViewOf(pinned[g.UUID], m.scheds.get(g.UUID))
+				v.Scheduler = &sv
+			}
 			out = append(out, v)
 		}
 		return nil
@@ -165,6 +180,11 @@ func (m *Manager) SetHeterogeneous(ctx context.Context, id string, on bool) erro
 	err = m.mig.SetHeterogeneous(ctx, g.UUID, on)
 	l.Unlock()
 	m.refreshGPU(ctx, g.UUID)
+	if errors.Is(err, gpu.ErrInUse) {
+		// IN_USE here means vGPUs exist, attached to a VM or not: stopping
+		// a VM does not help, destroying them does.
+		return fail(ErrBusy, err, "set heterogeneous vGPU mode on GPU %s: the driver changes it only while the GPU holds no vGPU; destroy the GPU's vGPUs first (vgpuctl list)", g.PCI)
+	}
 	if err != nil {
 		return classify(err, "set heterogeneous vGPU mode on GPU %s", g.PCI)
 	}

@@ -97,8 +97,9 @@ func TestGPUModes(t *testing.T) {
 	}
 	a := e.mustCreate("acme", "L4-4Q", sim.DefaultL4)
 	b := e.mustCreate("acme", "L4-8Q", sim.DefaultL4)
-	if err := e.m.SetHeterogeneous(ctx, sim.DefaultL4, false); !errors.Is(err, manager.ErrBusy) {
-		t.Fatalf("mode change under vGPUs: %v, want ErrBusy", err)
+	if err := e.m.SetHeterogeneous(ctx, sim.DefaultL4, false); !errors.Is(err, manager.ErrBusy) ||
+		!strings.Contains(manager.Message(err), "destroy the GPU's vGPUs first") || strings.Contains(manager.Message(err), "stop the VM") {
+		t.Fatalf("mode change under vGPUs (none attached): %v, want ErrBusy saying to destroy them", err)
 	}
 	if err := e.sim.Reboot(); err != nil {
 		t.Fatal(err)

@@ -139,7 +139,7 @@ type Manager struct {
 	//  4. Leaves, under which no other lock is taken and the store is not
 	//     called: invMu (read by snapshot inside transactions), confMu,
 	//     gpuMu (only inside gpuLock), inflight's and the event broadcaster's
-	//     mutexes, opsMu.
+	//     mutexes, opsMu, the scheduler table's mutex.
 	//
 	// So admission (Create, UpdateTenant, UndefineTenant), Destroy's
 	// intent, mode changes, Defragment and reconcile's host pass take admit
@@ -193,6 +193,11 @@ type Manager struct {
 	// drift: the foreign devices already announced (drift.go).
 	drift driftState
 
+	// sched sets GPUs' vGPU schedulers (nil: the backend cannot); scheds
+	// are the pinned settings the driver has not taken yet (sched.go).
+	sched  SchedulerBackend
+	scheds schedTable
+
 	// opsMu guards closing and the adding to ops.
 	opsMu   sync.Mutex
 	ops     sync.WaitGroup
@@ -214,6 +219,7 @@ func New(c Config) *Manager {
 	if m.recovery <= 0 {
 		m.recovery = DefaultRecoveryConcurrency
 	}
+	m.sched, _ = c.NVML.(SchedulerBackend)
 	if m.now == nil {
 		m.now = time.Now
 	}

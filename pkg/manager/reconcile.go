@@ -111,6 +111,9 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	if err := m.applyVGPUModes(ctx, &rep); err != nil {
 		return rep, err
 	}
+	if err := m.applySchedulers(ctx, &rep); err != nil {
+		return rep, err
+	}
 	var intents []store.Intent
 	if err := m.db.View(func(tx *store.Tx) (err error) { intents, err = tx.Intents(); return err }); err != nil {
 		return rep, classify(err, "read intents")

@@ -53,7 +53,7 @@ func snapshotFamilies() []family {
 		{"vgpud_gpu_scheduler_policy_refusals_total", "Scheduler policy switch attempts the driver refused, by reason (not_supported: VMs were running).", c, gpuAnd("to", "reason")},
 		{"vgpud_gpu_scheduler_log_entries_total", "vGPU scheduler log entries read.", c, gpu},
 		{"vgpud_gpu_scheduler_log_overruns_total", "Scheduler log reads that found entries lost because the driver's 200-entry ring wrapped.", c, gpu},
-		{"vgpud_gpu_scheduler_unmatched_run_seconds_total", "Run time in the vGPU scheduler log of runlists that were no running vGPU's handle (not attributed to an instance).", c, gpu},
+		{"vgpud_gpu_scheduler_unmatched_run_seconds_total", "Run time in the vGPU scheduler log that no instance got: runlists that were no running vGPU's handle, and running vGPUs that match no instance.", c, gpu},
 		{"vgpud_gpu_fairness_index", "Jain's fairness index over the GPU's active instances' normalised shares (1 = fair).", g, gpu},
 		{"vgpud_gpu_active_vgpus", "vGPUs VMs have open on the GPU.", g, gpu},
 		{"vgpud_gpu_mig_slot_occupied", "Per MIG memory slice: 1 when an instance holds it (with its labels), 0 when free.", g, gpuAnd("slot", "instance_uuid", "tenant", "profile")},

@@ -54,7 +54,11 @@ func (c *Collector) collectShares(b *batch, s *share.Snapshot) {
 func (c *Collector) collectGPUShares(b *batch, s *share.Snapshot, g share.GPUShares) {
 	id := b.gpu(g.UUID)
 	b.add("vgpud_gpu_scheduler_supported", boolf(g.Supported), id...)
-	b.add("vgpud_gpu_scheduler_policy_info", 1, b.gpu(g.UUID, string(g.Policy), string(g.Desired), string(s.Mode))...)
+	mode := string(s.Mode)
+	if g.Pinned {
+		mode = "pinned" // an operator's policy, which the loop leaves alone
+	}
+	b.add("vgpud_gpu_scheduler_policy_info", 1, b.gpu(g.UUID, string(g.Policy), string(g.Desired), mode)...)
 	b.add("vgpud_gpu_scheduler_policy_pending", boolf(g.Pending != nil), id...)
 	if g.Supported {
 		b.add("vgpud_gpu_scheduler_timeslice_seconds", g.Timeslice.Seconds(), id...)

@@ -45,9 +45,12 @@ type gpuPoller struct {
 	overruns   uint64
 	runs       map[uint32]*runAcc
 	// unmatchedRun is run time of runlists that are no running vGPU's
-	// handle; unmatchedLogged: the likely cause was logged.
+	// handle, or whose vGPU matches no instance; unmatchedLogged: the
+	// likely cause was logged; unmatchedVGPUs: running vGPUs no instance
+	// matched that were logged (by handle, forgotten when they stop).
 	unmatchedRun    time.Duration
 	unmatchedLogged bool
+	unmatchedVGPUs  map[uint32]bool
 
 	// clocks
 	lastPoll  time.Time
@@ -346,7 +349,7 @@ func (p *gpuPoller) closeWindow(ctx context.Context, now time.Time, window time.
 			u := byHandle[s.Handle]
 			byHandle[s.Handle] = [3]float64{u[0] + s.SM, u[1] + s.Mem, u[2] + 1}
 		}
-		p.countUnmatched(active)
+		p.countUnmatched(active, match)
 		for uuid, v := range match {
 			a := p.runs[v.Handle]
 			m := Measured{Clock: clock}
@@ -438,30 +441,61 @@ func (p *gpuPoller) closeWindow(ctx context.Context, now time.Time, window time.
 	return out
 }
 
-// countUnmatched adds up the window's run time of runlists that are no
-// running vGPU's handle. The log's runlist id is taken to be the vGPU's
-// NVML handle (the simulator's convention; nvml.h calls it a "software
-// runlist id"): if a driver numbers them otherwise, every run is
-// unmatched and the instances read idle, which this makes visible. A VM
-// that stopped during the window leaves its last runs unmatched too.
-func (p *gpuPoller) countUnmatched(active []VGPU) {
+// countUnmatched adds up the window's run time of runlists that no
+// instance is matched to: runlists that are no running vGPU's handle, and
+// running vGPUs that match no instance (two vGPUs of one type opened by a
+// VM whose UUID vgpud does not know, a vGPU vgpud did not create). The
+// log's runlist id is taken to be the vGPU's NVML handle (the simulator's
+// convention; nvml.h calls it a "software runlist id"): if a driver
+// numbers them otherwise, every run is unmatched and the instances read
+// idle, which this makes visible. A VM that stopped during the window
+// leaves its last runs unmatched too. Each unmatched running vGPU is
+// logged once, with what identifies it.
+func (p *gpuPoller) countUnmatched(active []VGPU, match map[string]VGPU) {
 	running := map[uint32]bool{}
 	for _, v := range active {
 		running[v.Handle] = true
 	}
-	var matched, unmatched time.Duration
+	owned := map[uint32]bool{}
+	for _, v := range match {
+		owned[v.Handle] = true
+	}
+	var matched, unmatched, foreign time.Duration
 	for id, a := range p.runs {
-		if running[id] {
+		switch {
+		case owned[id]:
 			matched += a.run
-		} else {
+		case running[id]:
+			foreign += a.run
+		default:
 			unmatched += a.run
 		}
 	}
-	p.unmatchedRun += unmatched
-	if unmatched > 0 && matched == 0 && len(active) > 0 && !p.unmatchedLogged {
+	p.unmatchedRun += unmatched + foreign
+	if unmatched > 0 && matched == 0 && foreign == 0 && len(active) > 0 && !p.unmatchedLogged {
 		p.unmatchedLogged = true
 		p.l.log.Warn("vGPU scheduler log: no runlist matches a running vGPU's handle; run time is not attributed to instances (see vgpud_gpu_scheduler_unmatched_run_seconds_total)",
 			"gpu", p.uuid, "unmatched", unmatched, "active_vgpus", len(active))
+	}
+	if p.unmatchedVGPUs == nil {
+		p.unmatchedVGPUs = map[uint32]bool{}
+	}
+	for h := range p.unmatchedVGPUs {
+		if !running[h] || owned[h] {
+			delete(p.unmatchedVGPUs, h)
+		}
+	}
+	for _, v := range active {
+		if owned[v.Handle] || p.unmatchedVGPUs[v.Handle] {
+			continue
+		}
+		p.unmatchedVGPUs[v.Handle] = true
+		run := time.Duration(0)
+		if a := p.runs[v.Handle]; a != nil {
+			run = a.run
+		}
+		p.l.log.Warn("running vGPU matches no instance: its run time is not attributed (counted in vgpud_gpu_scheduler_unmatched_run_seconds_total); attach instances through vgpud so their VM's UUID is known",
+			"gpu", p.uuid, "handle", v.Handle, "vm_uuid", v.VMID, "mdev", v.MdevUUID, "type_id", v.TypeID, "run", run)
 	}
 }
 
@@ -490,6 +524,14 @@ func (p *gpuPoller) view(shares []InstanceShare) GPUShares {
 	if p.pending != nil {
 		x := *p.pending
 		g.Pending = &x
+	}
+	if p.info.Pinned {
+		// The manager sets a pinned policy; the snapshot shows it as the
+		// wanted one, pending while the driver refuses it.
+		g.Pinned, g.Desired, g.Pending = true, p.info.PinnedPolicy, nil
+		if p.info.PinnedPending {
+			g.Pending = &Pending{To: p.info.PinnedPolicy, Reason: "pinned by an operator; set when the GPU's VMs with vGPUs stop"}
+		}
 	}
 	for k, v := range p.switches {
 		g.Switches[k] = v

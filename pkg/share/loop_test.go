@@ -21,6 +21,8 @@ type fakeGPU struct {
 	policies []Policy
 	// log is what SchedulerLog returns.
 	log Log
+	// sets counts SetSchedulerState calls.
+	sets int
 }
 
 func (f *fakeGPU) SchedulerCapabilities(context.Context) (Caps, error) {
@@ -35,7 +37,7 @@ func (f *fakeGPU) SchedulerCapabilities(context.Context) (Caps, error) {
 func (f *fakeGPU) SchedulerState(context.Context) (State, error) {
 	return State{Policy: BestEffort}, nil
 }
-func (f *fakeGPU) SetSchedulerState(context.Context, State) error { return nil }
+func (f *fakeGPU) SetSchedulerState(context.Context, State) error { f.sets++; return nil }
 func (f *fakeGPU) SchedulerLog(context.Context) (Log, error)      { return f.log, nil }
 func (f *fakeGPU) ActiveVGPUs(context.Context) ([]VGPU, error)    { return f.active, nil }
 func (f *fakeGPU) ActiveVGPUCount(context.Context) (int, error)   { return len(f.active), nil }
@@ -170,5 +172,87 @@ func TestUnmatchedRunlists(t *testing.T) {
 	}
 	if s := l.Snapshot().Instances[0]; s.Busy != 0 {
 		t.Errorf("instance busy %.2f from unmatched runs", s.Busy)
+	}
+}
+
+// A GPU an operator pinned is never switched: the static mode would set
+// FIXED_SHARE for the guaranteed instance; once pinned is lifted it does.
+func TestPinnedGPUNotSwitched(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ts := &fakeGPU{}
+	drv := fakeDriver{"GPU-ts": ts}
+	inv := Inventory{GPUs: []GPU{{UUID: "GPU-ts", State: "ok", Pinned: true, PinnedPolicy: FixedShare}},
+		Instances: []Instance{{UUID: "v1", Tenant: "acme", Guaranteed: true, GPU: "GPU-ts", Kind: TimeSliced, GI: -1, ComputeMilli: 500}}}
+	l, err := New(SourceFunc(func(context.Context) (Inventory, error) { return inv, nil }), drv,
+		Config{Mode: Static, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := func() {
+		for range 3 {
+			if err := l.Step(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			now = now.Add(l.cfg.Window)
+		}
+	}
+	steps()
+	if ts.sets != 0 {
+		t.Fatalf("pinned GPU: %d scheduler changes, want none", ts.sets)
+	}
+	g := l.Snapshot().GPUs[0]
+	if !g.Pinned || g.Desired != FixedShare || g.Pending != nil {
+		t.Fatalf("pinned GPU in the snapshot: pinned %v, desired %s, pending %+v", g.Pinned, g.Desired, g.Pending)
+	}
+	inv.GPUs[0].PinnedPending = true
+	steps()
+	if g := l.Snapshot().GPUs[0]; g.Pending == nil || g.Pending.To != FixedShare || ts.sets != 0 {
+		t.Fatalf("pinned setting pending: snapshot pending %+v, %d changes", g.Pending, ts.sets)
+	}
+	inv.GPUs[0].Pinned, inv.GPUs[0].PinnedPending = false, false
+	steps()
+	if ts.sets == 0 {
+		t.Fatal("unpinned GPU under the static mode: no scheduler change")
+	}
+}
+
+// Running vGPUs that match no instance (two of one type opened by a VM
+// vgpud does not know) have their run time counted as unmatched, and each
+// is logged once.
+func TestUnmatchedRunningVGPUs(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ts := &fakeGPU{active: []VGPU{{Handle: 1, VMID: "vm-x", TypeID: 5}, {Handle: 2, VMID: "vm-x", TypeID: 5}}}
+	drv := fakeDriver{"GPU-ts": ts}
+	inv := Inventory{GPUs: []GPU{{UUID: "GPU-ts", State: "ok"}},
+		Instances: []Instance{
+			{UUID: "v1", Tenant: "acme", GPU: "GPU-ts", Kind: TimeSliced, GI: -1, TypeID: 5, ComputeMilli: 250},
+			{UUID: "v2", Tenant: "acme", GPU: "GPU-ts", Kind: TimeSliced, GI: -1, TypeID: 5, ComputeMilli: 250}}}
+	var logs bytes.Buffer
+	l, err := New(SourceFunc(func(context.Context) (Inventory, error) { return inv, nil }), drv,
+		Config{Mode: Observe, Now: func() time.Time { return now }, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var t1, t2 time.Duration
+	for i := range 16 {
+		t1 += 50 * time.Millisecond
+		t2 += 50 * time.Millisecond
+		ts.log = Log{Entries: []LogEntry{
+			{Time: int64(2*i + 1), Runlist: 1, Run: 50 * time.Millisecond, RunTotal: t1},
+			{Time: int64(2*i + 2), Runlist: 2, Run: 50 * time.Millisecond, RunTotal: t2}}}
+		if err := l.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(l.cfg.Poll)
+	}
+	g := l.Snapshot().GPUs[0]
+	if math.Abs(g.UnmatchedRunSeconds-1.5) > 1e-9 {
+		t.Errorf("unmatched run %.3fs, want 1.5s (two vGPUs, 100ms per poll, 15 polls)", g.UnmatchedRunSeconds)
+	}
+	if n := strings.Count(logs.String(), "running vGPU matches no instance"); n != 2 {
+		t.Errorf("logged %d times, want once per vGPU:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "vm_uuid=vm-x") {
+		t.Errorf("the log does not name the VM:\n%s", logs.String())
 	}
 }

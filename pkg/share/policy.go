@@ -20,6 +20,15 @@ import (
 // for time-sliced GPUs whose scheduler is supported.
 func (p *gpuPoller) decide(ctx context.Context, now time.Time, window time.Duration, insts []Instance, shares []InstanceShare) {
 	cfg := &p.l.cfg
+	if p.info.Pinned {
+		// An operator pinned the GPU's scheduler: the loop leaves it alone,
+		// and a switch it had waiting is given up.
+		if p.pending != nil {
+			p.emit(now, "cancelled", p.state.Policy, p.pending.To, "the GPU's scheduler was pinned by an operator")
+			p.pending = nil
+		}
+		return
+	}
 	if cfg.Mode == Observe || !p.supported || !p.stateRead || !p.timeSliced() {
 		return
 	}

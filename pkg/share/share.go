@@ -138,6 +138,12 @@ type GPU struct {
 	State gpu.State
 	// MIGSlots is the MIG grid's number of memory slices (0 without MIG).
 	MIGSlots int
+	// Pinned: an operator pinned the GPU's scheduler policy (vgpuctl gpu
+	// scheduler) to PinnedPolicy; the loop never changes it. PinnedPending:
+	// the driver has not taken it yet (VMs with vGPUs run).
+	Pinned        bool
+	PinnedPolicy  Policy
+	PinnedPending bool
 }
 
 // Tenant is one tenant's name and class.

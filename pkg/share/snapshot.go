@@ -27,8 +27,10 @@ type GPUShares struct {
 	// NOT_SUPPORTED, e.g. with MIG on).
 	Supported     bool
 	SupportReason string
-	// Policy is the scheduler's policy now, Desired what the loop wants.
+	// Policy is the scheduler's policy now, Desired what the loop wants
+	// (or, Pinned, what an operator pinned it to; the loop leaves it).
 	Policy, Desired Policy
+	Pinned          bool
 	Timeslice       time.Duration
 	// Pending is a switch the driver refused for now (VMs running).
 	Pending *Pending

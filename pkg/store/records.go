@@ -110,8 +110,8 @@ type Attachment struct {
 // GPU is the state of one GPU that must outlive the daemon and that the
 // host does not keep for it: a fault that took it out of service (an XID
 // stays a fact after a restart, until an operator clears it), and the vGPU
-// mode the operator chose (the driver forgets heterogeneous mode at a
-// reboot).
+// mode and scheduler setting the operator chose (the driver forgets both
+// at a reboot).
 type GPU struct {
 	UUID string `json:"uuid"`
 	PCI  string `json:"pci,omitempty"`
@@ -126,12 +126,24 @@ type GPU struct {
 	Lost bool `json:"lost,omitempty"`
 	// Heterogeneous is the operator's choice of mixed-size time-sliced
 	// vGPUs; nil when never set (the driver's default stays).
-	Heterogeneous *bool     `json:"heterogeneous,omitempty"`
-	Updated       time.Time `json:"updated"`
+	Heterogeneous *bool `json:"heterogeneous,omitempty"`
+	// Scheduler is the vGPU scheduler setting an operator pinned the GPU
+	// to (the driver forgets it at a reboot); nil: the share loop chooses.
+	Scheduler *Scheduler `json:"scheduler,omitempty"`
+	Updated   time.Time  `json:"updated"`
+}
+
+// Scheduler is a pinned vGPU scheduler setting: policy (pkg/gpu's names)
+// and time slice (0: the driver's default).
+type Scheduler struct {
+	Policy    string        `json:"policy"`
+	Timeslice time.Duration `json:"timeslice,omitempty"`
+	// Since is when it was pinned.
+	Since time.Time `json:"since"`
 }
 
 // Zero reports whether the record holds nothing worth keeping.
-func (g *GPU) Zero() bool { return g.Failed == "" && g.Heterogeneous == nil }
+func (g *GPU) Zero() bool { return g.Failed == "" && g.Heterogeneous == nil && g.Scheduler == nil }
 
 // Op is the operation an intent records.
 type Op string

@@ -148,6 +148,7 @@ func (s *Spec) Validate(cat *profile.Catalog) error {
 		}
 	}
 	seenPCI, seenUUID := map[string]int{}, map[string]int{}
+	busy := givenBuses(s.GPUs)
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		fld := fmt.Sprintf("gpus[%d]", i)
@@ -160,7 +161,12 @@ func (s *Spec) Validate(cat *profile.Catalog) error {
 			return fmt.Errorf("%w: %s.model: %q is not in the catalog (known: %s)", ErrBadSpec, fld, g.Model, strings.Join(names, ", "))
 		}
 		if g.PCI == "" {
-			g.PCI = fmt.Sprintf("0000:%02x:00.0", 0x41+0x20*i)
+			bus, ok := defaultBus(i, busy)
+			if !ok {
+				return fmt.Errorf("%w: %s.pci: no free PCI bus left for a generated address; give pci: fields", ErrBadSpec, fld)
+			}
+			busy[bus] = true
+			g.PCI = fmt.Sprintf("0000:%02x:00.0", bus)
 		}
 		pci, err := gpu.NormalizePCI(g.PCI)
 		if err != nil {
@@ -222,4 +228,33 @@ func hasFlow(m *profile.Model, f string) bool {
 		}
 	}
 	return false
+}
+
+// givenBuses are the PCI buses of domain 0 the spec's GPUs name.
+func givenBuses(gpus []GPUSpec) map[int]bool {
+	out := map[int]bool{}
+	for _, g := range gpus {
+		if pci, err := gpu.NormalizePCI(g.PCI); err == nil && g.PCI != "" {
+			if a, err := gpu.ParsePCI(pci); err == nil && a.Domain == 0 {
+				out[int(a.Bus)] = true
+			}
+		}
+	}
+	return out
+}
+
+// defaultBus is the bus of the i-th GPU's generated address: 0x41, 0x61,
+// ... 0xe1 for the first six (the built-in host's), then the lowest bus
+// from 0x01 that no GPU uses, so any number of GPUs up to the limit gets a
+// valid address.
+func defaultBus(i int, busy map[int]bool) (int, bool) {
+	if b := 0x41 + 0x20*i; b <= 0xff && !busy[b] {
+		return b, true
+	}
+	for b := 0x01; b <= 0xff; b++ {
+		if !busy[b] && (b < 0x41 || (b-0x41)%0x20 != 0) {
+			return b, true
+		}
+	}
+	return 0, false
 }

@@ -68,6 +68,9 @@ func (s *Source) Inventory(ctx context.Context) (share.Inventory, error) {
 	for _, g := range gpus {
 		x := share.GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI, Model: g.Model, Product: g.Product, MIG: g.MIG.Enabled,
 			Flavour: string(g.VGPU.Flavour), State: g.State}
+		if sc := g.Scheduler; sc != nil && sc.Mode == manager.SchedPinned {
+			x.Pinned, x.PinnedPolicy, x.PinnedPending = true, share.Policy(sc.Policy), sc.Pending
+		}
 		if md, ok := cat.Model(g.Model); ok && md.MIG != nil {
 			x.MIGSlots = md.MIG.MemorySlices
 		}

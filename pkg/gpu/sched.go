@@ -1,0 +1,35 @@
+package gpu
+
+import (
+	"fmt"
+	"time"
+)
+
+// Scheduler policies of the time-sliced vGPU scheduler, named as the
+// metrics, the API and the command line name them.
+const (
+	SchedBestEffort = "best_effort"
+	SchedEqualShare = "equal_share"
+	SchedFixedShare = "fixed_share"
+)
+
+// VGPUScheduler is a GPU's time-sliced vGPU scheduler setting: its policy
+// and time slice (0: the driver's default).
+type VGPUScheduler struct {
+	Policy    string        `json:"policy"`
+	Timeslice time.Duration `json:"timeslice,omitempty"`
+}
+
+// ParseSchedPolicy accepts a policy by its name, with "-" for "_" and
+// without the underscore ("best-effort", "besteffort").
+func ParseSchedPolicy(s string) (string, error) {
+	switch s {
+	case SchedBestEffort, "best-effort", "besteffort":
+		return SchedBestEffort, nil
+	case SchedEqualShare, "equal-share", "equalshare":
+		return SchedEqualShare, nil
+	case SchedFixedShare, "fixed-share", "fixedshare":
+		return SchedFixedShare, nil
+	}
+	return "", fmt.Errorf("scheduler policy %q: want best_effort, equal_share or fixed_share", s)
+}

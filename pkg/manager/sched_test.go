@@ -1,0 +1,114 @@
+package manager_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+)
+
+// The vGPU scheduler pinned by an operator: bad requests change nothing,
+// the driver's refusal while a VM runs leaves the setting pending until
+// the VM stops, and a reboot's reset is undone by the start-up reconcile.
+func TestGPUSchedulerPinnedPendingAndReboot(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	ctx := context.Background()
+	g0, err := e.m.GPU(sim.DefaultL4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l4 := g0.UUID
+	for _, bad := range []manager.SchedulerRequest{
+		{},
+		{Policy: "round_robin"},
+		{Mode: "sometimes", Policy: "fixed_share"},
+		{Mode: manager.SchedAdaptive, Policy: "fixed_share"},
+		{Policy: "fixed_share", Timeslice: -time.Millisecond},
+		{Policy: "fixed_share", Timeslice: time.Hour}, // outside the GPU's range
+	} {
+		if _, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, bad); !errors.Is(err, manager.ErrInvalidArgument) {
+			t.Errorf("SetGPUScheduler(%+v): %v, want ErrInvalidArgument", bad, err)
+		}
+	}
+	if _, err := e.m.SetGPUScheduler(ctx, "0000:ff:00.0", manager.SchedulerRequest{Policy: "fixed_share"}); !errors.Is(err, manager.ErrNotFound) {
+		t.Errorf("unknown GPU: %v", err)
+	}
+	if _, err := e.m.SetGPUScheduler(ctx, sim.DefaultH100MIG, manager.SchedulerRequest{Policy: "fixed_share"}); !errors.Is(err, manager.ErrInvalidArgument) {
+		t.Errorf("MIG GPU: %v, want ErrInvalidArgument", err)
+	}
+	if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler == nil || g.Scheduler.Mode != manager.SchedAdaptive {
+		t.Fatalf("after refused requests the GPU shows %+v, want adaptive", g.Scheduler)
+	}
+
+	v, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Policy: "equal-share", Timeslice: 4 * time.Millisecond})
+	if err != nil || v.Mode != manager.SchedPinned || v.Policy != "equal_share" || v.Pending {
+		t.Fatalf("pin on an idle GPU: %+v, %v", v, err)
+	}
+	if s, err := e.host.NVML.VGPUScheduler(ctx, l4); err != nil || s.Policy != "equal_share" || s.Timeslice != 4*time.Millisecond {
+		t.Fatalf("driver holds %+v, %v", s, err)
+	}
+
+	// A VM runs a vGPU: the driver refuses; the setting is kept, pending.
+	r := e.mustCreate("acme", "L4-4Q", sim.DefaultL4)
+	dev := r.MdevUUID
+	if dev == "" {
+		dev = r.VF
+	}
+	if err := e.sim.OpenDevice(dev, "0b7c1b6e-8d5f-4c4e-9a47-6f7d3f0c2a11", "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	v, err = e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Policy: "fixed_share"})
+	if err != nil || !v.Pending || v.Policy != "fixed_share" {
+		t.Fatalf("pin while a VM runs: %+v, %v (want pending)", v, err)
+	}
+	if s, _ := e.host.NVML.VGPUScheduler(ctx, l4); s.Policy != "equal_share" {
+		t.Fatalf("driver changed under a running VM: %+v", s)
+	}
+	if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler == nil || !g.Scheduler.Pending {
+		t.Fatalf("GPU view does not show the pending setting: %+v", g.Scheduler)
+	}
+	e.m.RetrySchedulers(ctx)
+	if g, _ := e.m.GPU(sim.DefaultL4); !g.Scheduler.Pending {
+		t.Fatal("retry set the scheduler while the VM runs")
+	}
+	if err := e.sim.CloseDevice(dev); err != nil {
+		t.Fatal(err)
+	}
+	e.m.RetrySchedulers(ctx)
+	if s, _ := e.host.NVML.VGPUScheduler(ctx, l4); s.Policy != "fixed_share" {
+		t.Fatalf("after the VM stopped the driver holds %+v", s)
+	}
+	if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler.Pending {
+		t.Fatal("still pending after it was set")
+	}
+
+	// A reboot resets the scheduler; the start-up reconcile sets it again.
+	if err := e.sim.Reboot(); err != nil {
+		t.Fatal(err)
+	}
+	e.restart()
+	if s, _ := e.host.NVML.VGPUScheduler(ctx, l4); s.Policy != "fixed_share" {
+		t.Fatalf("after a reboot the driver holds %+v", s)
+	}
+	if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler == nil || g.Scheduler.Mode != manager.SchedPinned || g.Scheduler.Pending {
+		t.Fatalf("after a reboot the GPU shows %+v", g.Scheduler)
+	}
+
+	// Handed back to the share loop: the record is dropped, a reboot
+	// leaves the driver's default.
+	if v, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Mode: manager.SchedAdaptive}); err != nil || v.Mode != manager.SchedAdaptive {
+		t.Fatalf("adaptive: %+v, %v", v, err)
+	}
+	if err := e.sim.Reboot(); err != nil {
+		t.Fatal(err)
+	}
+	e.restart()
+	if s, _ := e.host.NVML.VGPUScheduler(ctx, l4); s.Policy != "best_effort" {
+		t.Fatalf("adaptive GPU after a reboot: %+v", s)
+	}
+	assertConsistent(t, e)
+}
