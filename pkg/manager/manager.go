@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vgpud/vgpud/internal/hostcall"
@@ -160,6 +161,10 @@ type Manager struct {
 	// refused. The store keeps them across restarts (loadGPUState).
 	failedGPUs map[string]GPUFault
 	boot       func() string
+
+	// fleet is the fleet's claim service (fleet.go); nil when no Placement
+	// is configured. Swapped on reload, read without a lock.
+	fleet atomic.Pointer[fleetHolder]
 
 	// confMu guards what SetCatalog and SetVirt replace while the daemon runs.
 	confMu sync.RWMutex
