@@ -50,7 +50,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 					{name: "free_after", doc: "Capacity left once it is placed, as GetCapacity."},
 				}},
 			{name: "CreateInstance", access: accessManage, fn: s.createInstance,
-				doc: "Admit (quota and capacity, atomically with other requests) and carve one instance. A failure undoes every finished step. Options: gpu (s) pins the GPU; uuid (s) sets the instance's UUID, making retries idempotent; affinity (s): none, spread or pack.",
+				doc: "Admit (quota and capacity, atomically with other requests) and carve one instance. A failure undoes every finished step. Options: gpu (s) pins the GPU; uuid (s) sets the instance's UUID, making retries idempotent; affinity (s): none, spread or pack; placement-consumer (s): the consumer UUID of a Placement allocation a fleet scheduler wrote, which the create honours or refuses (NotFound, InvalidArgument, NoCapacity when stale); it becomes the instance's UUID.",
 				in:  []arg{{name: "tenant", doc: "Tenant that holds it."}, {name: "profile", doc: "Profile: a MIG profile (3g.40gb, H100-3g.40gb, MODEL/3g.40gb), a vGPU type (L4-4Q) or passthrough."}, optsArg},
 				out: []arg{{name: "object", doc: "Object of the new instance."}, {name: "uuid", doc: "Its UUID."}}},
 			{name: "DestroyInstance", access: accessManage, fn: s.destroyInstance,

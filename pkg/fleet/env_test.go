@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"sort"
@@ -132,18 +133,28 @@ func sameHolding(a, b map[string]map[string]map[string]int) bool {
 	return true
 }
 
-// converged checks Placement equals the union of the hosts' truth.
+// converged checks Placement equals the union of the hosts' truth once
+// the hosts' events have been taken in (a few passes at most).
 func converged(t testing.TB, c *placementapi.Client, hosts ...*host) {
 	t.Helper()
-	for _, h := range hosts {
-		h.pass(t)
-	}
-	for _, h := range hosts {
-		want, got := h.truth(t), h.placementHolds(t, c)
-		if !sameHolding(want, got) {
-			t.Fatalf("%s: Placement holds %d consumers, the host %d:\nplacement %v\nhost      %v", h.name, len(got), len(want), keys(got), keys(want))
+	var msg string
+	for try := 0; try < 10; try++ {
+		msg = ""
+		for _, h := range hosts {
+			h.pass(t)
 		}
+		for _, h := range hosts {
+			want, got := h.truth(t), h.placementHolds(t, c)
+			if !sameHolding(want, got) {
+				msg += fmt.Sprintf("%s: Placement holds %d consumers, the host %d:\nplacement %v\nhost      %v\n", h.name, len(got), len(want), keys(got), keys(want))
+			}
+		}
+		if msg == "" {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
+	t.Fatal(msg)
 }
 
 func keys[V any](m map[string]V) []string {

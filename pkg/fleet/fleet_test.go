@@ -207,9 +207,13 @@ func TestFleet(t *testing.T) {
 		if d := time.Since(start); d > 20*time.Second {
 			t.Fatalf("local creates with Placement down took %s", d)
 		}
-		srv.Run()
+		if err := srv.Run(); err != nil {
+			t.Fatal(err)
+		}
 		converged(t, c, a)
-		srv.Wipe()
+		if err := srv.Wipe(); err != nil {
+			t.Fatal(err)
+		}
 		converged(t, c, a)
 		for _, id := range made {
 			if cons, err := c.Consumer(ctx, id); err != nil || len(cons.Allocations) != 1 {

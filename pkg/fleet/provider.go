@@ -199,11 +199,16 @@ func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
 // editConsumer reads a consumer, edits its allocations and writes them at
 // the generation read, re-reading after a conflict.
 func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(map[string]placementapi.Allocation)) error {
+	var learnt *int
 	for try := 0; ; try++ {
 		cur, err := s.c.Consumer(ctx, consumer)
 		if err != nil {
 			return err
 		}
+		if cur.Generation == nil && learnt != nil {
+			cur.Generation = learnt
+		}
+		learnt = nil
 		before := len(cur.Allocations)
 		edit(cur.Allocations)
 		if before == 0 && len(cur.Allocations) == 0 {
@@ -216,6 +221,9 @@ func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(ma
 		err = s.c.PutConsumer(ctx, consumer, cur)
 		if errors.Is(err, placementapi.ErrConflict) && try < conflictRetries {
 			s.met.conflicts.Inc()
+			if g, ok := placementapi.ExpectedGeneration(err); ok && cur.Generation == nil {
+				learnt = &g
+			}
 			continue
 		}
 		return err

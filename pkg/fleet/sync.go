@@ -138,6 +138,13 @@ func (s *Syncer) Run(ctx context.Context) {
 			if !ok {
 				return
 			}
+			if e.Kind == manager.EventInstanceRemoved {
+				// Its allocation goes at the next pass, even if no
+				// pass saw the instance.
+				s.mu.Lock()
+				s.gone[e.ID] = true
+				s.mu.Unlock()
+			}
 			if relevant(e) {
 				s.markChanged()
 				s.Kick()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -224,7 +225,7 @@ func statusError(status int, data []byte) error {
 	case status >= 300 && status < 400:
 		return fmt.Errorf("status %d: %w", status, ErrRedirect)
 	case status == http.StatusConflict && code == "placement.concurrent_update":
-		return fmt.Errorf("%w: %s", ErrConflict, detail)
+		return &conflictError{detail: detail}
 	case status == http.StatusConflict:
 		return fmt.Errorf("%w: %s (%s)", ErrCapacity, detail, code)
 	case status == http.StatusNotFound:
@@ -237,4 +238,30 @@ func statusError(status int, data []byte) error {
 		return fmt.Errorf("%w: status %d: %s", ErrServer, status, detail)
 	}
 	return fmt.Errorf("%w: status %d: %s", ErrBadRequest, status, detail)
+}
+
+// conflictError is a generation conflict; its detail may name the
+// generation Placement expected.
+type conflictError struct{ detail string }
+
+func (e *conflictError) Error() string { return ErrConflict.Error() + ": " + e.detail }
+func (e *conflictError) Unwrap() error { return ErrConflict }
+
+// ExpectedGeneration is the consumer generation a conflict says Placement
+// expected ("expected 0 but got None"). Placement keeps a consumer whose
+// allocations are all gone, at its last generation, while GET
+// /allocations of it shows no generation: a writer that sent none learns it
+// here.
+func ExpectedGeneration(err error) (int, bool) {
+	var ce *conflictError
+	if !errors.As(err, &ce) {
+		return 0, false
+	}
+	_, rest, ok := strings.Cut(ce.detail, "expected ")
+	if !ok {
+		return 0, false
+	}
+	num, _, _ := strings.Cut(rest, " ")
+	n, err2 := strconv.Atoi(num)
+	return n, err2 == nil
 }

@@ -168,3 +168,17 @@ func TestConsumerRejectsNonPositiveAmounts(t *testing.T) {
 		t.Fatalf("Consumer = %v, want ErrMalformed", err)
 	}
 }
+
+func TestExpectedGeneration(t *testing.T) {
+	c := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusConflict)
+		w.Write([]byte(`{"errors":[{"status":409,"code":"placement.concurrent_update","detail":"There was a conflict.\n\n consumer generation conflict - expected 3 but got None"}]}`))
+	})
+	err := c.PutConsumer(context.Background(), "c", Consumer{Allocations: map[string]Allocation{"p": {Resources: map[string]int{"X": 1}}}})
+	if g, ok := ExpectedGeneration(err); !ok || g != 3 || !errors.Is(err, ErrConflict) {
+		t.Fatalf("ExpectedGeneration(%v) = %d, %v", err, g, ok)
+	}
+	if _, ok := ExpectedGeneration(ErrServer); ok {
+		t.Fatal("a server error names a generation")
+	}
+}

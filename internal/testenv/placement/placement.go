@@ -7,7 +7,7 @@
 // Tests skip, with the reason printed, when Placement or uwsgi is not
 // installed; VGPUD_TEST_REQUIRE_SERVICES=1 turns that skip into a failure.
 //
-// Imports: nothing from vgpud.
+// Imports: pkg/placementapi.
 package placement
 
 import (
@@ -33,7 +33,6 @@ const (
 
 // Server is one running (or stopped) Placement.
 type Server struct {
-	t    testing.TB
 	dir  string
 	port int
 	cmd  *exec.Cmd
@@ -51,18 +50,26 @@ func Start(t testing.TB) *Server {
 	if _, err := exec.LookPath("uwsgi"); err != nil {
 		skip(t, "uwsgi is not installed (apt-get install uwsgi uwsgi-plugin-python3)")
 	}
-	dir := t.TempDir()
-	port, err := freePort()
+	s, err := Open(t.TempDir())
 	if err != nil {
 		t.Fatalf("placement: %v", err)
 	}
-	s := &Server{t: t, dir: dir, port: port}
-	if err := s.dbSync(); err != nil {
-		t.Fatalf("placement: %v", err)
-	}
 	t.Cleanup(s.Stop)
-	s.Run()
 	return s
+}
+
+// Open makes a database in dir and serves it; the caller stops it. It is
+// for programs (bench/): tests call Start.
+func Open(dir string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{dir: dir, port: port}
+	if err := s.dbSync(); err != nil {
+		return nil, err
+	}
+	return s, s.Run()
 }
 
 func skip(t testing.TB, why string) {
@@ -94,11 +101,10 @@ func (s *Server) dbSync() error {
 }
 
 // Run starts uwsgi and waits until Placement answers.
-func (s *Server) Run() {
-	s.t.Helper()
+func (s *Server) Run() error {
 	logf, err := os.OpenFile(filepath.Join(s.dir, "uwsgi.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		s.t.Fatalf("placement: %v", err)
+		return err
 	}
 	cmd := exec.Command("uwsgi", "--plugin", "python3", "--http-socket", "127.0.0.1:"+strconv.Itoa(s.port),
 		"--wsgi-file", wsgiFile, "--master", "--processes", "1", "--threads", "8", "--lazy-apps", "--die-on-term",
@@ -107,7 +113,7 @@ func (s *Server) Run() {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		s.t.Fatalf("placement: start uwsgi: %v", err)
+		return fmt.Errorf("start uwsgi: %w", err)
 	}
 	s.cmd, s.done = cmd, make(chan struct{})
 	done := s.done
@@ -122,17 +128,19 @@ func (s *Server) Run() {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
 		}
 		select {
 		case <-done:
 			log, _ := os.ReadFile(filepath.Join(s.dir, "uwsgi.log"))
-			s.t.Fatalf("placement: uwsgi exited before answering:\n%s", tail(string(log), 3000))
+			s.cmd = nil
+			return fmt.Errorf("uwsgi exited before answering:\n%s", tail(string(log), 3000))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	s.t.Fatalf("placement: no answer on %s after %s", s.URL(), readyTimeout)
+	s.Stop()
+	return fmt.Errorf("no answer on %s after %s", s.URL(), readyTimeout)
 }
 
 // Stop ends uwsgi (its whole process group) and waits for it.
@@ -151,16 +159,15 @@ func (s *Server) Stop() {
 }
 
 // Wipe stops Placement, starts again on an empty database (same port).
-func (s *Server) Wipe() {
-	s.t.Helper()
+func (s *Server) Wipe() error {
 	s.Stop()
 	if err := os.Remove(filepath.Join(s.dir, "placement.db")); err != nil {
-		s.t.Fatalf("placement: %v", err)
+		return err
 	}
 	if err := s.dbSync(); err != nil {
-		s.t.Fatalf("placement: %v", err)
+		return err
 	}
-	s.Run()
+	return s.Run()
 }
 
 func freePort() (int, error) {
