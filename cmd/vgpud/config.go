@@ -70,6 +70,9 @@ type Config struct {
 	// ApplyMaxChanges bounds the changes one declarative apply document
 	// may make; a larger one is refused before its first change.
 	ApplyMaxChanges int `json:"applyMaxChanges,omitempty"`
+	// Fleet publishes the host's GPUs to OpenStack Placement (fleet.go,
+	// docs/fleet.md); applied on SIGHUP.
+	Fleet *FleetConfig `json:"fleet,omitempty"`
 
 	file  string
 	flags *flagValues
