@@ -31,6 +31,7 @@ pkgs=(
   prometheus               # prometheus + promtool for the metrics e2e tests
   util-linux               # setpriv
   systemd                  # systemd-analyze verify/security (no systemd as PID 1 needed)
+  placement-api python3-placement uwsgi uwsgi-plugin-python3  # OpenStack Placement for the fleet tests
 )
 
 # go_ok GO: GO runs and is Go 1.26 or newer.
