@@ -14,7 +14,7 @@ DESTDIR ?=
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GOIMPORTS ?= golang.org/x/tools/cmd/goimports@v0.51.0
 
-.PHONY: all build deps test unit e2e bench bench-placement bench-metrics soak demo lint fuzz install uninstall man clean help
+.PHONY: all build deps test unit e2e bench bench-placement bench-metrics bench-fleet soak demo lint fuzz install uninstall man clean help
 
 all: build
 
@@ -53,6 +53,9 @@ bench-placement: ## placement churn benchmark: first-fit, random, vgpud, vgpud+d
 
 bench-metrics: build ## scrape latency, NVML slowdown, RSS and idle CPU -> bench/metrics.json
 	$(GO) run ./bench/metrics -out bench/metrics.json
+
+bench-fleet: ## 3 simulated hosts, a real Placement, 1/4/16 fleet schedulers: stale refusals, over-commit, sync lag -> bench/fleet.json
+	$(GO) run ./bench/fleet -out bench/fleet.json
 
 soak: build ## the crash test with 1000 iterations
 	VGPUD_CRASH_ITERATIONS=1000 $(GO) test -p 1 -count=1 -timeout 120m -run Crash -v ./e2e/

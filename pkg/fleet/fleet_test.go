@@ -165,6 +165,15 @@ func TestFleet(t *testing.T) {
 		if !errors.Is(err, manager.ErrInvalidArgument) {
 			t.Fatalf("adopt with a bad UUID = %v, want InvalidArgument", err)
 		}
+		b.h.Manager.SetFleet(nil)
+		_, err = b.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "1g.10gb", PlacementConsumer: id})
+		b.h.Manager.SetFleet(b.s)
+		if !errors.Is(err, manager.ErrInvalidArgument) {
+			t.Fatalf("adopt on a host without Placement = %v, want InvalidArgument", err)
+		}
+		if n := len(mustInstances(t, b)); n != 0 {
+			t.Fatalf("refused adopts left %d instances", n)
+		}
 		rec, err := b.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "1g.10gb", PlacementConsumer: id})
 		if err != nil || rec.UUID != id {
 			t.Fatalf("adopt on the right host = %+v, %v", rec, err)

@@ -271,7 +271,7 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 		}
 		fg.Unclaimable = max(0, used-claimed)
 		for _, f := range placement.Capacity([]placement.GPU{pg}) {
-			p, _ := pg.Grid.Profile(f.Profile)
+			p, _ := pg.Grid.Profile(f.Profile) // Capacity names only the grid's own profiles
 			fg.Classes = append(fg.Classes, FleetClass{Profile: f.Profile, Kind: store.KindMIG, Slices: p.Size, Room: f.Count})
 		}
 	}
@@ -282,7 +282,7 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 			continue
 		}
 		for name := range h.Types {
-			t, _ := md.VGPUTypeByName(name)
+			t, _ := md.VGPUTypeByName(name) // h.Types holds only md's types
 			n := 0
 			if !h.Unavailable {
 				n = min(placement.VGPURoom(h, name), s.freeDevices(m.gpuOf(s, h.ID), t.ID))

@@ -38,7 +38,7 @@ type Scheduler struct {
 	C     *placementapi.Client
 	Hosts []Host
 	// Counters.
-	Placed, NoCandidate, ClaimLost, Stale, Failed atomic.Int64
+	Placed, NoCandidate, ClaimLost, Stale, Failed, Destroyed atomic.Int64
 }
 
 // ErrFull is no candidate left.
@@ -138,6 +138,7 @@ func (s *Scheduler) Churn(ctx context.Context, workers, ops int, reqs []Request,
 				alive[k] = alive[len(alive)-1]
 				alive = alive[:len(alive)-1]
 				mu.Unlock()
+				s.Destroyed.Add(1)
 				if err := v.h.Destroy(ctx, v.id); err != nil {
 					s.Failed.Add(1)
 					mu.Lock()
