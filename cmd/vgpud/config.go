@@ -285,6 +285,9 @@ func (c *Config) validate() error {
 			return fmt.Errorf("stateDir: %q must be a directory path", c.StateDir)
 		}
 	}
+	if err := c.Fleet.validate(); err != nil {
+		return err
+	}
 	if c.SimHost != "" && !c.Sim {
 		return errors.New("simHost: only with sim (pass --sim)")
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 
@@ -43,6 +45,32 @@ type FleetConfig struct {
 	// create's claim (default 2s).
 	Timeout      Duration `json:"timeout,omitempty"`
 	ClaimTimeout Duration `json:"claimTimeout,omitempty"`
+}
+
+// validate checks the section before anything uses it, so a reload with a
+// broken one is refused as a whole (nil: no fleet).
+func (f *FleetConfig) validate() error {
+	if f == nil || f.Endpoint == "" {
+		return nil
+	}
+	if _, err := placementapi.New(placementapi.Config{Endpoint: f.Endpoint}); err != nil {
+		return fmt.Errorf("fleet.endpoint: %w", err)
+	}
+	for key, v := range map[string]string{"fleet.rootUUID": f.RootUUID, "fleet.parentUUID": f.ParentUUID} {
+		if _, err := uuid.Parse(v); v != "" && err != nil {
+			return fmt.Errorf("%s: %q is not a UUID", key, v)
+		}
+	}
+	if f.RootUUID != "" && f.ParentUUID != "" {
+		return errors.New("fleet: rootUUID and parentUUID exclude each other (parentUUID publishes under nova-compute's provider)")
+	}
+	for key, d := range map[string]time.Duration{"fleet.syncInterval": f.SyncInterval.Duration, "fleet.grace": f.Grace.Duration,
+		"fleet.timeout": f.Timeout.Duration, "fleet.claimTimeout": f.ClaimTimeout.Duration} {
+		if d < 0 || d > 24*time.Hour {
+			return fmt.Errorf("%s: %s must be 0 (the default) to 24h", key, d)
+		}
+	}
+	return nil
 }
 
 // fleetRunner is the running syncer; reload replaces it.
