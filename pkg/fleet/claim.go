@@ -79,8 +79,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
 		return err
 	}
-	_, err := s.syncInventory(ctx, p)
-	return err
+	return s.syncInventory(ctx, p)
 }
 
 // Unclaim marks a failed create's claim for removal at the next pass.

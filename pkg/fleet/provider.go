@@ -32,11 +32,10 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	if hit && exists && c.gen == gen && sameInventories(c.inv, p.inv) && sameSet(c.traits, p.traits) && sameAllocs(c.allocs, p.allocs) && !s.pending() {
 		return nil
 	}
-	gen, err := s.syncInventory(ctx, p)
-	if err != nil {
+	if err := s.syncInventory(ctx, p); err != nil {
 		return err
 	}
-	if gen, err = s.syncTraits(ctx, p, gen); err != nil {
+	if err := s.syncTraits(ctx, p); err != nil {
 		return err
 	}
 	if err := s.syncAllocations(ctx, p); err != nil {
@@ -51,7 +50,6 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	s.mu.Lock()
 	s.cache[p.uuid] = cached{gen: pr.Generation, inv: p.inv, traits: p.traits, allocs: p.allocs}
 	s.mu.Unlock()
-	_ = gen
 	return nil
 }
 
@@ -62,45 +60,49 @@ func (s *Syncer) pending() bool {
 	return len(s.gone) > 0 || len(s.seen) > 0
 }
 
-func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (int, error) {
+// syncInventory writes the provider's inventories when they differ, at the
+// generation just read; a conflict (an allocation landed in between)
+// re-reads and retries.
+func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) error {
 	for try := 0; ; try++ {
 		cur, gen, err := s.c.Inventories(ctx, p.uuid)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		if sameInventories(cur, p.inv) {
-			return gen, nil
+			return nil
 		}
-		gen, err = s.c.SetInventories(ctx, p.uuid, gen, p.inv)
+		_, err = s.c.SetInventories(ctx, p.uuid, gen, p.inv)
 		if errors.Is(err, placementapi.ErrConflict) && try < conflictRetries {
 			s.met.conflicts.Inc()
 			continue
 		}
 		if err != nil {
-			return 0, fmt.Errorf("inventories of %s: %w", p.name, err)
+			return fmt.Errorf("inventories of %s: %w", p.name, err)
 		}
-		return gen, nil
+		return nil
 	}
 }
 
-func (s *Syncer) syncTraits(ctx context.Context, p *gpuProvider, _ int) (int, error) {
+// syncTraits is syncInventory for traits.
+func (s *Syncer) syncTraits(ctx context.Context, p *gpuProvider) error {
 	for try := 0; ; try++ {
 		cur, gen, err := s.c.Traits(ctx, p.uuid)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		if sameSet(cur, p.traits) {
-			return gen, nil
+			return nil
 		}
-		gen, err = s.c.SetTraits(ctx, p.uuid, gen, p.traits)
+		_, err = s.c.SetTraits(ctx, p.uuid, gen, p.traits)
 		if errors.Is(err, placementapi.ErrConflict) && try < conflictRetries {
 			s.met.conflicts.Inc()
 			continue
 		}
 		if err != nil {
-			return 0, fmt.Errorf("traits of %s: %w", p.name, err)
+			return fmt.Errorf("traits of %s: %w", p.name, err)
 		}
-		return gen, nil
+		return nil
 	}
 }
 
