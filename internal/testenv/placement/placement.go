@@ -61,6 +61,9 @@ func Start(t testing.TB) *Server {
 // Open makes a database in dir and serves it; the caller stops it. It is
 // for programs (bench/): tests call Start.
 func Open(dir string) (*Server, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	port, err := freePort()
 	if err != nil {
 		return nil, err
