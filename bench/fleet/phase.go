@@ -37,15 +37,22 @@ func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tpla
 	if n := p.Placed + p.StaleRefused + p.Destroyed; n > 0 {
 		p.RequestsPerHostOp = float64(req1-req0) / float64(n)
 	}
-	// Settle, then compare.
-	for _, h := range hosts {
-		if err := h.s.Pass(ctx); err != nil {
+	// Settle (the hosts' last events taken in: a few passes at most), then
+	// compare.
+	var err error
+	for round := 0; round < 10; round++ {
+		for _, h := range hosts {
+			if err := h.s.Pass(ctx); err != nil {
+				return Phase{}, err
+			}
+		}
+		if p.OverCommit, err = overCommit(ctx, c, hosts); err != nil {
 			return Phase{}, err
 		}
-	}
-	var err error
-	if p.OverCommit, err = overCommit(ctx, c, hosts); err != nil {
-		return Phase{}, err
+		if p.OverCommit == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	lags, err := lag(ctx, c, hosts, 20)
 	if err != nil {

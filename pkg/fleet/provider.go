@@ -64,6 +64,7 @@ func (s *Syncer) pending() bool {
 // generation just read; a conflict (an allocation landed in between)
 // re-reads and retries.
 func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) error {
+	drain := false
 	for try := 0; ; try++ {
 		cur, gen, err := s.c.Inventories(ctx, p.uuid)
 		if err != nil {
@@ -72,9 +73,22 @@ func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) error {
 		if sameInventories(cur, p.inv) {
 			return nil
 		}
-		_, err = s.c.SetInventories(ctx, p.uuid, gen, p.inv)
+		want := p.inv
+		if drain {
+			want = drained(p.inv, cur)
+		}
+		_, err = s.c.SetInventories(ctx, p.uuid, gen, want)
 		if errors.Is(err, placementapi.ErrConflict) && try < conflictRetries {
 			s.met.conflicts.Inc()
+			continue
+		}
+		if errors.Is(err, placementapi.ErrCapacity) && !drain {
+			// A class the GPU no longer offers still holds allocations
+			// (an instance just destroyed, whose allocation this pass
+			// removes after the inventories, or a claim not yet
+			// adopted): keep it fully reserved, and drop it next pass.
+			drain = true
+			s.Kick()
 			continue
 		}
 		if err != nil {
@@ -318,4 +332,19 @@ func sameAllocs(a, b map[string]map[string]int) bool {
 		}
 	}
 	return true
+}
+
+// drained is want plus, fully reserved, the classes of cur that want lacks.
+func drained(want, cur map[string]placementapi.Inventory) map[string]placementapi.Inventory {
+	out := map[string]placementapi.Inventory{}
+	for k, v := range want {
+		out[k] = v
+	}
+	for k, v := range cur {
+		if _, ok := out[k]; !ok {
+			v.Reserved = v.Total
+			out[k] = v
+		}
+	}
+	return out
 }
