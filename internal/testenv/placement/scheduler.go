@@ -70,7 +70,9 @@ func (s *Scheduler) Place(ctx context.Context, r Request, rnd *rand.Rand) (strin
 		}
 		if err := h.Create(ctx, consumer, r.Profile); err != nil {
 			s.Stale.Add(1)
-			if derr := s.C.PutConsumer(ctx, consumer, placementapi.Consumer{}); derr != nil {
+			// The host may have removed it already (a create that failed
+			// after its admission drops the claim): gone is fine.
+			if derr := s.C.PutConsumer(ctx, consumer, placementapi.Consumer{}); derr != nil && !errors.Is(derr, placementapi.ErrNotFound) {
 				return "", nil, fmt.Errorf("delete a refused claim: %w", derr)
 			}
 			continue
