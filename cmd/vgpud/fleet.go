@@ -79,6 +79,8 @@ type fleetRunner struct {
 	cfg    *FleetConfig
 	cancel context.CancelFunc
 	done   chan struct{}
+	// syncer is the running syncer (nil: none), for fleet status.
+	syncer *fleet.Syncer
 	// metrics and reg outlive syncers, so counters survive a reload.
 	metrics *fleet.Metrics
 	reg     *prometheus.Registry
@@ -141,7 +143,7 @@ func (r *fleetRunner) apply(ctx context.Context, d *daemon, cfg *FleetConfig) er
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(rctx) }()
 	d.mgr.SetFleet(s)
-	r.cfg, r.cancel, r.done = cfg, stop, done
+	r.cfg, r.cancel, r.done, r.syncer = cfg, stop, done, s
 	return nil
 }
 
@@ -152,7 +154,7 @@ func (r *fleetRunner) stopLocked(d *daemon) {
 	d.mgr.SetFleet(nil)
 	r.cancel()
 	<-r.done
-	r.cancel, r.done = nil, nil
+	r.cancel, r.done, r.syncer = nil, nil, nil
 }
 
 // stop ends the syncer (daemon shutdown).

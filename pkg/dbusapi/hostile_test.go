@@ -60,6 +60,7 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 		ManagerInterface + ".SetHeterogeneous":        {path: mgr, args: []any{sim.DefaultL4, true, opts}},
 		ManagerInterface + ".ClearGPU":                {path: mgr, args: []any{sim.DefaultL4, opts}},
 		ManagerInterface + ".GetShares":               {path: mgr},
+		ManagerInterface + ".GetFleetStatus":          {path: mgr},
 		ManagerInterface + ".Cancel":                  {path: mgr, args: []any{"op-1"}},
 		GPUInterface + ".SetMIGMode":                  {path: GPUPath(sim.DefaultH100TS), args: []any{true, opts}},
 		GPUInterface + ".SetHeterogeneous":            {path: GPUPath(sim.DefaultL4), args: []any{true, opts}},

@@ -59,6 +59,52 @@ func TestFleet(t *testing.T) {
 		}
 	})
 
+	t.Run("status names differences", func(t *testing.T) {
+		st, err := a.s.Status(ctx)
+		if err != nil || len(st.Differences) != 0 || len(st.Providers) != 4 || st.LastError != "" || st.LastSync.IsZero() {
+			t.Fatalf("status after a pass = %+v, %v; want 4 providers, no difference", st, err)
+		}
+		// Three ways Placement can drift: an allocation of no instance, an
+		// inventory changed behind vgpud's back, a managed provider of no GPU.
+		stray := uuid.NewString()
+		if err := claim(c, stray, mig, map[string]int{"CUSTOM_VGPUD_MIG_1G_10GB": 1, SliceClass: 1}); err != nil {
+			t.Fatal(err)
+		}
+		inv, gen, _ := c.Inventories(ctx, mig)
+		one := inv["CUSTOM_VGPUD_MIG_3G_40GB"]
+		one.Total = 1
+		inv["CUSTOM_VGPUD_MIG_3G_40GB"] = one
+		if _, err := c.SetInventories(ctx, mig, gen, inv); err != nil {
+			t.Fatal(err)
+		}
+		ghost := uuid.NewString()
+		if err := c.CreateProvider(ctx, ghost, "hosta_pci_0000_ff_00_0", a.s.top()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.SetTraits(ctx, ghost, 0, []string{TraitManaged}); err != nil {
+			t.Fatal(err)
+		}
+		st, err = a.s.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds := map[string]string{}
+		for _, d := range st.Differences {
+			kinds[d.Kind] = d.Subject
+		}
+		if len(st.Differences) != 3 || kinds[DiffAllocationStale] != stray || kinds[DiffInventoryDiffers] != "CUSTOM_VGPUD_MIG_3G_40GB" || kinds[DiffProviderStale] != ghost {
+			t.Fatalf("differences = %+v", st.Differences)
+		}
+		// Status only reads: a pass repairs (the stray claim waits out Grace).
+		if err := c.PutConsumer(ctx, stray, placementapi.Consumer{}); err != nil {
+			t.Fatal(err)
+		}
+		a.pass(t)
+		if st, err = a.s.Status(ctx); err != nil || len(st.Differences) != 0 {
+			t.Fatalf("after a pass: %+v, %v", st.Differences, err)
+		}
+	})
+
 	t.Run("slice class refuses seven 1g and two 3g", func(t *testing.T) {
 		var ids []string
 		for i := 0; i < 7; i++ {

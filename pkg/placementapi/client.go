@@ -120,6 +120,9 @@ func New(cfg Config) (*Client, error) {
 // Requests is how many HTTP exchanges the client has made.
 func (c *Client) Requests() uint64 { return c.requests.Load() }
 
+// Endpoint is the API's base URL.
+func (c *Client) Endpoint() string { return c.base.String() }
+
 // Do sends one request and decodes a 2xx JSON answer into out (nil: the
 // body is discarded). Transient failures are retried with backoff; a 4xx
 // never is.
