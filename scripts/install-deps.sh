@@ -32,6 +32,7 @@ pkgs=(
   util-linux               # setpriv
   systemd                  # systemd-analyze verify/security (no systemd as PID 1 needed)
   debootstrap systemd-container  # the container tier: a Debian root booted by systemd-nspawn
+  placement-api python3-placement uwsgi uwsgi-plugin-python3  # OpenStack Placement for the fleet tests
 )
 
 # go_ok GO: GO runs and is Go 1.26 or newer.

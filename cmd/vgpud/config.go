@@ -87,6 +87,9 @@ type Config struct {
 	// different GPUs side by side, so recovery takes about as long as the
 	// slowest GPU.
 	GPUConcurrency int `json:"gpuConcurrency,omitempty"`
+	// Fleet publishes the host's GPUs to OpenStack Placement (fleet.go,
+	// docs/fleet.md); applied on SIGHUP.
+	Fleet *FleetConfig `json:"fleet,omitempty"`
 
 	file  string
 	flags *flagValues
@@ -320,6 +323,9 @@ func (c *Config) validate() error {
 		} else {
 			return fmt.Errorf("stateDir: %q must be a directory path", c.StateDir)
 		}
+	}
+	if err := c.Fleet.validate(); err != nil {
+		return err
 	}
 	if c.SimHost != "" && !c.Sim {
 		return errors.New("simHost: only with sim (pass --sim)")

@@ -84,7 +84,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			col.ObserveNVML(op, took, returnCode(ret))
 		})
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", col.Handler())
+		mux.Handle("/metrics", withFleetMetrics(col.Handler(), d.fleet.reg))
 		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path != "/" {
 				http.NotFound(w, r)

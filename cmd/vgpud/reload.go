@@ -12,7 +12,7 @@ import (
 )
 
 // reloadableKeys are the settings reload applies to the running daemon.
-var reloadableKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "discoveryInterval": true, "logLevel": true}
+var reloadableKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "discoveryInterval": true, "logLevel": true, "fleet": true}
 
 // reloadTimeout bounds the host re-read that ends a reload.
 const reloadTimeout = 30 * time.Second
@@ -52,6 +52,10 @@ func (d *daemon) reload(ctx context.Context) {
 		d.mgr.SetCatalog(cat)
 		applied = append(applied, "catalog")
 	}
+	if err := d.fleet.apply(ctx, d, next.Fleet); err != nil {
+		d.log.Error("reload: fleet settings refused; Placement sync stopped", "err", err)
+	}
+	d.cfg.Fleet = next.Fleet
 	d.log.Info("configuration reloaded", "file", next.file, "applied", applied)
 	if len(restart) > 0 {
 		d.log.Warn("changed settings take effect at the next start", "settings", restart)

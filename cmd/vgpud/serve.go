@@ -53,12 +53,14 @@ type daemon struct {
 	// metricsLn is the metrics endpoint's socket, bound first thing at
 	// start so a taken port ends the start before the host is touched.
 	metricsLn net.Listener
+	// fleet runs the Placement sync (fleet.go).
+	fleet *fleetRunner
 }
 
 // serve runs the daemon until ctx ends (SIGTERM/SIGINT).
 func serve(ctx context.Context, cfg *Config) error {
 	log, level := newLeveledLogger(cfg)
-	d := &daemon{cfg: cfg, log: log, level: level, notify: newNotifier(log)}
+	d := &daemon{cfg: cfg, log: log, level: level, notify: newNotifier(log), fleet: newFleetRunner()}
 	defer d.close()
 	if err := d.start(ctx); err != nil {
 		return err
@@ -139,6 +141,9 @@ func (d *daemon) start(ctx context.Context) error {
 }
 
 func (d *daemon) run(ctx context.Context) error {
+	if d.fleet == nil {
+		d.fleet = newFleetRunner()
+	}
 	stopMetrics, err := startMetrics(ctx, d)
 	if err != nil {
 		return err
@@ -151,6 +156,10 @@ func (d *daemon) run(ctx context.Context) error {
 	defer stopBus()
 	stopFaults := startFaultWatch(ctx, d)
 	defer stopFaults()
+	if err := d.fleet.apply(ctx, d, d.cfg.Fleet); err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	defer d.fleet.stop(d)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if d.virt != nil {

@@ -346,11 +346,14 @@ type CreateRequest struct {
 	// GPU pins the GPU; UUID makes retries idempotent; Affinity is none,
 	// spread or pack.
 	GPU, UUID, Affinity string
+	// PlacementConsumer is the consumer UUID of a fleet scheduler's
+	// Placement allocation that the create must honour (docs/fleet.md).
+	PlacementConsumer string
 }
 
 func (r CreateRequest) options() map[string]dbus.Variant {
 	o := map[string]dbus.Variant{}
-	for k, v := range map[string]string{"gpu": r.GPU, "uuid": r.UUID, "affinity": r.Affinity} {
+	for k, v := range map[string]string{"gpu": r.GPU, "uuid": r.UUID, "affinity": r.Affinity, OptPlacementConsumer: r.PlacementConsumer} {
 		if v != "" {
 			o[k] = dbus.MakeVariant(v)
 		}

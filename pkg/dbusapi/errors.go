@@ -24,9 +24,11 @@ const (
 	NameGPULost         = "GPULost"
 	NameBackendFailure  = "BackendFailure"
 
-	// The client reports these two itself: the daemon never sends them.
+	// The client reports these two itself; the daemon sends Unavailable
+	// only from GetFleetStatus (no fleet configured, Placement down).
 
-	// NameUnavailable: the bus or vgpud cannot be reached.
+	// NameUnavailable: the bus, vgpud or the part of it asked for cannot
+	// be reached.
 	NameUnavailable = "Unavailable"
 	// NameTimeout: the caller's deadline passed before vgpud answered.
 	NameTimeout = "Timeout"

@@ -61,6 +61,7 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 		ManagerInterface + ".ClearGPU":                {path: mgr, args: []any{sim.DefaultL4, opts}},
 		ManagerInterface + ".SetGPUScheduler":         {path: mgr, args: []any{sim.DefaultL4, "pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{1: true}},
 		ManagerInterface + ".GetShares":               {path: mgr},
+		ManagerInterface + ".GetFleetStatus":          {path: mgr},
 		ManagerInterface + ".Cancel":                  {path: mgr, args: []any{"op-1"}},
 		GPUInterface + ".SetMIGMode":                  {path: GPUPath(sim.DefaultH100TS), args: []any{true, opts}},
 		GPUInterface + ".SetHeterogeneous":            {path: GPUPath(sim.DefaultL4), args: []any{true, opts}},

@@ -159,7 +159,8 @@ func affinityOf(member, s string) (placement.Affinity, error) {
 }
 
 func (s *Service) createRequest(c *call, o *opts, tenantName, profile string) (manager.CreateRequest, error) {
-	req := manager.CreateRequest{Tenant: tenantName, Profile: profile, GPU: o.str("gpu"), UUID: o.str("uuid")}
+	req := manager.CreateRequest{Tenant: tenantName, Profile: profile, GPU: o.str("gpu"), UUID: o.str("uuid"),
+		PlacementConsumer: o.str(OptPlacementConsumer)}
 	aff, err := affinityOf(c.member, o.str("affinity"))
 	req.Affinity = aff
 	return req, err

@@ -23,6 +23,9 @@ const (
 	OptTimeout = "timeout-ms"
 	// OptOperationID (s) names the operation so that Cancel can stop it.
 	OptOperationID = "operation-id"
+	// OptPlacementConsumer (s) is CreateInstance's fleet option: the
+	// consumer UUID of the Placement allocation to honour.
+	OptPlacementConsumer = "placement-consumer"
 )
 
 // opts reads a method's a{sv} options strictly: an unknown key or a value

@@ -30,6 +30,8 @@ type Options struct {
 	// Shares feeds GetShares' achieved, demand and interference figures;
 	// nil reports them unknown.
 	Shares SharesSource
+	// Fleet feeds GetFleetStatus; nil (or ErrNoFleet) answers Unavailable.
+	Fleet FleetSource
 	// Apply carries out declarative configuration; nil makes Apply fail
 	// with BackendFailure.
 	Apply Applier

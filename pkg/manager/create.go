@@ -26,6 +26,11 @@ type CreateRequest struct {
 	// GPU is then chosen so that they stay creatable (a homogeneous GPU
 	// locks to its first type). Declarative apply sets it.
 	Wanted map[string]int
+	// PlacementConsumer is the consumer UUID of an allocation a fleet
+	// scheduler wrote in Placement for this instance: the create carves
+	// what that allocation names, or is refused (fleet.go). It becomes
+	// the instance's UUID.
+	PlacementConsumer string
 }
 
 // Create admits and carves one instance. Admission (tenant quota and host
@@ -41,6 +46,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	if err := tenant.ValidateName(req.Tenant); err != nil {
 		return store.Instance{}, classify(err, "tenant")
 	}
+	if req.UUID == "" {
+		req.UUID = req.PlacementConsumer // "" unless a fleet scheduler claimed
+	}
 	if req.UUID != "" {
 		u, err := uuid.Parse(req.UUID)
 		if err != nil {
@@ -54,15 +62,20 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	if err != nil {
 		return store.Instance{}, err
 	}
+	claim, err := m.fleetBegin(ctx, &req, offers)
+	if err != nil {
+		return store.Instance{}, err
+	}
 	started := m.now()
 	intent := uuid.NewString()
 	defer m.inflight.add(intent, req.UUID)()
 	rec, existing, err := m.admitCreate(ctx, req, offers, intent)
 	if err != nil || existing {
-		return rec, err
+		return rec, claim.end(err)
 	}
 	m.crash(CrashCreateIntent)
-	return m.carve(ctx, rec, intent, started)
+	rec, err = m.carve(ctx, rec, intent, started)
+	return rec, claim.end(err)
 }
 
 func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []offer, intent string) (store.Instance, bool, error) {

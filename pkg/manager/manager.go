@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vgpud/vgpud/internal/hostcall"
@@ -170,6 +171,10 @@ type Manager struct {
 	// switching are GPUs whose MIG mode SetMIGMode is changing: admission
 	// places nothing there meanwhile (guarded by invMu).
 	switching map[string]bool
+
+	// fleet is the fleet's claim service (fleet.go); nil when no Placement
+	// is configured. Swapped on reload, read without a lock.
+	fleet atomic.Pointer[fleetHolder]
 
 	// confMu guards what SetCatalog and SetVirt replace while the daemon runs.
 	confMu sync.RWMutex

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
+	"github.com/vgpud/vgpud/pkg/fleet"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+)
+
+func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tplacement.Host, workers, ops int) (Phase, error) {
+	sched := &tplacement.Scheduler{C: c, Hosts: sh}
+	var req0 uint64
+	for _, h := range hosts {
+		req0 += h.c.Requests()
+	}
+	if err := sched.Churn(ctx, workers, ops, requests, uint64(workers)); err != nil {
+		return Phase{}, fmt.Errorf("%d schedulers: %w", workers, err)
+	}
+	var req1 uint64
+	for _, h := range hosts {
+		req1 += h.c.Requests()
+	}
+	p := Phase{Schedulers: workers, Placed: sched.Placed.Load(), StaleRefused: sched.Stale.Load(),
+		ClaimsLost: sched.ClaimLost.Load(), NoCandidate: sched.NoCandidate.Load(), Destroyed: sched.Destroyed.Load()}
+	if n := p.Placed + p.StaleRefused; n > 0 {
+		p.StaleFraction = float64(p.StaleRefused) / float64(n)
+	}
+	if n := p.Placed + p.NoCandidate; n > 0 {
+		p.Acceptance = float64(p.Placed) / float64(n)
+	}
+	if n := p.Placed + p.StaleRefused + p.Destroyed; n > 0 {
+		p.RequestsPerHostOp = float64(req1-req0) / float64(n)
+	}
+	// Settle (the hosts' last events taken in: a few passes at most), then
+	// compare.
+	var err error
+	for round := 0; round < 10; round++ {
+		for _, h := range hosts {
+			if err := h.s.Pass(ctx); err != nil {
+				return Phase{}, err
+			}
+		}
+		if p.OverCommit, err = overCommit(ctx, c, hosts); err != nil {
+			return Phase{}, err
+		}
+		if p.OverCommit == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	lags, err := lag(ctx, c, hosts, 20)
+	if err != nil {
+		return Phase{}, err
+	}
+	p.LagP50Ms, p.LagP99Ms = quantile(lags, 0.5), quantile(lags, 0.99)
+	return p, nil
+}
+
+// overCommit counts differences between what Placement holds on the hosts'
+// providers and what the hosts hold.
+func overCommit(ctx context.Context, c *placementapi.Client, hosts []*host) (int, error) {
+	bad := 0
+	for _, h := range hosts {
+		view, err := h.h.Manager.FleetView()
+		if err != nil {
+			return 0, err
+		}
+		for _, g := range view {
+			have, err := c.ProviderAllocations(ctx, fleet.GPUProviderUUID(h.top, g.PCI))
+			if err != nil {
+				return 0, err
+			}
+			want := map[string]bool{}
+			for _, in := range g.Instances {
+				want[in.Instance] = true
+				if _, ok := have[in.Instance]; !ok {
+					bad++
+				}
+			}
+			for consumer := range have {
+				if !want[consumer] {
+					bad++
+				}
+			}
+		}
+	}
+	return bad, nil
+}
+
+// lag destroys up to n instances and times each until Placement no longer
+// holds its allocation.
+func lag(ctx context.Context, c *placementapi.Client, hosts []*host, n int) ([]float64, error) {
+	var out []float64
+	for _, h := range hosts {
+		views, err := h.h.Manager.AllInstances()
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range views {
+			if len(out) >= n {
+				return out, nil
+			}
+			if err := h.h.Manager.Destroy(ctx, v.UUID, manager.DestroyOptions{}); err != nil {
+				return nil, err
+			}
+			start := time.Now()
+			for {
+				cons, err := c.Consumer(ctx, v.UUID)
+				if err != nil {
+					return nil, err
+				}
+				if len(cons.Allocations) == 0 {
+					break
+				}
+				if time.Since(start) > 30*time.Second {
+					return nil, fmt.Errorf("allocation of %s still there after 30 s", v.UUID)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			out = append(out, float64(time.Since(start).Microseconds())/1000)
+		}
+	}
+	return out, nil
+}
+
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[int(q*float64(len(s)-1)+0.5)]
+}
+
+// localChurn runs the same mix through the hosts' local placement alone:
+// each create tries the hosts in random order. It returns the acceptance.
+func localChurn(ctx context.Context, hosts []*host, ops int) float64 {
+	rnd := rand.New(rand.NewPCG(1, 1))
+	type live struct {
+		id string
+		h  *host
+	}
+	var alive []live
+	placed, full := 0, 0
+	for i := 0; i < ops; i++ {
+		if len(alive) == 0 || rnd.Float64() < 0.65 {
+			r := requests[rnd.IntN(len(requests))]
+			order := rnd.Perm(len(hosts))
+			ok := false
+			for _, k := range order {
+				rec, err := hosts[k].h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: r.Profile})
+				if err == nil {
+					alive = append(alive, live{rec.UUID, hosts[k]})
+					ok = true
+					break
+				}
+			}
+			if ok {
+				placed++
+			} else {
+				full++
+			}
+			continue
+		}
+		k := rnd.IntN(len(alive))
+		_ = alive[k].h.h.Manager.Destroy(ctx, alive[k].id, manager.DestroyOptions{})
+		alive[k] = alive[len(alive)-1]
+		alive = alive[:len(alive)-1]
+	}
+	if placed+full == 0 {
+		return 0
+	}
+	return float64(placed) / float64(placed+full)
+}

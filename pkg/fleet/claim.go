@@ -1,0 +1,137 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+)
+
+// Syncer is the manager's Fleet.
+var _ manager.Fleet = (*Syncer)(nil)
+
+// provider is the desired provider of one GPU, from a fresh view.
+func (s *Syncer) provider(gpuUUID string) (gpuProvider, bool, error) {
+	view, err := s.src.FleetView()
+	if err != nil {
+		return gpuProvider{}, false, err
+	}
+	for _, p := range s.desired(view) {
+		if p.gpu.UUID == gpuUUID {
+			return p, true, nil
+		}
+	}
+	return gpuProvider{}, false, nil
+}
+
+// down reports whether the last pass failed: claims then do not wait for
+// a Placement that does not answer.
+func (s *Syncer) down() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr != nil
+}
+
+// Claim writes c's allocation before the manager carves. Placement's
+// capacity refusal is retried once after this GPU's inventory is
+// re-published (Placement may hold an older, smaller view); a second
+// refusal is the manager's NoCapacity.
+func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
+	if s.down() {
+		s.met.claims.WithLabelValues("skipped").Inc()
+		return fmt.Errorf("placement did not answer the last sync: %w", placementapi.ErrUnreachable)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	defer cancel()
+	p, ok, err := s.provider(c.GPU)
+	if err != nil || !ok {
+		return fmt.Errorf("GPU %s has no provider: %w", c.GPU, errors.Join(err, placementapi.ErrNotFound))
+	}
+	s.mu.Lock()
+	s.seen[c.Instance] = time.Now() // protected from the orphan sweep for Grace
+	delete(s.gone, c.Instance)
+	s.mu.Unlock()
+	want := resourcesOf(c)
+	err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
+	if errors.Is(err, placementapi.ErrCapacity) {
+		s.met.claims.WithLabelValues("republish").Inc()
+		if perr := s.publishOne(ctx, &p); perr == nil {
+			err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
+		}
+	}
+	switch {
+	case errors.Is(err, placementapi.ErrCapacity):
+		s.met.claims.WithLabelValues("refused").Inc()
+		return fmt.Errorf("placement refused %s on %s: %w: %w", c.Profile, p.name, manager.ErrNoCapacity, err)
+	case err != nil:
+		s.met.claims.WithLabelValues("failed").Inc()
+		return err
+	}
+	s.met.claims.WithLabelValues("written").Inc()
+	return nil
+}
+
+// publishOne re-publishes one GPU's inventory now.
+func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
+	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
+		return err
+	}
+	return s.syncInventory(ctx, p)
+}
+
+// Unclaim marks a failed create's claim for removal at the next pass.
+func (s *Syncer) Unclaim(instance string) {
+	s.mu.Lock()
+	s.gone[instance] = true
+	delete(s.seen, instance)
+	s.mu.Unlock()
+	s.Kick()
+}
+
+// Adopt reads the allocation a scheduler wrote for consumer and returns
+// what it names on this host: exactly one of this host's GPU providers,
+// one profile class published there and, on MIG GPUs, the slices.
+func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	defer cancel()
+	cons, err := s.c.Consumer(ctx, consumer)
+	if err != nil {
+		return manager.FleetClaim{}, fmt.Errorf("read the allocation of %s: %w: %w", consumer, manager.ErrBackendFailure, err)
+	}
+	if len(cons.Allocations) == 0 {
+		return manager.FleetClaim{}, fmt.Errorf("placement holds no allocation for consumer %s (never written, or removed as stale): %w", consumer, manager.ErrNotFound)
+	}
+	view, err := s.src.FleetView()
+	if err != nil {
+		return manager.FleetClaim{}, err
+	}
+	var found []gpuProvider
+	for _, p := range s.desired(view) {
+		if _, ok := cons.Allocations[p.uuid]; ok {
+			found = append(found, p)
+		}
+	}
+	if len(found) != 1 {
+		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s names %d of this host's GPU providers, not one (is it for another host?): %w", consumer, len(found), manager.ErrInvalidArgument)
+	}
+	p := found[0]
+	res := cons.Allocations[p.uuid].Resources
+	c := manager.FleetClaim{Instance: consumer, GPU: p.gpu.UUID, Slices: res[SliceClass]}
+	for rc, n := range res {
+		if rc == SliceClass {
+			continue
+		}
+		fc, ok := p.classes[rc]
+		if !ok || n != 1 || c.Profile != "" {
+			return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d, not one profile this GPU offers: %w", consumer, p.name, rc, n, manager.ErrInvalidArgument)
+		}
+		c.Profile, c.Kind = fc.Profile, fc.Kind
+	}
+	if c.Profile == "" {
+		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s names no profile class: %w", consumer, p.name, manager.ErrInvalidArgument)
+	}
+	return c, nil
+}

@@ -1,0 +1,124 @@
+package fleet
+
+import (
+	"sort"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+)
+
+// gpuProvider is what one GPU's provider should hold.
+type gpuProvider struct {
+	uuid, name string
+	gpu        manager.FleetGPU
+	inv        map[string]placementapi.Inventory
+	traits     []string
+	// allocs: consumer (instance UUID) → resources.
+	allocs map[string]map[string]int
+	// classes: resource class → the profile it stands for.
+	classes map[string]manager.FleetClass
+}
+
+func one(total, reserved, maxUnit int) placementapi.Inventory {
+	return placementapi.Inventory{Total: total, Reserved: reserved, MinUnit: 1, MaxUnit: max(1, maxUnit), StepSize: 1, AllocationRatio: 1}
+}
+
+// resourcesOf is what one instance holds in Placement.
+func resourcesOf(c manager.FleetClaim) map[string]int {
+	r := map[string]int{ClassName(c.Kind, c.Profile): 1}
+	if c.Slices > 0 {
+		r[SliceClass] = c.Slices
+	}
+	return r
+}
+
+// desired turns the host's truth into providers. A class's total is what
+// its instances hold plus the room vgpud has for it now, so Placement
+// accepts exactly what vgpud would; a GPU that takes nothing (failed,
+// lost, passed through) is fully reserved.
+func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
+	var out []gpuProvider
+	for _, g := range view {
+		p := gpuProvider{uuid: GPUProviderUUID(top, g.PCI), name: GPUProviderName(host, g.PCI), gpu: g,
+			inv: map[string]placementapi.Inventory{}, traits: traitsOf(g), allocs: map[string]map[string]int{},
+			classes: map[string]manager.FleetClass{}}
+		down := g.State != gpu.StateOK
+		used := map[string]int{}
+		for _, c := range g.Instances {
+			p.allocs[c.Instance] = resourcesOf(c)
+			used[ClassName(c.Kind, c.Profile)]++
+		}
+		for _, c := range g.Classes {
+			name := ClassName(c.Kind, c.Profile)
+			p.classes[name] = c
+			total := used[name] + c.Room
+			if total > 0 {
+				p.inv[name] = one(total, 0, 1)
+			}
+		}
+		for name, n := range used {
+			if _, ok := p.inv[name]; !ok {
+				p.inv[name] = one(n, 0, 1)
+			}
+		}
+		if down {
+			for name, inv := range p.inv {
+				inv.Reserved = inv.Total
+				p.inv[name] = inv
+			}
+		}
+		if g.MIG && g.Slices > 0 {
+			reserved := min(g.Slices, g.Unclaimable)
+			if down {
+				reserved = g.Slices
+			}
+			p.inv[SliceClass] = one(g.Slices, reserved, g.Slices)
+		}
+		sort.Strings(p.traits)
+		out = append(out, p)
+	}
+	return out
+}
+
+func sameInventories(a, b map[string]placementapi.Inventory) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		w, ok := b[k]
+		if !ok || v.Total != w.Total || v.Reserved != w.Reserved || v.MaxUnit != w.MaxUnit || v.MinUnit != w.MinUnit ||
+			v.StepSize != w.StepSize || v.AllocationRatio != w.AllocationRatio {
+			return false
+		}
+	}
+	return true
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := map[string]bool{}
+	for _, s := range a {
+		m[s] = true
+	}
+	for _, s := range b {
+		if !m[s] {
+			return false
+		}
+	}
+	return true
+}
+
+func sameResources(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,22 @@
+// Package fleet keeps OpenStack Placement true for this host's GPUs and
+// turns Placement allocations into claims the manager honours
+// (docs/fleet.md). Placement is the fleet's shared state; the host stays
+// the authority: every pass publishes what the manager's FleetView says
+// and removes what it does not.
+//
+// The model: a root provider for the host (or an existing parent provider
+// given by UUID, never modified), one child per GPU named
+// <host>_pci_<domain>_<bus>_<slot>_<function> as Nova names its pGPU
+// providers, with UUIDs derived from the root and the PCI address so that
+// they are stable across restarts and database loss. On each GPU one class
+// per carvable profile (names.go) whose total is the instances it holds
+// plus the room vgpud's own placement engine has for it now, and on MIG
+// GPUs CUSTOM_VGPUD_MIG_SLICE (total: the slot grid) consumed by every MIG
+// allocation, because Placement counts each class on its own.
+//
+// Placement being slow or down never fails a local operation: claims give
+// up after a short deadline (and at once while the last pass failed), and
+// the sync writes what is missing when Placement answers again.
+//
+// Imports: pkg/gpu, pkg/manager, pkg/placementapi, pkg/store.
+package fleet

@@ -1,0 +1,175 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/vgpud/vgpud/internal/testenv"
+	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+)
+
+// host is one simulated host with its syncer, publishing to a shared Placement.
+type host struct {
+	name string
+	h    *simhost.Host
+	s    *Syncer
+}
+
+func newClient(t testing.TB, url string) *placementapi.Client {
+	t.Helper()
+	c, err := placementapi.New(placementapi.Config{Endpoint: url, Timeout: 3 * time.Second, Backoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func quietLog(t testing.TB) *slog.Logger {
+	if os.Getenv("VGPUD_TEST_VERBOSE") != "" {
+		return testenv.Logger(t)
+	}
+	return slog.New(slog.NewTextHandler(ioDiscard{}, nil))
+}
+
+type ioDiscard struct{}
+
+func (ioDiscard) Write(p []byte) (int, error) { return len(p), nil }
+
+func startHost(t testing.TB, name, url string, spec *sim.Spec, cfg Config) *host {
+	t.Helper()
+	h := simhost.Start(t, simhost.Options{Spec: spec})
+	simhost.DefineTenant(t, h.Manager, "acme")
+	cfg.Host = name
+	if cfg.Grace == 0 {
+		cfg.Grace = time.Hour
+	}
+	s, err := New(cfg, newClient(t, url), h.Manager, quietLog(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Manager.SetFleet(s)
+	return &host{name: name, h: h, s: s}
+}
+
+func (h *host) pass(t testing.TB) {
+	t.Helper()
+	if err := h.s.Pass(context.Background()); err != nil {
+		t.Fatalf("%s: pass: %v", h.name, err)
+	}
+}
+
+// truth is the allocations the host's records say Placement must hold:
+// consumer → provider → resources.
+func (h *host) truth(t testing.TB) map[string]map[string]map[string]int {
+	t.Helper()
+	view, err := h.h.Manager.FleetView()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]map[string]int{}
+	for _, p := range desired(h.name, h.s.top(), view) {
+		for c, r := range p.allocs {
+			out[c] = map[string]map[string]int{p.uuid: r}
+		}
+	}
+	return out
+}
+
+// placementHolds is what Placement holds on h's providers, in truth's shape;
+// it also checks every provider's inventories against the host's.
+func (h *host) placementHolds(t testing.TB, c *placementapi.Client) map[string]map[string]map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	view, err := h.h.Manager.FleetView()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]map[string]int{}
+	for _, p := range desired(h.name, h.s.top(), view) {
+		inv, _, err := c.Inventories(ctx, p.uuid)
+		if err != nil {
+			t.Fatalf("%s: inventories of %s: %v", h.name, p.name, err)
+		}
+		if !sameInventories(inv, p.inv) {
+			t.Errorf("%s: %s inventories differ:\nplacement %v\nhost      %v", h.name, p.name, inv, p.inv)
+		}
+		allocs, err := c.ProviderAllocations(ctx, p.uuid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for cons, r := range allocs {
+			if out[cons] == nil {
+				out[cons] = map[string]map[string]int{}
+			}
+			out[cons][p.uuid] = r
+		}
+	}
+	return out
+}
+
+func sameHolding(a, b map[string]map[string]map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for c, ps := range a {
+		if len(ps) != len(b[c]) {
+			return false
+		}
+		for p, r := range ps {
+			if !sameResources(r, b[c][p]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// converged checks Placement equals the union of the hosts' truth once
+// the hosts' events have been taken in (a few passes at most).
+func converged(t testing.TB, c *placementapi.Client, hosts ...*host) {
+	t.Helper()
+	var msg string
+	for try := 0; try < 10; try++ {
+		msg = ""
+		for _, h := range hosts {
+			h.pass(t)
+		}
+		for _, h := range hosts {
+			want, got := h.truth(t), h.placementHolds(t, c)
+			if !sameHolding(want, got) {
+				msg += fmt.Sprintf("%s: Placement holds %d consumers, the host %d:\nplacement %v\nhost      %v\n", h.name, len(got), len(want), keys(got), keys(want))
+			}
+		}
+		if msg == "" {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal(msg)
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func startPlacement(t testing.TB) (*tplacement.Server, *placementapi.Client) {
+	t.Helper()
+	srv := tplacement.Start(t)
+	return srv, newClient(t, srv.URL())
+}
+
+var _ = manager.ErrNoCapacity

@@ -1,0 +1,88 @@
+package fleet
+
+import (
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/store"
+)
+
+// The classes and traits every host shares.
+const (
+	// SliceClass is the MIG slot grid of one GPU, consumed by every MIG
+	// allocation with its profile's slot count.
+	SliceClass   = "CUSTOM_VGPUD_MIG_SLICE"
+	TraitManaged = "CUSTOM_VGPUD_MANAGED"
+	// ConsumerType is the consumer_type of the allocations vgpud writes.
+	ConsumerType = "INSTANCE"
+)
+
+// namespace seeds the derived provider UUIDs (a fixed random UUID: changing
+// it would orphan every published tree).
+var namespace = uuid.MustParse("4f0b8f7e-2f55-4c1e-9a52-7d1b0c9e6a3d")
+
+// norm upper-cases s and turns every run of other characters than A-Z and
+// 0-9 into one underscore: Placement's custom names allow only those.
+func norm(s string) string {
+	var b strings.Builder
+	under := false
+	for _, r := range strings.ToUpper(s) {
+		if (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+			under = false
+			continue
+		}
+		if !under && b.Len() > 0 {
+			b.WriteByte('_')
+			under = true
+		}
+	}
+	return strings.TrimRight(b.String(), "_")
+}
+
+// ClassName is the resource class of a profile: CUSTOM_VGPUD_MIG_ and the
+// MIG profile (1g.10gb → CUSTOM_VGPUD_MIG_1G_10GB), or CUSTOM_VGPUD_ and the
+// vGPU type without its "NVIDIA " prefix (NVIDIA L4-4Q → CUSTOM_VGPUD_L4_4Q).
+func ClassName(kind store.InstanceKind, profile string) string {
+	if kind == store.KindMIG {
+		return "CUSTOM_VGPUD_MIG_" + norm(profile)
+	}
+	return "CUSTOM_VGPUD_" + norm(strings.TrimPrefix(profile, "NVIDIA "))
+}
+
+// RootUUID is the host's root provider UUID when none is configured.
+func RootUUID(host string) string {
+	return uuid.NewSHA1(namespace, []byte("host:"+host)).String()
+}
+
+// GPUProviderUUID is the UUID of a GPU's provider under top.
+func GPUProviderUUID(top, pci string) string {
+	return uuid.NewSHA1(namespace, []byte(top+"/gpu:"+strings.ToLower(pci))).String()
+}
+
+// GPUProviderName is the name Nova gives a pGPU provider:
+// <host>_pci_0000_41_00_0.
+func GPUProviderName(host, pci string) string {
+	r := strings.NewReplacer(":", "_", ".", "_")
+	return host + "_pci_" + r.Replace(strings.ToLower(pci))
+}
+
+// traitsOf are a GPU provider's traits.
+func traitsOf(g manager.FleetGPU) []string {
+	t := []string{TraitManaged, "CUSTOM_VGPUD_MODEL_" + norm(g.Model)}
+	switch {
+	case g.MIG:
+		t = append(t, "CUSTOM_VGPUD_FLOW_MIG")
+	case g.Flavour == gpu.FlavourVFIO:
+		t = append(t, "CUSTOM_VGPUD_FLOW_VFIO")
+	case g.Flavour == gpu.FlavourMdev:
+		t = append(t, "CUSTOM_VGPUD_FLOW_MDEV")
+	}
+	if g.Heterogeneous {
+		t = append(t, "CUSTOM_VGPUD_HETEROGENEOUS")
+	}
+	return t
+}

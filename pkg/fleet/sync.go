@@ -1,0 +1,336 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+)
+
+// Config is the fleet's part of vgpud.yaml.
+type Config struct {
+	// Host names the host's providers (<Host>_pci_...).
+	Host string
+	// RootUUID is the root provider's UUID ("" derives it from Host);
+	// ParentUUID an existing provider (nova-compute's) to hang the GPU
+	// providers under instead of a root of vgpud's own.
+	RootUUID, ParentUUID string
+	// Interval is the periodic pass (default 60 s); Grace how long an
+	// allocation whose consumer has no instance may live (default 2 min).
+	Interval, Grace time.Duration
+	// ClaimTimeout bounds a create's claim (default 2 s).
+	ClaimTimeout time.Duration
+	// ProjectID and UserID are written with vgpud's allocations.
+	ProjectID, UserID string
+}
+
+// Source is the host's truth.
+type Source interface {
+	FleetView() ([]manager.FleetGPU, error)
+	Subscribe() (<-chan manager.Event, func())
+}
+
+// Syncer publishes the host to Placement and serves the manager's claims.
+type Syncer struct {
+	cfg Config
+	c   *placementapi.Client
+	src Source
+	log *slog.Logger
+	met *Metrics
+
+	kick chan struct{}
+	// passMu serialises passes (periodic, event-driven, a claim's re-publish).
+	passMu sync.Mutex
+
+	mu sync.Mutex
+	// known are consumers that were instances at the last pass: their
+	// allocations go at once when the instance does.
+	known map[string]bool
+	// instances are the consumers that were instances at the last pass.
+	instances map[string]bool
+	// owned are this host's GPU providers (from the latest view).
+	owned map[string]bool
+	// seen is when an allocation without an instance was first seen (or
+	// claimed): it goes after Grace.
+	seen map[string]time.Time
+	// gone are claims dropped by a failed create: removed at the next pass.
+	gone map[string]bool
+	// lastOK and lastErr are the last pass's outcome; changed is when the
+	// host last changed without a pass having published it since.
+	lastOK  time.Time
+	lastErr error
+	changed time.Time
+	// cache: provider UUID → what the last pass left there.
+	cache map[string]cached
+	// classes and traits already made in Placement.
+	made map[string]bool
+}
+
+type cached struct {
+	gen    int
+	inv    map[string]placementapi.Inventory
+	traits []string
+	allocs map[string]map[string]int
+}
+
+// New returns a syncer; Run starts it.
+func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *Metrics) (*Syncer, error) {
+	if cfg.Host == "" {
+		return nil, fmt.Errorf("fleet: no host name: %w", manager.ErrInvalidArgument)
+	}
+	if cfg.RootUUID == "" {
+		cfg.RootUUID = RootUUID(cfg.Host)
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Minute
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 2 * time.Minute
+	}
+	if cfg.ClaimTimeout <= 0 {
+		cfg.ClaimTimeout = 2 * time.Second
+	}
+	if cfg.ProjectID == "" {
+		cfg.ProjectID = "vgpud"
+	}
+	if cfg.UserID == "" {
+		cfg.UserID = "vgpud"
+	}
+	if met == nil {
+		met = NewMetrics()
+	}
+	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1),
+		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]bool{},
+		cache: map[string]cached{}, made: map[string]bool{}}, nil
+}
+
+// top is the provider the GPU providers hang under.
+func (s *Syncer) top() string {
+	if s.cfg.ParentUUID != "" {
+		return s.cfg.ParentUUID
+	}
+	return s.cfg.RootUUID
+}
+
+// Run passes at start, after host changes (batched: one pass per burst)
+// and every Interval, until ctx ends.
+func (s *Syncer) Run(ctx context.Context) {
+	events, stop := s.src.Subscribe()
+	defer stop()
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	s.Kick()
+	retry := time.Duration(0)
+	for {
+		var retryC <-chan time.Time
+		if retry > 0 {
+			retryC = time.After(retry)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-events:
+			if !ok {
+				return
+			}
+			if e.Kind == manager.EventInstanceRemoved {
+				// Its allocation goes at the next pass, even if no
+				// pass saw the instance.
+				s.mu.Lock()
+				s.gone[e.ID] = true
+				s.mu.Unlock()
+			}
+			if relevant(e) {
+				s.markChanged()
+				s.Kick()
+			}
+			continue
+		case <-tick.C:
+		case <-retryC:
+		case <-s.kick:
+			// Batch a burst: the events of one operation arrive together.
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err := s.Pass(ctx); err != nil {
+			s.log.Warn("placement sync failed; retrying", "err", err, "kind", placementapi.Kind(err))
+			retry = min(max(2*retry, time.Second), s.cfg.Interval)
+		} else {
+			retry = 0
+		}
+	}
+}
+
+func relevant(e manager.Event) bool {
+	switch e.Kind {
+	case manager.EventInstanceAdded, manager.EventInstanceChanged, manager.EventInstanceRemoved,
+		manager.EventGPUChanged, manager.EventGPULost, manager.EventOperationDone, manager.EventOperationFailed:
+		return true
+	}
+	return false
+}
+
+// Kick asks for a pass soon.
+func (s *Syncer) Kick() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Syncer) markChanged() {
+	s.mu.Lock()
+	if s.changed.IsZero() {
+		s.changed = time.Now()
+	}
+	s.mu.Unlock()
+}
+
+// Healthy reports whether the last pass succeeded.
+func (s *Syncer) Healthy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr == nil && !s.lastOK.IsZero()
+}
+
+// Pass makes Placement equal the host once.
+func (s *Syncer) Pass(ctx context.Context) error {
+	s.passMu.Lock()
+	defer s.passMu.Unlock()
+	s.mu.Lock()
+	since := s.changed
+	s.changed = time.Time{}
+	s.mu.Unlock()
+	start := time.Now()
+	err := s.pass(ctx)
+	s.met.pass(err, time.Since(start))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastErr = err
+	if err != nil {
+		if s.changed.IsZero() || (!since.IsZero() && since.Before(s.changed)) {
+			s.changed = since // still unpublished
+		}
+		return err
+	}
+	s.lastOK = time.Now()
+	if !since.IsZero() {
+		s.met.lag.Observe(time.Since(since).Seconds())
+	}
+	return nil
+}
+
+func (s *Syncer) pass(ctx context.Context) error {
+	view, err := s.src.FleetView()
+	if err != nil {
+		return fmt.Errorf("read the host: %w", err)
+	}
+	want := s.desired(view)
+	if err := s.ensureTop(ctx); err != nil {
+		return err
+	}
+	if err := s.ensureNames(ctx, want); err != nil {
+		return err
+	}
+	tree, err := s.c.Tree(ctx, s.top())
+	if err != nil {
+		return err
+	}
+	gens := map[string]int{}
+	names := map[string]string{}
+	for _, p := range tree {
+		gens[p.UUID], names[p.UUID] = p.Generation, p.Name
+	}
+	var errs []error
+	for i := range want {
+		if err := s.syncProvider(ctx, &want[i], gens, names); err != nil {
+			errs = append(errs, fmt.Errorf("GPU %s: %w", want[i].gpu.PCI, err))
+		}
+	}
+	if err := s.removeStale(ctx, tree, want); err != nil {
+		errs = append(errs, err)
+	}
+	s.rememberInstances(want)
+	return errors.Join(errs...)
+}
+
+// desired turns a view into providers and notes them as this host's.
+func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
+	want := desired(s.cfg.Host, s.top(), view)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range want {
+		s.owned[p.uuid] = true
+	}
+	return want
+}
+
+// ensureTop makes the root provider (or checks the configured parent,
+// which vgpud never changes).
+func (s *Syncer) ensureTop(ctx context.Context) error {
+	_, err := s.c.Provider(ctx, s.top())
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, placementapi.ErrNotFound) {
+		return err
+	}
+	// A root that is gone means a Placement that lost its database:
+	// nothing cached about it holds any more.
+	s.mu.Lock()
+	s.made, s.cache = map[string]bool{}, map[string]cached{}
+	s.mu.Unlock()
+	if s.cfg.ParentUUID != "" {
+		return fmt.Errorf("parent provider %s does not exist in Placement: %w", s.cfg.ParentUUID, err)
+	}
+	if err := s.c.CreateProvider(ctx, s.cfg.RootUUID, s.cfg.Host, ""); err != nil {
+		return fmt.Errorf("create root provider %s (%s): %w", s.cfg.Host, s.cfg.RootUUID, err)
+	}
+	if err := s.ensureName(ctx, TraitManaged, true); err != nil {
+		return err
+	}
+	_, err = s.c.SetTraits(ctx, s.cfg.RootUUID, 0, []string{TraitManaged})
+	return err
+}
+
+func (s *Syncer) ensureNames(ctx context.Context, want []gpuProvider) error {
+	for _, p := range want {
+		for rc := range p.inv {
+			if err := s.ensureName(ctx, rc, false); err != nil {
+				return err
+			}
+		}
+		for _, t := range p.traits {
+			if err := s.ensureName(ctx, t, true); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Syncer) ensureName(ctx context.Context, name string, trait bool) error {
+	s.mu.Lock()
+	done := s.made[name]
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	var err error
+	if trait {
+		err = s.c.EnsureTrait(ctx, name)
+	} else {
+		err = s.c.EnsureResourceClass(ctx, name)
+	}
+	if err != nil {
+		return fmt.Errorf("define %s: %w", name, err)
+	}
+	s.mu.Lock()
+	s.made[name] = true
+	s.mu.Unlock()
+	return nil
+}
