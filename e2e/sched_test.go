@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/binary"
 	"strings"
 	"testing"
 	"time"
@@ -25,11 +24,11 @@ func driverSched(t *testing.T, h *sim.Host, pci string) (uint32, uint32) {
 	if ret != nvml.SUCCESS {
 		t.Fatalf("GPU %s: %v", pci, ret)
 	}
-	s, ret := dev.GetVgpuSchedulerState()
+	s, ret := dev.GetVgpuSchedulerState_v2(nvml.VgpuSchedulerStateInfo_v2{EngineId: nvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS})
 	if ret != nvml.SUCCESS {
-		t.Fatalf("GetVgpuSchedulerState of %s: %v", pci, ret)
+		t.Fatalf("GetVgpuSchedulerState_v2 of %s: %v", pci, ret)
 	}
-	return s.SchedulerPolicy, binary.LittleEndian.Uint32(s.SchedulerParams[0:4])
+	return s.SchedulerPolicy, s.Timeslice
 }
 
 // TestCLIGPUScheduler: the vGPU scheduler pinned through vgpuctl on the
