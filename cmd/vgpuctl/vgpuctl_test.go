@@ -60,6 +60,7 @@ var verbs = []struct {
 	{"top", []string{"top", "-n", "1"}},
 	{"events", []string{"events", "--count", "2"}},
 	{"version", []string{"version"}},
+	{"fleet-status", []string{"fleet", "status"}},
 }
 
 func TestGoldenJSON(t *testing.T) {
@@ -422,5 +423,22 @@ func TestDocsCoverCommands(t *testing.T) {
 	}
 	if !strings.Contains(text, "\n| 130 | ") {
 		t.Error("exit code 130 undocumented")
+	}
+}
+
+// TestFleetStatusTable: the table names each difference and marks a
+// provider Placement lacks; without a fleet the daemon's Unavailable is
+// exit 10.
+func TestFleetStatusTable(t *testing.T) {
+	f := &fake{}
+	out, _, code := runFake(f, "fleet", "status")
+	for _, want := range []string{"gpu-7_pci_0000_41_00_0", "MISSING", "CUSTOM_VGPUD_MIG_SLICE", "8/0/5", "2 differences", "provider-missing", "allocation-stale", "host: no instance"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("fleet status (exit %d) lacks %q:\n%s", code, want, out)
+		}
+	}
+	f.fail = &dbusapi.Error{Name: dbusapi.NameUnavailable, Message: "no fleet: configure fleet: in vgpud.yaml (docs/fleet.md)"}
+	if _, errOut, code := runFake(f, "fleet", "status"); code != exitUnavailable || !strings.Contains(errOut, "configure fleet:") {
+		t.Fatalf("fleet status without a fleet: exit %d, %q", code, errOut)
 	}
 }
