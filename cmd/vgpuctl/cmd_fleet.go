@@ -90,7 +90,11 @@ func fleetTable(w io.Writer, st dbusapi.FleetStatus) error {
 		fmt.Fprintln(w, "In sync: Placement holds what the host holds.")
 		return nil
 	}
-	fmt.Fprintf(w, "%d differences (the sync repairs them at its next pass):\n", len(st.Differences))
+	plural := "s"
+	if len(st.Differences) == 1 {
+		plural = ""
+	}
+	fmt.Fprintf(w, "%d difference%s (the sync repairs them at its next pass):\n", len(st.Differences), plural)
 	for _, d := range st.Differences {
 		fmt.Fprintln(w, clip(fmt.Sprintf("  %-18s  %s  %s", d.Kind, d.Provider, d.Subject), 100))
 		fmt.Fprintln(w, clip(fmt.Sprintf("      host: %s; placement: %s", d.Host, d.Placement), 100))

@@ -29,6 +29,8 @@ type fake struct {
 	quota   dbusapi.Quota
 	// applyNothing makes Apply find the host as the file describes it.
 	applyNothing bool
+	// created is the last Create request.
+	created dbusapi.CreateRequest
 }
 
 func (f *fake) record(format string, args ...any) error {
@@ -178,6 +180,9 @@ func (f *fake) Plan(_ context.Context, r dbusapi.PlanRequest) (dbusapi.Plan, err
 }
 
 func (f *fake) Create(_ context.Context, r dbusapi.CreateRequest) (dbusapi.Instance, error) {
+	f.mu.Lock()
+	f.created = r
+	f.mu.Unlock()
 	return fakeInstances()[0], f.record("Create %s %s %s", r.Tenant, r.Profile, r.GPU)
 }
 

@@ -442,3 +442,12 @@ func TestFleetStatusTable(t *testing.T) {
 		t.Fatalf("fleet status without a fleet: exit %d, %q", code, errOut)
 	}
 }
+
+// TestCreatePlacementConsumer: --placement-consumer reaches the request.
+func TestCreatePlacementConsumer(t *testing.T) {
+	f := &fake{}
+	const consumer = "88fce000-e480-4d4a-b58e-cabee588cd84"
+	if _, errOut, code := runFake(f, "create", "3g.40gb", "--tenant", "acme", "--placement-consumer", consumer); code != exitOK || f.created.PlacementConsumer != consumer {
+		t.Fatalf("create --placement-consumer: exit %d (%s), request %+v", code, errOut, f.created)
+	}
+}
