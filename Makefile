@@ -19,7 +19,7 @@ DESTDIR ?=
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GOIMPORTS ?= golang.org/x/tools/cmd/goimports@v0.51.0
 
-.PHONY: all build deps test unit e2e e2e-container bench bench-placement bench-metrics bench-recovery bench-fleet soak demo lint fuzz install uninstall man clean help
+.PHONY: all build deps test unit e2e e2e-container bench bench-placement bench-metrics bench-recovery bench-fleet soak demo demo-fleet lint fuzz install uninstall man clean help
 
 all: build
 
@@ -80,6 +80,9 @@ fuzz: ## run each fuzz target for FUZZTIME (default 20s)
 
 demo: deps build ## the main job on the built-in simulated host
 	scripts/demo.sh
+
+demo-fleet: deps build ## the simulated host published to a real OpenStack Placement: vgpuctl fleet status, allocation candidates
+	scripts/demo-fleet.sh
 
 lint: ## gofmt, goimports grouping (the module's own imports last), go vet, staticcheck, no deprecated NVML call
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

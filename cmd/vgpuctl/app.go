@@ -47,6 +47,7 @@ type api interface {
 	ClearGPU(ctx context.Context, gpu string) error
 	SetGPUScheduler(ctx context.Context, gpu, mode, policy string, timeslice time.Duration) (dbusapi.GPUScheduler, error)
 	Shares(ctx context.Context) ([]dbusapi.ShareRow, error)
+	FleetStatus(ctx context.Context) (dbusapi.FleetStatus, error)
 	Events(ctx context.Context) (<-chan dbusapi.Event, error)
 }
 
@@ -249,7 +250,7 @@ Exit codes: 0 ok, 1 failure, 2 usage or invalid argument, 3 access denied,
 			root.AddCommand(c)
 		}
 	}
-	add("read", a.gpusCmd(), a.gpuCmd(), a.profilesCmd(), a.capacityCmd(), a.listCmd(), a.showCmd(), a.dumpxmlCmd(), a.planCmd(), a.eventsCmd(), a.topCmd())
+	add("read", a.gpusCmd(), a.gpuCmd(), a.profilesCmd(), a.capacityCmd(), a.listCmd(), a.showCmd(), a.dumpxmlCmd(), a.planCmd(), a.eventsCmd(), a.topCmd(), a.fleetCmd())
 	add("write", a.createCmd(), a.destroyCmd(), a.attachCmd(), a.detachCmd(), a.tenantCmd(), a.applyCmd(), a.reconcileCmd(), a.defragCmd())
 	add("other", a.versionCmd(), a.completionCmd())
 	root.AddCommand(a.genDocsCmd())

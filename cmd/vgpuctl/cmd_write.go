@@ -14,6 +14,8 @@ import (
 // createFlags are the flags of create and of attach --profile.
 type createFlags struct {
 	tenant, profile, gpu, uuid, affinity string
+	// consumer is a fleet scheduler's Placement consumer (docs/fleet.md).
+	consumer string
 }
 
 func (a *app) bindCreate(cmd *cobra.Command, f *createFlags) {
@@ -23,6 +25,7 @@ func (a *app) bindCreate(cmd *cobra.Command, f *createFlags) {
 	fl.StringVar(&f.gpu, "gpu", "", "pin the GPU (PCI address, UUID or index)")
 	fl.StringVar(&f.uuid, "uuid", "", "the instance's UUID (makes retries idempotent)")
 	fl.StringVar(&f.affinity, "affinity", "", "none, spread (over GPUs) or pack (onto the tenant's GPUs)")
+	fl.StringVar(&f.consumer, "placement-consumer", "", "carve what this Placement allocation (a fleet scheduler's consumer UUID) holds on this host; it becomes the instance's UUID")
 	_ = cmd.RegisterFlagCompletionFunc("tenant", a.completeTenants)
 	_ = cmd.RegisterFlagCompletionFunc("profile", a.completeProfiles)
 	_ = cmd.RegisterFlagCompletionFunc("gpu", a.completeGPUs)
@@ -30,7 +33,7 @@ func (a *app) bindCreate(cmd *cobra.Command, f *createFlags) {
 }
 
 func (f createFlags) request() dbusapi.CreateRequest {
-	return dbusapi.CreateRequest{Tenant: f.tenant, Profile: f.profile, GPU: f.gpu, UUID: f.uuid, Affinity: f.affinity}
+	return dbusapi.CreateRequest{Tenant: f.tenant, Profile: f.profile, GPU: f.gpu, UUID: f.uuid, Affinity: f.affinity, PlacementConsumer: f.consumer}
 }
 
 func (a *app) createCmd() *cobra.Command {

@@ -31,6 +31,8 @@ type fake struct {
 	// applySummary is then its summary (skipped entries, warnings).
 	applyNothing bool
 	applySummary string
+	// created is the last Create request.
+	created dbusapi.CreateRequest
 }
 
 func (f *fake) record(format string, args ...any) error {
@@ -180,6 +182,9 @@ func (f *fake) Plan(_ context.Context, r dbusapi.PlanRequest) (dbusapi.Plan, err
 }
 
 func (f *fake) Create(_ context.Context, r dbusapi.CreateRequest) (dbusapi.Instance, error) {
+	f.mu.Lock()
+	f.created = r
+	f.mu.Unlock()
 	return fakeInstances()[0], f.record("Create %s %s %s", r.Tenant, r.Profile, r.GPU)
 }
 
@@ -282,6 +287,21 @@ func (f *fake) Shares(context.Context) ([]dbusapi.ShareRow, error) {
 		{Instance: "0b4f5c1e-9a3d-4e2b-8c7f-1a2b3c4d5e6f", EntitledMilli: 375},
 		{Instance: "7d2e9f10-4b5a-4c6d-9e8f-0a1b2c3d4e5f", EntitledMilli: 166, AchievedMilli: &f1, DemandMilli: &f1, Interference: &f2},
 	}, f.record("Shares")
+}
+
+func (f *fake) FleetStatus(context.Context) (dbusapi.FleetStatus, error) {
+	last := t0
+	return dbusapi.FleetStatus{Endpoint: "http://placement:8778", Host: "gpu-7", Root: "3f1c8a52-7d0e-5b6a-9c4f-2e8d1b0a6c73", LastSync: &last,
+		Providers: []dbusapi.FleetProvider{
+			{UUID: "6a0e5d2c-1b3f-5e4a-8d7c-9f0b1a2c3d4e", Name: "gpu-7_pci_0000_41_00_0", GPU: "0000:41:00.0", InPlacement: true, HostAllocations: 1, PlacementAllocations: 2,
+				Classes: []dbusapi.FleetClass{
+					{Class: "CUSTOM_VGPUD_MIG_3G_40GB", HostTotal: 2, HostMaxUnit: 1, PlacementTotal: 2, PlacementUsed: 1},
+					{Class: "CUSTOM_VGPUD_MIG_SLICE", HostTotal: 8, HostMaxUnit: 8, PlacementTotal: 8, PlacementUsed: 5}}},
+			{UUID: "0d9c8b7a-6f5e-5d4c-8b3a-2f1e0d9c8b7a", Name: "gpu-7_pci_0000_81_00_0", GPU: "0000:81:00.0",
+				Classes: []dbusapi.FleetClass{{Class: "CUSTOM_VGPUD_L4_4Q", HostTotal: 6, HostReserved: 6, HostMaxUnit: 1}}}},
+		Differences: []dbusapi.FleetDifference{
+			{Kind: "provider-missing", Provider: "gpu-7_pci_0000_81_00_0", Subject: "0d9c8b7a-6f5e-5d4c-8b3a-2f1e0d9c8b7a", Host: "GPU 0000:81:00.0", Placement: "none"},
+			{Kind: "allocation-stale", Provider: "gpu-7_pci_0000_41_00_0", Subject: "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b", Host: "no instance", Placement: "CUSTOM_VGPUD_MIG_1G_10GB=1,CUSTOM_VGPUD_MIG_SLICE=1"}}}, f.record("FleetStatus")
 }
 
 func (f *fake) Events(ctx context.Context) (<-chan dbusapi.Event, error) {

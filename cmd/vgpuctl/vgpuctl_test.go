@@ -61,6 +61,7 @@ var verbs = []struct {
 	{"top", []string{"top", "-n", "1"}},
 	{"events", []string{"events", "--count", "2"}},
 	{"version", []string{"version"}},
+	{"fleet-status", []string{"fleet", "status"}},
 }
 
 func TestGoldenJSON(t *testing.T) {
@@ -504,5 +505,31 @@ func TestProfilesOneMemoryUnit(t *testing.T) {
 	}
 	if len(units) != 1 {
 		t.Errorf("profiles' VRAM column mixes units %v:\n%s", units, out)
+	}
+}
+
+// TestFleetStatusTable: the table names each difference and marks a
+// provider Placement lacks; without a fleet the daemon's Unavailable is
+// exit 10.
+func TestFleetStatusTable(t *testing.T) {
+	f := &fake{}
+	out, _, code := runFake(f, "fleet", "status")
+	for _, want := range []string{"gpu-7_pci_0000_41_00_0", "MISSING", "CUSTOM_VGPUD_MIG_SLICE", "8/0/5", "2 differences", "provider-missing", "allocation-stale", "host: no instance"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("fleet status (exit %d) lacks %q:\n%s", code, want, out)
+		}
+	}
+	f.fail = &dbusapi.Error{Name: dbusapi.NameUnavailable, Message: "no fleet: configure fleet: in vgpud.yaml (docs/fleet.md)"}
+	if _, errOut, code := runFake(f, "fleet", "status"); code != exitUnavailable || !strings.Contains(errOut, "configure fleet:") {
+		t.Fatalf("fleet status without a fleet: exit %d, %q", code, errOut)
+	}
+}
+
+// TestCreatePlacementConsumer: --placement-consumer reaches the request.
+func TestCreatePlacementConsumer(t *testing.T) {
+	f := &fake{}
+	const consumer = "88fce000-e480-4d4a-b58e-cabee588cd84"
+	if _, errOut, code := runFake(f, "create", "3g.40gb", "--tenant", "acme", "--placement-consumer", consumer); code != exitOK || f.created.PlacementConsumer != consumer {
+		t.Fatalf("create --placement-consumer: exit %d (%s), request %+v", code, errOut, f.created)
 	}
 }

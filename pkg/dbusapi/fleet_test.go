@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,12 +31,26 @@ func TestCreatePlacementConsumer(t *testing.T) {
 	}
 }
 
+// fakeFleet is a FleetSource; the service calls it from its own
+// goroutines (the bus round trip is no happens-before the race detector
+// sees), hence the lock.
 type fakeFleet struct {
+	mu  sync.Mutex
 	st  FleetStatus
 	err error
 }
 
-func (f *fakeFleet) FleetStatus(ctx context.Context) (FleetStatus, error) { return f.st, f.err }
+func (f *fakeFleet) FleetStatus(ctx context.Context) (FleetStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st, f.err
+}
+
+func (f *fakeFleet) fail(err error) {
+	f.mu.Lock()
+	f.err = err
+	f.mu.Unlock()
+}
 
 // TestFleetStatus: GetFleetStatus carries every field of the status and
 // names why it cannot answer: no fleet configured, Placement down.
@@ -59,7 +74,7 @@ func TestFleetStatus(t *testing.T) {
 		{errors.New("placement unreachable: dial tcp: refused"), NameUnavailable},
 		{fmt.Errorf("read the host: %w", manager.ErrGPULost), NameGPULost},
 	} {
-		f.err = c.err
+		f.fail(c.err)
 		if _, err := e.client.FleetStatus(ctxT(t)); ErrorName(err) != c.name {
 			t.Errorf("source error %v: FleetStatus = %v, want %s", c.err, err, c.name)
 		}

@@ -29,13 +29,13 @@ func TestPinnedSchedulerMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	mfs := parse(t, scrape(t, c))
-	if v, ok := value(mfs, "vgpud_gpu_scheduler_policy_info", map[string]string{"gpu": "GPU-pinned", "policy": "best_effort", "desired": "fixed_share", "mode": "pinned"}); !ok || v != 1 {
+	if v, ok := value(mfs, "vgpud_gpu_scheduler_policy_info", map[string]string{"UUID": "GPU-pinned", "policy": "best_effort", "desired": "fixed_share", "mode": "pinned"}); !ok || v != 1 {
 		t.Errorf("pinned GPU's policy_info missing or %v", v)
 	}
-	if v, _ := value(mfs, "vgpud_gpu_scheduler_policy_pending", map[string]string{"gpu": "GPU-pinned"}); v != 1 {
+	if v, _ := value(mfs, "vgpud_gpu_scheduler_policy_pending", map[string]string{"UUID": "GPU-pinned"}); v != 1 {
 		t.Errorf("pinned GPU's policy_pending %v, want 1", v)
 	}
-	if _, ok := value(mfs, "vgpud_gpu_scheduler_policy_info", map[string]string{"gpu": "GPU-loop", "mode": "adaptive"}); !ok {
+	if _, ok := value(mfs, "vgpud_gpu_scheduler_policy_info", map[string]string{"UUID": "GPU-loop", "mode": "adaptive"}); !ok {
 		t.Error("the loop's GPU lost its mode label")
 	}
 }
