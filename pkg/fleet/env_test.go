@@ -84,9 +84,11 @@ func (h *host) truth(t testing.TB) map[string]map[string]map[string]int {
 	return out
 }
 
-// placementHolds is what Placement holds on h's providers, in truth's shape;
-// it also checks every provider's inventories against the host's.
-func (h *host) placementHolds(t testing.TB, c *placementapi.Client) map[string]map[string]map[string]int {
+// placementHolds is what Placement holds on h's providers, in truth's shape,
+// and how each provider's inventories differ from the host's ("" when none):
+// a difference is retried by converged, since a pass that met a transient
+// Placement error leaves the next pass to finish.
+func (h *host) placementHolds(t testing.TB, c *placementapi.Client) (map[string]map[string]map[string]int, string) {
 	t.Helper()
 	ctx := context.Background()
 	view, err := h.h.Manager.FleetView()
@@ -94,13 +96,14 @@ func (h *host) placementHolds(t testing.TB, c *placementapi.Client) map[string]m
 		t.Fatal(err)
 	}
 	out := map[string]map[string]map[string]int{}
+	var diff string
 	for _, p := range desired(h.name, h.s.top(), view) {
 		inv, _, err := c.Inventories(ctx, p.uuid)
 		if err != nil {
 			t.Fatalf("%s: inventories of %s: %v", h.name, p.name, err)
 		}
 		if !sameInventories(inv, p.inv) {
-			t.Errorf("%s: %s inventories differ:\nplacement %v\nhost      %v", h.name, p.name, inv, p.inv)
+			diff += fmt.Sprintf("%s: %s inventories differ:\nplacement %v\nhost      %v\n", h.name, p.name, inv, p.inv)
 		}
 		allocs, err := c.ProviderAllocations(ctx, p.uuid)
 		if err != nil {
@@ -113,7 +116,7 @@ func (h *host) placementHolds(t testing.TB, c *placementapi.Client) map[string]m
 			out[cons][p.uuid] = r
 		}
 	}
-	return out
+	return out, diff
 }
 
 func sameHolding(a, b map[string]map[string]map[string]int) bool {
@@ -149,7 +152,9 @@ func converged(t testing.TB, c *placementapi.Client, hosts ...*host) {
 			}
 		}
 		for _, h := range hosts {
-			want, got := h.truth(t), h.placementHolds(t, c)
+			want := h.truth(t)
+			got, diff := h.placementHolds(t, c)
+			msg += diff
 			if !sameHolding(want, got) {
 				msg += fmt.Sprintf("%s: Placement holds %d consumers, the host %d:\nplacement %v\nhost      %v\n", h.name, len(got), len(want), keys(got), keys(want))
 			}
