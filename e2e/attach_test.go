@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
+
 	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
@@ -153,26 +155,54 @@ func TestAttachDetachOnRealLibvirt(t *testing.T) {
 }
 
 // On this machine there is no VFIO: a live attach to a running TCG VM
-// fails, and the create-and-attach is rolled back completely.
+// fails, and the create-and-attach is rolled back completely. The VM has
+// no <metadata> of its own (as one defined from a plain file): its
+// inactive and live XML must come back exactly, with no empty <metadata/>,
+// and the refusal carries libvirt's own reason.
 func TestLiveAttachRollback(t *testing.T) {
 	e := newAttachEnv(t)
 	ctx := context.Background()
-	e.lv.DefineDomain(t, "vgpud-e2e-live")
-	e.lv.StartDomain(t, "vgpud-e2e-live")
-	before := e.lv.Virsh(t, "dumpxml", "--inactive", "vgpud-e2e-live")
+	const vm = "vgpud-e2e-live"
+	e.lv.DefineBareDomain(t, vm)
+	e.lv.StartDomain(t, vm)
+	cfgBefore := e.lv.Virsh(t, "dumpxml", "--inactive", vm)
+	liveBefore := e.lv.Virsh(t, "dumpxml", vm)
 	hostBefore, _ := e.sim.Summary()
-	_, _, err := e.m.CreateAndAttach(ctx, manager.CreateRequest{Tenant: "acme", Profile: "A10-4Q"}, "vgpud-e2e-live", manager.AttachOptions{})
-	if !errors.Is(err, manager.ErrBackendFailure) || !strings.Contains(manager.Message(err), "configuration is unchanged") {
-		t.Fatalf("live create-and-attach: %v", err)
+	checkRefused := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, manager.ErrBackendFailure) || !errors.Is(err, virt.ErrLiveAttach) {
+			t.Fatalf("%s: %v, want BackendFailure wrapping virt.ErrLiveAttach", what, err)
+		}
+		var le libvirt.Error
+		if !errors.As(err, &le) || le.Code != uint32(libvirt.ErrConfigUnsupported) {
+			t.Fatalf("%s: %v does not wrap libvirt's error (code %d)", what, err, libvirt.ErrConfigUnsupported)
+		}
+		msg := manager.Message(err)
+		for _, w := range []string{"the running VM refused the device (libvirt error 67: " + le.Message + ")", "configuration is unchanged"} {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%s: message %q lacks %q", what, msg, w)
+			}
+		}
+		if after := e.lv.Virsh(t, "dumpxml", "--inactive", vm); after != cfgBefore {
+			t.Fatalf("%s: config changed:\n%s\nwas\n%s", what, after, cfgBefore)
+		}
+		if after := e.lv.Virsh(t, "dumpxml", vm); after != liveBefore {
+			t.Fatalf("%s: live definition changed:\n%s\nwas\n%s", what, after, liveBefore)
+		}
 	}
-	if after := e.lv.Virsh(t, "dumpxml", "--inactive", "vgpud-e2e-live"); after != before {
-		t.Fatalf("config changed:\n%s\nwas\n%s", after, before)
-	}
+	_, _, err := e.m.CreateAndAttach(ctx, manager.CreateRequest{Tenant: "acme", Profile: "A10-4Q"}, vm, manager.AttachOptions{})
+	checkRefused("live create-and-attach", err)
 	if hostAfter, _ := e.sim.Summary(); hostAfter != hostBefore {
 		t.Fatalf("instance not released:\n%s", hostAfter)
 	}
 	if insts, _ := e.m.AllInstances(); len(insts) != 0 {
 		t.Fatalf("records left: %+v", insts)
+	}
+	r := e.create(t, "A10-4Q")
+	_, err = e.m.Attach(ctx, r.UUID, vm, manager.AttachOptions{})
+	checkRefused("live attach", err)
+	if got, err := e.m.Instance(r.UUID); err != nil || got.State != store.StateReady {
+		t.Fatalf("instance after a refused attach: %+v, %v", got, err)
 	}
 }
 

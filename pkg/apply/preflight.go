@@ -92,13 +92,14 @@ func preflight(h *host, cs ChangeSet) error {
 			creates = append(creates, c)
 		}
 	}
+	var pr problems
+	checkGPUSettings(h, cs, destroyed, &pr)
 	if len(creates) == 0 {
-		return nil
+		return pr.err(cs)
 	}
 	// In Execute's order, so the GPUs' problems are listed in the order
 	// its creates would meet them.
 	sortChanges(creates)
-	var pr problems
 	plans := map[string]*gpuPlan{}
 	var gpus []string
 	for _, c := range creates {
@@ -142,8 +143,5 @@ func preflight(h *host, cs ChangeSet) error {
 		p.check(h, &pr)
 	}
 	checkTenants(h, cs, destroyed, creates, &pr)
-	if len(pr.lines) == 0 {
-		return nil
-	}
-	return &PreflightError{Source: cs.Source, Config: cs.Config, Kind: pr.kind, Problems: pr.lines}
+	return pr.err(cs)
 }

@@ -55,3 +55,11 @@ func (p *problems) add(kind error, format string, args ...any) {
 	}
 	p.lines = append(p.lines, fmt.Sprintf(format, args...))
 }
+
+// err is the refusal of cs for the problems found, nil when none.
+func (p *problems) err(cs ChangeSet) error {
+	if len(p.lines) == 0 {
+		return nil
+	}
+	return &PreflightError{Source: cs.Source, Config: cs.Config, Kind: p.kind, Problems: p.lines}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -54,7 +55,16 @@ func classifyVirt(err error, format string, args ...any) error {
 	case errors.Is(err, virt.ErrUnreachable), errors.Is(err, virt.ErrClosed):
 		return fail(ErrBackendFailure, err, format+": libvirtd is unreachable; start it (systemctl start libvirtd) and retry", args...)
 	case errors.Is(err, virt.ErrLiveAttach):
-		return fail(ErrBackendFailure, err, format+": the running VM refused the device; its configuration is unchanged", args...)
+		// libvirt's reason is what the operator acts on (no VFIO, a
+		// missing device, a guest without hotplug), so the message says it
+		// where it says what happened, not only in the daemon's log.
+		reason := "libvirt gave no reason"
+		var le *virt.LibvirtError
+		if errors.As(err, &le) {
+			reason = le.Error()
+		}
+		msg := fmt.Sprintf(format, args...) + ": the running VM refused the device (" + reason + "); its configuration is unchanged"
+		return &opError{kind: ErrBackendFailure, msg: msg, cause: err, shown: true}
 	case errors.Is(err, virt.ErrLiveDetach):
 		return fail(ErrBusy, err, format+": the guest did not release the device; stop the VM or retry", args...)
 	case errors.Is(err, virt.ErrNotPersistent), errors.Is(err, virt.ErrNeedsGraphics), errors.Is(err, virt.ErrInvalidHostdev):

@@ -141,6 +141,9 @@ func (m *Manager) decideMIG(s *snapshot, models map[string]offer, names []string
 		if errors.Is(err, placement.ErrUnknownProfile) && m.noMIGEnabled(s, names) {
 			return decision{}, fail(ErrInvalidArgument, err, "no GPU of model %s has MIG enabled; enable it first (`vgpuctl gpu mig GPU on`)", strings.Join(names, ", "))
 		}
+		if errors.Is(err, placement.ErrNoCapacity) {
+			return decision{}, m.migOutOfService(s, models, pin, req.Profile, err)
+		}
 		return decision{}, classify(err, "place %s", req.Profile)
 	}
 	g := m.gpuOf(s, dec.GPU)

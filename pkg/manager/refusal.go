@@ -15,7 +15,7 @@ import (
 // mdev parent, so on a GPU whose VFs are all taken it would count none.
 func (m *Manager) vgpuFull(s *snapshot, models map[string]offer, pin, typ, requested string, cause error) error {
 	var full []string
-	offering := 0
+	offering, out := 0, 0 // out: failed, lost or passed through
 	free := map[string]int{}
 	for _, h := range m.vgpuHosts(s) {
 		o, ok := models[h.Model]
@@ -27,6 +27,9 @@ func (m *Manager) vgpuFull(s *snapshot, models map[string]offer, pin, typ, reque
 		}
 		offering++
 		g := m.gpuOf(s, h.ID)
+		if s.unavailable(g) != "" {
+			out++
+		}
 		md := o.model
 		for name := range h.Types {
 			if t, ok := md.VGPUTypeByName(name); ok {
@@ -49,11 +52,40 @@ func (m *Manager) vgpuFull(s *snapshot, models map[string]offer, pin, typ, reque
 	switch {
 	case pin != "":
 		gpus = "the GPU asked for offers it and is full"
+	case offering == 1 && out == 1:
+		gpus = "1 GPU offers it and it is out of service"
 	case offering == 1:
 		gpus = "1 GPU offers it and it is full"
+	case out == offering:
+		gpus = fmt.Sprintf("%d GPUs offer it and all are out of service", offering)
+	case out > 0:
+		gpus = fmt.Sprintf("%d GPUs offer it: %d full, %d out of service", offering, offering-out, out)
 	}
 	msg := fmt.Sprintf("place %s: vGPU type %s: %s (%s); creatable there now: %s", requested, typ, gpus, strings.Join(full, "; "), instead)
 	// The cause's own text counts the GPUs differently; msg replaces it.
+	return &opError{kind: ErrNoCapacity, msg: msg, cause: cause, shown: true}
+}
+
+// migOutOfService words the refusal of a MIG profile (or MIG-backed vGPU)
+// that placement could put nowhere, naming the GPUs offering it that are
+// failed, lost or passed through and why: placement never sees why a GPU
+// is unavailable, so its own text would only say that every GPU is.
+func (m *Manager) migOutOfService(s *snapshot, models map[string]offer, pin, requested string, cause error) error {
+	var out []string
+	for i := range s.inv.GPUs {
+		g := &s.inv.GPUs[i]
+		if _, ok := models[g.Model]; !ok || !g.MIG.Capable || (pin != "" && g.UUID != pin) {
+			continue
+		}
+		if why := s.unavailable(g); why != "" {
+			out = append(out, g.PCI+": "+why)
+		}
+	}
+	if len(out) == 0 {
+		return classify(cause, "place %s", requested)
+	}
+	what := strings.TrimSuffix(cause.Error(), ": "+placement.ErrNoCapacity.Error())
+	msg := fmt.Sprintf("place %s: %s; out of service: %s", requested, what, strings.Join(out, "; "))
 	return &opError{kind: ErrNoCapacity, msg: msg, cause: cause, shown: true}
 }
 

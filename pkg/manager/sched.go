@@ -137,7 +137,8 @@ func checkSchedulerRequest(r SchedulerRequest) (*gpu.VGPUScheduler, error) {
 // hands it to the share loop (adaptive). A pinned setting the driver
 // refuses while VMs run is kept and returned as pending; it is set when
 // they stop. InvalidArgument for a bad request or a GPU without a
-// time-sliced scheduler (MIG on, no vGPU manager); nothing is changed then.
+// time-sliced scheduler (MIG on, no vGPU manager), Busy for a pin on a GPU
+// passed through whole; nothing is changed then.
 func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerRequest) (SchedulerView, error) {
 	want, err := checkSchedulerRequest(r)
 	if err != nil {
@@ -157,6 +158,11 @@ func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerReq
 	}
 	m.admit.Lock()
 	defer m.admit.Unlock()
+	if want != nil {
+		if err := m.notPassedThrough(g); err != nil {
+			return SchedulerView{}, err
+		}
+	}
 	if want == nil {
 		if err := m.putSchedulerRecord(g, nil); err != nil {
 			return SchedulerView{}, err
@@ -206,6 +212,28 @@ func (m *Manager) schedulerUsable(g *gpu.GPU) error {
 		return fail(ErrInvalidArgument, nil, "GPU %s has MIG on: it has no device-level vGPU scheduler (MIG slices are not time-sliced)", g.PCI)
 	case g.VGPU.Flavour == "" || g.VGPU.Flavour == gpu.FlavourNone:
 		return fail(ErrInvalidArgument, nil, "GPU %s has no vGPU manager: it has no vGPU scheduler", g.PCI)
+	}
+	return nil
+}
+
+// notPassedThrough refuses to pin the scheduler of a GPU given whole to an
+// instance: the VM's driver owns it, the host's vGPU manager does not
+// drive it (on a real host it is bound to vfio-pci), so there is no
+// scheduler to set. Handing it to the share loop (dropping a pin) is
+// still allowed. Called with m.admit held.
+func (m *Manager) notPassedThrough(g gpu.GPU) error {
+	var pt *store.Instance
+	if err := m.db.View(func(tx *store.Tx) error {
+		s, err := m.snapshot(tx)
+		if err == nil {
+			pt = s.passthroughOn(g.UUID)
+		}
+		return err
+	}); err != nil {
+		return classify(err, "set the vGPU scheduler of GPU %s", g.PCI)
+	}
+	if pt != nil {
+		return fail(ErrBusy, nil, "GPU %s is passed through whole (instance %s): it has no vGPU scheduler to set; destroy that instance first", g.PCI, pt.UUID)
 	}
 	return nil
 }

@@ -123,21 +123,28 @@ func (c *Conn) attach(r *rpc, name string, h Hostdev, doc, instance string) (boo
 		}
 	}
 
-	// The metadata entry first, then the device: a process killed between
-	// the two leaves an entry without a device, which a detach (what the
-	// manager's reconcile does with an unfinished attach whose device is not
-	// there) clears. The other order would leave a device in the domain that
-	// vgpud's metadata does not record.
+	// The config's metadata entry first, then the device: a process killed
+	// between the two leaves an entry without a device, which a detach
+	// (what the manager's reconcile does with an unfinished attach whose
+	// device is not there) clears. The other order would leave a device in
+	// the domain that vgpud's metadata does not record.
+	//
+	// The live entry comes after the live attach: the config's entry
+	// already records the instance (Attached reads both definitions), and
+	// a refused live attach then leaves the live definition untouched.
+	// libvirt keeps an empty <metadata/> once the last element in it is
+	// removed, so undoing a live entry could not give the live XML back
+	// as it was.
 	cfgWant := cfgMeta.with(entry)
 	liveWant := liveMeta
 	if st.active {
 		liveWant = liveMeta.with(entry)
 	}
-	if err := r.writeMetadata(d, cfgMeta, cfgWant, liveMeta, liveWant, st); err != nil {
-		return false, err
-	}
 	if flags == 0 {
-		return st.active, nil
+		return st.active, r.writeMetadata(d, cfgMeta, cfgWant, liveMeta, liveWant, st)
+	}
+	if err := r.writeMetadata(d, cfgMeta, cfgWant, liveMeta, liveMeta, st); err != nil {
+		return false, err
 	}
 	// One call for config and live: libvirt's QEMU driver saves the new
 	// config only after the live attach succeeded, so a refused live attach
@@ -146,18 +153,35 @@ func (c *Conn) attach(r *rpc, name string, h Hostdev, doc, instance string) (boo
 		if !refused(err) {
 			return false, err // broken connection or timeout: outcome unknown
 		}
-		// Keep "nothing changed": put the metadata back as it was. If that
-		// fails too, the entry without a device is what a crash would have
-		// left, and a detach clears it.
-		if merr := r.writeMetadata(d, cfgWant, cfgMeta, liveWant, liveMeta, st); merr != nil {
-			c.log.Warn("undo metadata of a refused attach failed", "domain", d.Name, "hostdev", h.String(), "err", merr)
-		}
+		c.undoConfigEntry(r, d, h, cfg, cfgMeta, cfgWant, st)
 		if flags&libvirt.DomainDeviceModifyLive != 0 {
 			return false, fmt.Errorf("domain %s: %w: %w", name, ErrLiveAttach, err)
 		}
 		return false, fmt.Errorf("domain %s: attach to config: %w", name, err)
 	}
+	if err := r.writeMetadata(d, cfgWant, cfgWant, liveMeta, liveWant, st); err != nil {
+		// The device is in the guest and the config's entry records it; a
+		// repeated Attach (or reconcile) writes the live entry.
+		c.log.Warn("record a live attach in the live metadata failed", "domain", d.Name, "hostdev", h.String(), "err", err)
+	}
 	return st.active, nil
+}
+
+// undoConfigEntry keeps "nothing changed" after libvirt refused an attach:
+// the config's metadata is put back as it was, and an empty <metadata/>
+// that libvirt leaves in a config that had none is dropped. If that fails
+// too, the entry without a device is what a crash would have left, and a
+// detach clears it.
+func (c *Conn) undoConfigEntry(r *rpc, d libvirt.Domain, h Hostdev, cfg *libvirtxml.Domain, was, now metadata, st domState) {
+	if err := r.writeMetadata(d, now, was, nil, nil, domState{persistent: st.persistent}); err != nil {
+		c.log.Warn("undo metadata of a refused attach failed", "domain", d.Name, "hostdev", h.String(), "err", err)
+		return
+	}
+	if cfg != nil && cfg.Metadata == nil {
+		if err := r.dropEmptyMetadata(d); err != nil {
+			c.log.Warn("drop the empty metadata a refused attach left", "domain", d.Name, "hostdev", h.String(), "err", err)
+		}
+	}
 }
 
 // hasGraphics reports whether the definitions that will receive the device

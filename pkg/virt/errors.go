@@ -50,15 +50,21 @@ var (
 	ErrClosed = errors.New("libvirt connection closed")
 )
 
-// LibvirtError is an error libvirtd returned, with its virErrorNumber code.
+// LibvirtError is an error libvirtd returned, with its virErrorNumber code
+// and libvirt's own message. It wraps go-libvirt's libvirt.Error, so
+// errors.As finds either.
 type LibvirtError struct {
 	Code    int
 	Message string
+	raw     libvirt.Error
 }
 
 func (e *LibvirtError) Error() string {
 	return fmt.Sprintf("libvirt error %d: %s", e.Code, e.Message)
 }
+
+// Unwrap is go-libvirt's error as libvirtd sent it.
+func (e *LibvirtError) Unwrap() error { return e.raw }
 
 // libvirtErr maps an error from go-libvirt onto this package's errors by
 // libvirt's numeric code, never by message text. Errors that are not from
@@ -68,7 +74,7 @@ func libvirtErr(err error) error {
 	if !errors.As(err, &le) {
 		return err
 	}
-	e := &LibvirtError{Code: int(le.Code), Message: le.Message}
+	e := &LibvirtError{Code: int(le.Code), Message: le.Message, raw: le}
 	switch libvirt.ErrorNumber(le.Code) {
 	case libvirt.ErrNoDomain:
 		return fmt.Errorf("%w: %w", ErrDomainNotFound, e)

@@ -3,7 +3,9 @@ package virt
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
+	"strings"
 
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -165,3 +167,39 @@ func (r *rpc) writeMetadata(d libvirt.Domain, cfgNow, cfg, liveNow, live metadat
 }
 
 func equalMeta(a, b metadata) bool { return slices.Equal(a, b) }
+
+// emptyMetadata is the line libvirt writes for a <metadata> element left
+// with no children.
+var emptyMetadata = regexp.MustCompile(`(?m)^[ \t]*<metadata/>\n`)
+
+// dropEmptyMetadata removes an empty <metadata/> from the domain's config
+// by defining the config again without it: libvirt has no call that
+// removes the element itself. The XML is read with its secrets (graphics
+// passwords), which the redefinition must keep. A config whose metadata is
+// not empty, or that does not hold exactly one empty element, is left
+// alone.
+func (r *rpc) dropEmptyMetadata(d libvirt.Domain) error {
+	doc, err := call(r, func(l *libvirt.Libvirt) (string, error) {
+		return l.DomainGetXMLDesc(d, libvirt.DomainXMLInactive|libvirt.DomainXMLSecure)
+	})
+	if err != nil {
+		return fmt.Errorf("domain %s: read config XML: %w", d.Name, err)
+	}
+	var def libvirtxml.Domain
+	if err := def.Unmarshal(doc); err != nil {
+		return fmt.Errorf("domain %s: parse config XML: %w", d.Name, err)
+	}
+	if def.Metadata == nil || strings.TrimSpace(def.Metadata.XML) != "" {
+		return nil
+	}
+	at := emptyMetadata.FindAllStringIndex(doc, -1)
+	if len(at) != 1 {
+		return nil
+	}
+	doc = doc[:at[0][0]] + doc[at[0][1]:]
+	_, err = call(r, func(l *libvirt.Libvirt) (libvirt.Domain, error) { return l.DomainDefineXMLFlags(doc, 0) })
+	if err != nil {
+		return fmt.Errorf("domain %s: define config without the empty metadata: %w", d.Name, err)
+	}
+	return nil
+}

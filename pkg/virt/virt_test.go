@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
@@ -301,6 +302,41 @@ func TestLiveAttachRollback(t *testing.T) {
 	d, err := c.Domain(ctx, dom.Name)
 	if err != nil || !d.Running {
 		t.Fatalf("Domain = %+v, %v; want running", d, err)
+	}
+}
+
+// TestLiveAttachRollbackBareDomain: a refused live attach to a domain that
+// had no <metadata> at all (one defined from a plain file) leaves its
+// inactive and live XML exactly as they were, with no empty <metadata/>
+// behind, and the error carries libvirt's code and message.
+func TestLiveAttachRollbackBareDomain(t *testing.T) {
+	env, c := setup(t)
+	ctx := ctxT(t)
+	dom := env.DefineBareDomain(t, "virt-bare")
+	env.StartDomain(t, dom.Name)
+	_, cfgBefore := dumpXML(t, env, dom.Name, true)
+	_, liveBefore := dumpXML(t, env, dom.Name, false)
+	if strings.Contains(cfgBefore, "<metadata") || strings.Contains(liveBefore, "<metadata") {
+		t.Fatalf("the bare domain has metadata:\n%s", cfgBefore)
+	}
+
+	_, err := c.Attach(ctx, dom.Name, mdevA, "inst-mdev")
+	if !errors.Is(err, virt.ErrLiveAttach) {
+		t.Fatalf("Attach = %v; want ErrLiveAttach", err)
+	}
+	var le *virt.LibvirtError
+	if !errors.As(err, &le) || le.Code != 67 || !strings.Contains(le.Message, "VFIO") {
+		t.Fatalf("error %v does not carry libvirt's code 67 (unsupported configuration) and message", err)
+	}
+	var raw libvirt.Error
+	if !errors.As(err, &raw) || raw.Code != 67 {
+		t.Fatalf("error %v does not wrap go-libvirt's libvirt.Error", err)
+	}
+	if _, cfgAfter := dumpXML(t, env, dom.Name, true); cfgAfter != cfgBefore {
+		t.Fatalf("failed live attach changed the config:\nbefore:\n%s\nafter:\n%s", cfgBefore, cfgAfter)
+	}
+	if _, liveAfter := dumpXML(t, env, dom.Name, false); liveAfter != liveBefore {
+		t.Fatalf("failed live attach changed the live definition:\nbefore:\n%s\nafter:\n%s", liveBefore, liveAfter)
 	}
 }
 

@@ -82,6 +82,34 @@ func (e *Env) DefineDomainXML(t testing.TB, d *libvirtxml.Domain) Domain {
 	return dom
 }
 
+// bareMarker is the <description> that marks a domain DefineBareDomain
+// defined, which has no <metadata> to hold the marker element.
+const bareMarker = "defined by the vgpud test harness (" + markerNS + ")"
+
+// DefineBareDomain defines TinyDomain(name) without a <metadata> element,
+// as a domain made with `virsh define` from a plain file is: tests of
+// what vgpud leaves in a domain's XML need one. The harness marks it by
+// its <description> instead, so a crashed run's leftover is still removed.
+func (e *Env) DefineBareDomain(t testing.TB, name string) Domain {
+	t.Helper()
+	d := TinyDomain(name)
+	d.Description = bareMarker
+	doc, err := d.Marshal()
+	if err != nil {
+		t.Fatalf("libvirtd: marshal domain %s: %v", d.Name, err)
+	}
+	l := e.Client(t)
+	if _, err := l.DomainLookupByName(d.Name); err == nil {
+		t.Fatalf("libvirtd: a domain named %q already exists; not replacing it", d.Name)
+	}
+	if _, err := l.DomainDefineXMLFlags(doc, libvirt.DomainDefineValidate); err != nil {
+		t.Fatalf("libvirtd: define %s: %v", d.Name, err)
+	}
+	dom := Domain{Name: d.Name, UUID: d.UUID}
+	t.Cleanup(func() { e.removeDomain(t, dom.UUID) })
+	return dom
+}
+
 // StartDomain starts a defined domain.
 func (e *Env) StartDomain(t testing.TB, name string) {
 	t.Helper()
@@ -169,7 +197,10 @@ func (e *Env) sweepStale(t testing.TB) {
 		// The marker is looked up by namespace in the parsed metadata, not by
 		// searching the document text.
 		var d libvirtxml.Domain
-		if d.Unmarshal(doc) != nil || d.Metadata == nil || !hasMarker(d.Metadata.XML) {
+		if d.Unmarshal(doc) != nil {
+			continue
+		}
+		if d.Description != bareMarker && (d.Metadata == nil || !hasMarker(d.Metadata.XML)) {
 			continue
 		}
 		stale = append(stale, Domain{Name: dom.Name, UUID: d.UUID})
