@@ -45,8 +45,8 @@ var ageName, ageHelp = ageFamily, "Time since the collection this scrape serves.
 // for (text, OpenMetrics, protobuf: promhttp's negotiation), plain, gzip
 // or zstd. Plain and gzip responses write the collection's encoding in
 // that format, made by the first scrape that asked for it, and the age
-// encoded for this scrape, in one gzip member; they are byte for byte
-// what promhttp writes for the Gatherer, which serves zstd itself.
+// encoded for this scrape, in one gzip member; they are, decompressed,
+// byte for byte what promhttp writes for the Gatherer, which serves zstd itself.
 // Encoding and compressing the collection at every scrape, as promhttp
 // does, costs more than ten times the scrape latency goal on the
 // benchmark host (docs/metrics.md, "Benchmark"). Before the first
