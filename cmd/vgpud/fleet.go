@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"reflect"
 	"strings"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
 
 	"github.com/vgpud/vgpud/pkg/fleet"
 	"github.com/vgpud/vgpud/pkg/placementapi"
@@ -163,39 +160,3 @@ func (r *fleetRunner) stop(d *daemon) {
 	defer r.mu.Unlock()
 	r.stopLocked(d)
 }
-
-// withFleetMetrics serves the fleet's families after pkg/metrics' in one
-// scrape; the inner handler is asked for plain text so they can follow.
-func withFleetMetrics(h http.Handler, g prometheus.Gatherer) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r2 := r.Clone(r.Context())
-		r2.Header.Del("Accept-Encoding")
-		rec := &bufferedResponse{header: http.Header{}, status: http.StatusOK}
-		h.ServeHTTP(rec, r2)
-		for k, v := range rec.header {
-			if k != "Content-Length" {
-				w.Header()[k] = v
-			}
-		}
-		if rec.status == http.StatusOK && r.Method == http.MethodGet {
-			if mfs, err := g.Gather(); err == nil {
-				enc := expfmt.NewEncoder(&rec.body, expfmt.NewFormat(expfmt.TypeTextPlain))
-				for _, mf := range mfs {
-					_ = enc.Encode(mf) // into a buffer: cannot fail
-				}
-			}
-		}
-		w.WriteHeader(rec.status)
-		_, _ = w.Write(rec.body.Bytes())
-	})
-}
-
-type bufferedResponse struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (b *bufferedResponse) Header() http.Header         { return b.header }
-func (b *bufferedResponse) Write(p []byte) (int, error) { return b.body.Write(p) }
-func (b *bufferedResponse) WriteHeader(s int)           { b.status = s }

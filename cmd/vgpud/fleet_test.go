@@ -1,14 +1,8 @@
 package main
 
 import (
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestConfigFleetSection(t *testing.T) {
@@ -35,32 +29,5 @@ func TestConfigFleetSection(t *testing.T) {
 	}
 	if !reloadableKeys["fleet"] {
 		t.Fatal("fleet is not applied on SIGHUP")
-	}
-}
-
-// TestFleetMetricsFollow: one scrape serves pkg/metrics' families and the
-// fleet's, even to a client that asks for gzip.
-func TestFleetMetricsFollow(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vgpud_fleet_test", Help: "x"})
-	reg.MustRegister(g)
-	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Accept-Encoding") != "" {
-			t.Error("inner handler asked for an encoding")
-		}
-		io.WriteString(w, "vgpud_up 1\n")
-	})
-	srv := httptest.NewServer(withFleetMetrics(inner, reg))
-	defer srv.Close()
-	req, _ := http.NewRequest("GET", srv.URL, nil)
-	req.Header.Set("Accept-Encoding", "gzip")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if !strings.Contains(string(body), "vgpud_up 1") || !strings.Contains(string(body), "vgpud_fleet_test 0") {
-		t.Fatalf("scrape = %q", body)
 	}
 }

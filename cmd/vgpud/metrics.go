@@ -61,7 +61,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 		col, err = metrics.New(metrics.Config{
 			Interval: d.cfg.CollectInterval.Duration, Source: src, Shares: loop, Version: version.Version,
 			Hostname: host, DriverVersion: drv.Version, NVMLVersion: drv.NVMLVersion, Simulated: d.host.sim != nil,
-			Process: true, Logger: d.log.With("component", "metrics"),
+			Process: true, Extra: d.fleet.reg, Logger: d.log.With("component", "metrics"),
 		})
 		if err != nil {
 			cancel()
@@ -84,7 +84,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			col.ObserveNVML(op, took, returnCode(ret))
 		})
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", withFleetMetrics(col.Handler(), d.fleet.reg))
+		mux.Handle("/metrics", col.Handler())
 		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path != "/" {
 				http.NotFound(w, r)

@@ -81,13 +81,15 @@ func (enc *encoding) encode(c *Collector, f expfmt.Format, mfs []*dto.MetricFami
 	})
 }
 
-// tail encodes the age family in format f, and for OpenMetrics the
-// closing "# EOF", as promhttp's encoder ends a scrape.
-func tail(f expfmt.Format, age *dto.MetricFamily) ([]byte, error) {
+// tail encodes the per-scrape families (the age first) in format f, and
+// for OpenMetrics the closing "# EOF", as promhttp's encoder ends a scrape.
+func tail(f expfmt.Format, fams []*dto.MetricFamily) ([]byte, error) {
 	var buf bytes.Buffer
 	e := expfmt.NewEncoder(&buf, f)
-	if err := e.Encode(age); err != nil {
-		return nil, err
+	for _, mf := range fams {
+		if err := e.Encode(mf); err != nil {
+			return nil, err
+		}
 	}
 	if cl, ok := e.(expfmt.Closer); ok {
 		if err := cl.Close(); err != nil {

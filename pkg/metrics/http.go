@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -18,18 +19,36 @@ var errNoCollection = errors.New("no collection yet")
 var _ prometheus.Gatherer = (*Collector)(nil)
 
 // Gather returns the latest collection's families (built by the first
-// Gather after the collection, from what it read), and the collection's
-// age, the one value computed at each call. It calls nothing else: no
-// NVML, no store, no share loop. The families returned are shared with
-// other scrapes and must not be changed.
+// Gather after the collection, from what it read), the collection's age,
+// the one value computed at each call, and Config.Extra's families. It
+// calls nothing else: no NVML, no store, no share loop. The families
+// returned are shared with other scrapes and must not be changed.
 func (c *Collector) Gather() ([]*dto.MetricFamily, error) {
 	out := c.current()
 	if out.at.IsZero() {
 		return nil, errNoCollection
 	}
-	mfs := make([]*dto.MetricFamily, len(out.mfs), len(out.mfs)+1)
+	tail, err := c.perScrape(out)
+	if err != nil {
+		return nil, err
+	}
+	mfs := make([]*dto.MetricFamily, len(out.mfs), len(out.mfs)+len(tail))
 	copy(mfs, out.mfs)
-	return append(mfs, c.age(out)), nil
+	return append(mfs, tail...), nil
+}
+
+// perScrape are the families made at each scrape, served after the
+// collection's: its age, then Config.Extra's.
+func (c *Collector) perScrape(out *built) ([]*dto.MetricFamily, error) {
+	mfs := []*dto.MetricFamily{c.age(out)}
+	if c.cfg.Extra == nil {
+		return mfs, nil
+	}
+	extra, err := c.cfg.Extra.Gather()
+	if err != nil {
+		return nil, fmt.Errorf("gathering the extra families: %w", err)
+	}
+	return append(mfs, extra...), nil
 }
 
 // age is the collection age family as of now.
@@ -45,7 +64,7 @@ var ageName, ageHelp = ageFamily, "Time since the collection this scrape serves.
 // for (text, OpenMetrics, protobuf: promhttp's negotiation), plain, gzip
 // or zstd. Plain and gzip responses write the collection's encoding in
 // that format, made by the first scrape that asked for it, and the age
-// encoded for this scrape, in one gzip member; they are, decompressed,
+// and Config.Extra's families encoded for this scrape, in one gzip member; they are, decompressed,
 // byte for byte what promhttp writes for the Gatherer, which serves zstd itself.
 // Encoding and compressing the collection at every scrape, as promhttp
 // does, costs more than ten times the scrape latency goal on the
@@ -81,7 +100,13 @@ func (c *Collector) Handler() http.Handler {
 		f := expfmt.NegotiateAccept(r.Header, formats...)
 		enc := out.enc.get(f)
 		enc.encode(c, f, out.mfs)
-		t, err := tail(f, c.age(out))
+		fams, err := c.perScrape(out)
+		if err != nil {
+			c.log.Error("metrics endpoint", "err", err)
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		t, err := tail(f, fams)
 		if err != nil {
 			c.log.Error("metrics endpoint", "err", err)
 			http.Error(w, "encoding the collection age: "+err.Error(), http.StatusInternalServerError)

@@ -71,8 +71,13 @@ type Config struct {
 	Simulated                            bool
 	// Process adds the process_* and go_* families of client_golang.
 	Process bool
-	Logger  *slog.Logger
-	Now     func() time.Time
+	// Extra are families kept elsewhere (the fleet sync's), gathered at
+	// each scrape and served after the collection with its age; nil: none.
+	// They must be cheap to gather (counters and gauges in memory) and
+	// named apart from the collector's.
+	Extra  prometheus.Gatherer
+	Logger *slog.Logger
+	Now    func() time.Time
 }
 
 // Collector collects in the background and serves the latest collection's
