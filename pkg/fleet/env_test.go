@@ -99,15 +99,17 @@ func (h *host) placementHolds(t testing.TB, c *placementapi.Client) (map[string]
 	var diff string
 	for _, p := range desired(h.name, h.s.top(), view) {
 		inv, _, err := c.Inventories(ctx, p.uuid)
-		if err != nil {
-			t.Fatalf("%s: inventories of %s: %v", h.name, p.name, err)
+		if err != nil { // e.g. not there yet after a wipe: the next try
+			diff += fmt.Sprintf("%s: inventories of %s: %v\n", h.name, p.name, err)
+			continue
 		}
 		if !sameInventories(inv, p.inv) {
 			diff += fmt.Sprintf("%s: %s inventories differ:\nplacement %v\nhost      %v\n", h.name, p.name, inv, p.inv)
 		}
 		allocs, err := c.ProviderAllocations(ctx, p.uuid)
 		if err != nil {
-			t.Fatal(err)
+			diff += fmt.Sprintf("%s: allocations on %s: %v\n", h.name, p.name, err)
+			continue
 		}
 		for cons, r := range allocs {
 			if out[cons] == nil {
