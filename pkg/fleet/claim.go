@@ -54,7 +54,7 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 	s.seen[c.Instance] = time.Now() // protected from the orphan sweep for Grace
 	delete(s.gone, c.Instance)
 	s.mu.Unlock()
-	want := resourcesOf(c)
+	want := p.resourcesOf(c)
 	err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 	if errors.Is(err, placementapi.ErrCapacity) {
 		s.met.claims.WithLabelValues("republish").Inc()
@@ -121,7 +121,7 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	res := cons.Allocations[p.uuid].Resources
 	c := manager.FleetClaim{Instance: consumer, GPU: p.gpu.UUID, Slices: res[SliceClass]}
 	for rc, n := range res {
-		if rc == SliceClass {
+		if rc == SliceClass || rc == FramebufferClass {
 			continue
 		}
 		fc, ok := p.classes[rc]
@@ -132,6 +132,11 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	}
 	if c.Profile == "" {
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s names no profile class: %w", consumer, p.name, manager.ErrInvalidArgument)
+	}
+	// The framebuffer must be exactly what the profile takes here, or
+	// Placement's accounting of this GPU would drift from the host's.
+	if want := p.resourcesOf(c)[FramebufferClass]; res[FramebufferClass] != want {
+		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, FramebufferClass, res[FramebufferClass], c.Profile, want, manager.ErrInvalidArgument)
 	}
 	return c, nil
 }

@@ -24,11 +24,17 @@ func one(total, reserved, maxUnit int) placementapi.Inventory {
 	return placementapi.Inventory{Total: total, Reserved: reserved, MinUnit: 1, MaxUnit: max(1, maxUnit), StepSize: 1, AllocationRatio: 1}
 }
 
-// resourcesOf is what one instance holds in Placement.
-func resourcesOf(c manager.FleetClaim) map[string]int {
-	r := map[string]int{ClassName(c.Kind, c.Profile): 1}
+// resourcesOf is what one instance holds in Placement: its profile class,
+// its slices on a MIG GPU and its type's framebuffer on a GPU in
+// heterogeneous vGPU mode.
+func (p *gpuProvider) resourcesOf(c manager.FleetClaim) map[string]int {
+	name := ClassName(c.Kind, c.Profile)
+	r := map[string]int{name: 1}
 	if c.Slices > 0 {
 		r[SliceClass] = c.Slices
+	}
+	if fb := p.classes[name].FramebufferMiB; fb > 0 && p.gpu.FramebufferMiB > 0 {
+		r[FramebufferClass] = int(fb)
 	}
 	return r
 }
@@ -44,14 +50,15 @@ func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
 			inv: map[string]placementapi.Inventory{}, traits: traitsOf(g), allocs: map[string]map[string]int{},
 			classes: map[string]manager.FleetClass{}}
 		down := g.State != gpu.StateOK
+		for _, c := range g.Classes {
+			p.classes[ClassName(c.Kind, c.Profile)] = c
+		}
 		used := map[string]int{}
 		for _, c := range g.Instances {
-			p.allocs[c.Instance] = resourcesOf(c)
+			p.allocs[c.Instance] = p.resourcesOf(c)
 			used[ClassName(c.Kind, c.Profile)]++
 		}
-		for _, c := range g.Classes {
-			name := ClassName(c.Kind, c.Profile)
-			p.classes[name] = c
+		for name, c := range p.classes {
 			total := used[name] + c.Room
 			if total > 0 {
 				p.inv[name] = one(total, 0, 1)
@@ -74,6 +81,15 @@ func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
 				reserved = g.Slices
 			}
 			p.inv[SliceClass] = one(g.Slices, reserved, g.Slices)
+		}
+		if fb := int(g.FramebufferMiB); fb > 0 {
+			// Every vGPU on the GPU is an instance with an allocation, so
+			// nothing is reserved unless the GPU takes nothing.
+			reserved := 0
+			if down {
+				reserved = fb
+			}
+			p.inv[FramebufferClass] = one(fb, reserved, fb)
 		}
 		sort.Strings(p.traits)
 		out = append(out, p)

@@ -125,6 +125,69 @@ func TestFleet(t *testing.T) {
 		}
 	})
 
+	t.Run("framebuffer class refuses what the GPU cannot hold", func(t *testing.T) {
+		ts := GPUProviderUUID(a.s.top(), sim.DefaultH100TS)
+		if err := a.h.Manager.SetHeterogeneous(ctx, sim.DefaultH100TS, true); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = a.h.Manager.SetHeterogeneous(ctx, sim.DefaultH100TS, false); a.pass(t) }()
+		a.pass(t)
+		inv, _, _ := c.Inventories(ctx, ts)
+		fb := inv[FramebufferClass].Total
+		var p gpuProvider
+		for _, q := range a.s.desired(mustView(t, a)) {
+			if q.uuid == ts {
+				p = q
+			}
+		}
+		big, small := "", ""
+		for name, fc := range p.classes {
+			if big == "" || fc.FramebufferMiB > p.classes[big].FramebufferMiB {
+				big = name
+			}
+			if small == "" || fc.FramebufferMiB < p.classes[small].FramebufferMiB {
+				small = name
+			}
+		}
+		if fb == 0 || big == small || p.classes[small].FramebufferMiB == 0 {
+			t.Fatalf("heterogeneous GPU inventories = %v", inv)
+		}
+		// The biggest type fills the GPU; then the smallest type, whose
+		// own class still has room, must be refused by the shared class.
+		var ids []string
+		used := 0
+		refused := false
+		try := func(name string, n int) {
+			for i := 0; i < n && !refused; i++ {
+				id := uuid.NewString()
+				amt := int(p.classes[name].FramebufferMiB)
+				err := claim(c, id, ts, map[string]int{name: 1, FramebufferClass: amt})
+				if errors.Is(err, placementapi.ErrCapacity) {
+					refused = used+amt > fb
+					if !refused {
+						t.Fatalf("%s refused with %d of %d MiB used: %v", name, used, fb, err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				used += amt
+				ids = append(ids, id)
+			}
+		}
+		try(big, inv[big].Total)
+		try(small, inv[small].Total)
+		if !refused || used > fb {
+			t.Fatalf("no refusal: %d of %d MiB claimed", used, fb)
+		}
+		for _, id := range ids {
+			if err := c.PutConsumer(ctx, id, placementapi.Consumer{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
 	t.Run("local create claims first, destroy removes", func(t *testing.T) {
 		rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb"})
 		if err != nil {
@@ -277,4 +340,13 @@ func TestFleet(t *testing.T) {
 		}
 	})
 	_ = fmt.Sprint
+}
+
+func mustView(t *testing.T, h *host) []manager.FleetGPU {
+	t.Helper()
+	v, err := h.h.Manager.FleetView()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

@@ -14,8 +14,14 @@ import (
 const (
 	// SliceClass is the MIG slot grid of one GPU, consumed by every MIG
 	// allocation with its profile's slot count.
-	SliceClass   = "CUSTOM_VGPUD_MIG_SLICE"
-	TraitManaged = "CUSTOM_VGPUD_MANAGED"
+	SliceClass = "CUSTOM_VGPUD_MIG_SLICE"
+	// FramebufferClass is the framebuffer, in MiB, of a time-sliced GPU in
+	// heterogeneous vGPU mode, consumed by every vGPU there with its
+	// type's framebuffer. MiB, the driver's own unit, keeps the amounts
+	// exact (types are not all whole GiB) and totals far below
+	// Placement's 2^31 limit (an H200 is about 143,000 MiB).
+	FramebufferClass = "CUSTOM_VGPUD_VGPU_FB_MIB"
+	TraitManaged     = "CUSTOM_VGPUD_MANAGED"
 	// ConsumerType is the consumer_type of the allocations vgpud writes.
 	ConsumerType = "INSTANCE"
 )

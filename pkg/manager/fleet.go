@@ -197,8 +197,12 @@ type FleetGPU struct {
 	// held by what the fleet cannot see as allocations (foreign GPU
 	// instances, MIG-backed vGPUs).
 	Slices, Unclaimable int
-	Classes             []FleetClass
-	Instances           []FleetClaim
+	// FramebufferMiB is the framebuffer the vGPU types share on a
+	// time-sliced GPU in heterogeneous mode (0 otherwise: in homogeneous
+	// mode the per-type maximum alone bounds the GPU).
+	FramebufferMiB uint64
+	Classes        []FleetClass
+	Instances      []FleetClaim
 }
 
 // FleetClass is one profile carvable on a GPU and how many more fit now.
@@ -207,6 +211,9 @@ type FleetClass struct {
 	Kind    store.InstanceKind
 	Slices  int
 	Room    int
+	// FramebufferMiB is what one instance takes of the GPU's shared
+	// framebuffer (heterogeneous vGPU mode only, else 0).
+	FramebufferMiB uint64
 }
 
 // FleetView is the host's truth for the fleet: every GPU, its instances and
@@ -281,13 +288,23 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 		if fg == nil || fg.MIG || md == nil {
 			continue
 		}
-		for name := range h.Types {
+		// The engine bounds heterogeneous mode by the GPU's memory
+		// (placement.VGPURoom): the fleet publishes the same rule.
+		shared := h.Heterogeneous && h.MemoryMiB > 0
+		if shared {
+			fg.FramebufferMiB = h.MemoryMiB
+		}
+		for name, tc := range h.Types {
 			t, _ := md.VGPUTypeByName(name) // h.Types holds only md's types
 			n := 0
 			if !h.Unavailable {
 				n = min(placement.VGPURoom(h, name), s.freeDevices(m.gpuOf(s, h.ID), t.ID))
 			}
-			fg.Classes = append(fg.Classes, FleetClass{Profile: name, Kind: store.KindVGPU, Room: max(0, n)})
+			c := FleetClass{Profile: name, Kind: store.KindVGPU, Room: max(0, n)}
+			if shared {
+				c.FramebufferMiB = tc.FramebufferMiB
+			}
+			fg.Classes = append(fg.Classes, c)
 		}
 		sort.Slice(fg.Classes, func(a, b int) bool { return fg.Classes[a].Profile < fg.Classes[b].Profile })
 	}
