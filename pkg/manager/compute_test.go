@@ -251,3 +251,31 @@ func TestComputeInstanceCrashPoints(t *testing.T) {
 		})
 	}
 }
+
+// Compute instances of one GPU instance destroyed at the same moment: the
+// last record to go takes the GPU instance with it, however the destroys
+// interleave (each drops its record under the GPU's lock).
+func TestConcurrentDestroysOfSharersLeaveNoGPUInstance(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		e := newEnv(t, nil)
+		e.tenant("acme", unlimited())
+		empty := e.summary()
+		var made []store.Instance
+		for i := 0; i < 3; i++ {
+			made = append(made, e.mustCreate("acme", "1c.3g.40gb", sim.DefaultH100MIG))
+		}
+		errs := make(chan error, len(made))
+		for _, r := range made {
+			go func() { errs <- e.m.Destroy(context.Background(), r.UUID, manager.DestroyOptions{}) }()
+		}
+		for range made {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: destroy: %v", round, err)
+			}
+		}
+		hostClean(t, e)
+		if got := e.summary(); got != empty {
+			t.Fatalf("round %d: a GPU instance was left behind:\n%s\nwant\n%s", round, got, empty)
+		}
+	}
+}

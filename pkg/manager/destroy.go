@@ -146,20 +146,29 @@ func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent 
 	l := m.gpuLock(rec.GPUUUID)
 	l.Lock()
 	err := m.release(ctx, &rec, func(carveStep) bool { return true }, true)
+	var forgot error
+	if err == nil {
+		// The record goes while the GPU's lock is still held (GPU lock,
+		// then a store transaction: the documented order). A sharer of
+		// its GPU instance (compute instances, MIG-backed vGPUs) released
+		// at the same moment then finds it gone and destroys the GPU
+		// instance, where both would otherwise see the other's record and
+		// leave the GPU instance behind.
+		forgot = m.db.Update(func(tx *store.Tx) error {
+			if err := tx.DeleteInstance(rec.UUID); err != nil {
+				return err
+			}
+			return tx.DeleteIntent(intent)
+		})
+	}
 	l.Unlock()
 	defer m.refreshGPU(context.WithoutCancel(ctx), rec.GPUUUID)
 	if err != nil {
 		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "destroy", Detail: Message(err), Took: m.now().Sub(started)})
 		return err
 	}
-	err = m.db.Update(func(tx *store.Tx) error {
-		if err := tx.DeleteInstance(rec.UUID); err != nil {
-			return err
-		}
-		return tx.DeleteIntent(intent)
-	})
-	if err != nil {
-		return classify(err, "forget instance %s", rec.UUID)
+	if forgot != nil {
+		return classify(forgot, "forget instance %s", rec.UUID)
 	}
 	m.log.Info("destroyed", "instance", rec.UUID, "tenant", rec.Tenant, "gpu", rec.GPUPCI)
 	m.emit(Event{Kind: EventInstanceRemoved, ID: rec.UUID})
