@@ -108,9 +108,10 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 		d, err = m.decide(s, offers, *req)
 		return err
 	})
-	if err != nil || (d.o.kind != store.KindMIG && d.o.kind != store.KindVGPU) {
+	if err != nil || (d.o.kind != store.KindMIG && d.o.kind != store.KindVGPU) || d.o.ci != nil {
 		// The admission gives the refusal its proper message; kinds the
-		// fleet does not publish are not claimed.
+		// fleet does not publish (compute instances narrower than their
+		// GPU instance among them: claimOf) are not claimed.
 		return nil, nil
 	}
 	c := FleetClaim{Instance: req.UUID, GPU: d.g.UUID, Profile: d.o.name(), Kind: d.o.kind, Slices: m.slicesOf(d.g.Model, d.o)}
@@ -139,6 +140,11 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 	}
 	if m.instanceExists(req.UUID) {
 		return nil, nil // a retry: admission returns the instance
+	}
+	for _, o := range offers {
+		if o.ci != nil && o.name() == req.Profile {
+			return nil, fail(ErrInvalidArgument, nil, "compute-instance profile %s is not published to Placement (its GPU instance's slices are reserved there); create it without a placement consumer", req.Profile)
+		}
 	}
 	c, err := f.Adopt(ctx, req.UUID)
 	if err != nil {
@@ -311,12 +317,17 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 	return out
 }
 
-// claimOf is what record r holds in the fleet's terms; MIG-backed vGPUs
-// and whole GPUs are not published.
+// claimOf is what record r holds in the fleet's terms; MIG-backed vGPUs,
+// whole GPUs and compute instances narrower than their GPU instance are
+// not published: the slots they hold count as unclaimable (reserved on
+// the slice class), once per GPU instance however many share it.
 func (m *Manager) claimOf(r *store.Instance) (FleetClaim, bool) {
 	c := FleetClaim{Instance: r.UUID, GPU: r.GPUUUID, Kind: r.Kind}
 	switch r.Kind {
 	case store.KindMIG:
+		if r.CISlices > 0 {
+			return FleetClaim{}, false
+		}
 		g := m.grid(r.Model)
 		if g == nil {
 			return FleetClaim{}, false
