@@ -99,18 +99,31 @@ func tail(f expfmt.Format, fams []*dto.MetricFamily) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// gzipEnd is what finishes enc's gzip stream after enc.gz: t in one
-// final stored deflate block (RFC 1951 3.2.4) and the trailer over the
-// body and t (RFC 1952), so the response is one gzip member however the
-// client reads it. enc.gz itself is written as it is, not copied.
+// gzipEnd is what finishes enc's gzip stream after enc.gz: t in stored
+// deflate blocks (RFC 1951 3.2.4; at most 65535 bytes each, the last one
+// final) and the trailer over the body and t (RFC 1952), so the response
+// is one gzip member however the client reads it. enc.gz itself is
+// written as it is, not copied.
 func (enc *encoding) gzipEnd(t []byte) []byte {
-	n := len(t)
-	out := make([]byte, 0, 5+n+8)
-	// BFINAL=1, BTYPE=00 (stored), then LEN and NLEN, little-endian.
-	out = append(out, 1, byte(n), byte(n>>8), ^byte(n), ^byte(n>>8))
-	out = append(out, t...)
+	const maxStored = 0xffff // a stored block's LEN is 16 bits
+	out := make([]byte, 0, 5*(len(t)/maxStored+1)+len(t)+8)
+	rest := t
+	for {
+		n := min(len(rest), maxStored)
+		final := byte(0)
+		if n == len(rest) {
+			final = 1
+		}
+		// BFINAL, BTYPE=00 (stored), then LEN and NLEN, little-endian.
+		out = append(out, final, byte(n), byte(n>>8), ^byte(n), ^byte(n>>8))
+		out = append(out, rest[:n]...)
+		rest = rest[n:]
+		if final == 1 {
+			break
+		}
+	}
 	out = binary.LittleEndian.AppendUint32(out, crc32.Update(enc.crc, crc32.IEEETable, t))
-	return binary.LittleEndian.AppendUint32(out, uint32(len(enc.body)+n))
+	return binary.LittleEndian.AppendUint32(out, uint32(len(enc.body)+len(t)))
 }
 
 // contentCoding is the encoding a request's Accept-Encoding prefers among

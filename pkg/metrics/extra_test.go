@@ -97,3 +97,35 @@ func TestExtraFamiliesInEveryExposition(t *testing.T) {
 		}
 	}
 }
+
+// A per-scrape tail longer than one stored deflate block (64 KiB) still
+// makes one valid gzip member.
+func TestLargeExtraTailInGzip(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vgpud_extra_wide", Help: "Many series."}, []string{"n"})
+	reg.MustRegister(v)
+	for i := 0; i < 4000; i++ { // ~30 bytes a line: ~120 KiB
+		v.WithLabelValues(fmt.Sprintf("%06d", i)).Set(float64(i))
+	}
+	c, err := metrics.New(metrics.Config{Source: &blockingSource{inv: dcgmHost()}, Extra: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Collect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	plain := get(t, c, "", "").Body.Bytes()
+	zr, err := gzip.NewReader(bytes.NewReader(get(t, c, "", "gzip").Body.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr.Multistream(false)
+	body, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("gzip scrape with a %d-byte tail: %v", len(plain), err)
+	}
+	// The age differs between the two scrapes only in its value.
+	if len(body) < 120_000 || !bytes.Contains(body, []byte("vgpud_extra_wide{n=\"003999\"} 3999\n")) {
+		t.Fatalf("gzip scrape lost the tail: %d bytes", len(body))
+	}
+}
