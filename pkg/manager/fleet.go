@@ -101,11 +101,21 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 	}
 	var d decision
 	err := m.db.View(func(tx *store.Tx) error {
+		// The claim names the GPU the admission will pin: choose it among
+		// the offers the tenant may take, as the admission does.
+		t, err := tx.Tenant(req.Tenant)
+		if err != nil {
+			return err
+		}
+		mine, err := allowed(t.Tenant, offers, req.Profile)
+		if err != nil {
+			return err
+		}
 		s, err := m.snapshot(tx)
 		if err != nil {
 			return err
 		}
-		d, err = m.decide(s, offers, *req)
+		d, err = m.decide(s, mine, *req)
 		return err
 	})
 	if err != nil || (d.o.kind != store.KindMIG && d.o.kind != store.KindVGPU) || d.o.ci != nil {
