@@ -52,7 +52,10 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 	}
 	s.mu.Lock()
 	s.seen[c.Instance] = time.Now() // protected from the orphan sweep for Grace
+	// A UUID used again after its instance was destroyed: a pass still in
+	// flight must not take the new claim for the old instance's leftover.
 	delete(s.gone, c.Instance)
+	delete(s.known, c.Instance)
 	s.mu.Unlock()
 	want := p.resourcesOf(c)
 	err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
