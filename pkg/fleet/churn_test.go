@@ -63,6 +63,8 @@ func Requests() []tplacement.Request {
 		{Profile: "3g.40gb", Resources: "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
 		{Profile: "L4-4Q", Resources: "CUSTOM_VGPUD_L4_4Q:1"},
 		{Profile: "H100XM-8C", Resources: "CUSTOM_VGPUD_H100XM_8C:1"},
+		{Profile: "H100XM-2-20C", Resources: "CUSTOM_VGPUD_H100XM_2_20C:1,CUSTOM_VGPUD_MIG_SLICE:2"},
+		{Profile: "passthrough", Resources: "CUSTOM_VGPUD_PASSTHROUGH:1"},
 	}
 }
 

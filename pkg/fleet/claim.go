@@ -8,6 +8,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/store"
 )
 
 // Syncer is the manager's Fleet.
@@ -136,10 +137,45 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	if c.Profile == "" {
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s names no profile class: %w", consumer, p.name, manager.ErrInvalidArgument)
 	}
+	if c.Kind == store.KindPassthrough {
+		return s.completeWhole(ctx, consumer, &p, c, res)
+	}
 	// The framebuffer must be exactly what the profile takes here, or
 	// Placement's accounting of this GPU would drift from the host's.
 	if want := p.resourcesOf(c)[FramebufferClass]; res[FramebufferClass] != want {
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, FramebufferClass, res[FramebufferClass], c.Profile, want, manager.ErrInvalidArgument)
+	}
+	return c, nil
+}
+
+// completeWhole adopts a whole-GPU allocation. A scheduler asks only for
+// the whole-GPU class (it cannot know which candidates are in MIG or
+// heterogeneous mode); vgpud adds the GPU's slices or framebuffer to the
+// allocation before carving, so that Placement itself refuses it if
+// anything was claimed on the GPU meanwhile. Amounts the scheduler did
+// write must be the whole GPU's.
+func (s *Syncer) completeWhole(ctx context.Context, consumer string, p *gpuProvider, c manager.FleetClaim, res map[string]int) (manager.FleetClaim, error) {
+	c.Slices = p.classes[ClassName(c.Kind, c.Profile)].Slices
+	want := p.resourcesOf(c)
+	complete := true
+	for _, rc := range []string{SliceClass, FramebufferClass} {
+		switch {
+		case res[rc] == want[rc]:
+		case res[rc] == 0:
+			complete = false
+		default:
+			return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; a whole GPU takes %d there: %w", consumer, p.name, rc, res[rc], want[rc], manager.ErrInvalidArgument)
+		}
+	}
+	if complete {
+		return c, nil
+	}
+	err := s.writeAllocation(ctx, consumer, p.uuid, want)
+	switch {
+	case errors.Is(err, placementapi.ErrCapacity):
+		return manager.FleetClaim{}, fmt.Errorf("placement refused the whole of %s to consumer %s (something else was claimed there): %w: %w", p.name, consumer, manager.ErrNoCapacity, err)
+	case err != nil:
+		return manager.FleetClaim{}, fmt.Errorf("complete the allocation of %s: %w: %w", consumer, manager.ErrBackendFailure, err)
 	}
 	return c, nil
 }

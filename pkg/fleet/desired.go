@@ -41,15 +41,17 @@ func (p *gpuProvider) resourcesOf(c manager.FleetClaim) map[string]int {
 
 // desired turns the host's truth into providers. A class's total is what
 // its instances hold plus the room vgpud has for it now, so Placement
-// accepts exactly what vgpud would; a GPU that takes nothing (failed,
-// lost, passed through) is fully reserved.
+// accepts exactly what vgpud would; a failed or lost GPU is fully
+// reserved. A GPU passed through whole is not: its allocation holds the
+// whole-GPU class and every shared unit (slices, framebuffer), and its
+// other classes have no room.
 func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
 	var out []gpuProvider
 	for _, g := range view {
 		p := gpuProvider{uuid: GPUProviderUUID(top, g.PCI), name: GPUProviderName(host, g.PCI), gpu: g,
 			inv: map[string]placementapi.Inventory{}, traits: traitsOf(g), allocs: map[string]map[string]int{},
 			classes: map[string]manager.FleetClass{}}
-		down := g.State != gpu.StateOK
+		down := g.State == gpu.StateFailed || g.State == gpu.StateLost
 		for _, c := range g.Classes {
 			p.classes[ClassName(c.Kind, c.Profile)] = c
 		}

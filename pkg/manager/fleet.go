@@ -10,6 +10,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/placement"
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 )
 
@@ -118,13 +119,13 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 		d, err = m.decide(s, mine, *req)
 		return err
 	})
-	if err != nil || (d.o.kind != store.KindMIG && d.o.kind != store.KindVGPU) || d.o.ci != nil {
-		// The admission gives the refusal its proper message; kinds the
-		// fleet does not publish (compute instances narrower than their
-		// GPU instance among them: claimOf) are not claimed.
+	if err != nil || d.o.ci != nil {
+		// The admission gives the refusal its proper message; compute
+		// instances narrower than their GPU instance are not published
+		// (claimOf) and so not claimed.
 		return nil, nil
 	}
-	c := FleetClaim{Instance: req.UUID, GPU: d.g.UUID, Profile: d.o.name(), Kind: d.o.kind, Slices: m.slicesOf(d.g.Model, d.o)}
+	c := FleetClaim{Instance: req.UUID, GPU: d.g.UUID, Profile: d.o.name(), Kind: d.o.kind, Slices: m.fleetSlices(d.g, d.o)}
 	if err := f.Claim(ctx, c); err != nil {
 		if errors.Is(err, ErrNoCapacity) {
 			return nil, fail(ErrNoCapacity, err, "the fleet has given the last room for %s on GPU %s away; retry or choose another GPU", c.Profile, d.g.PCI)
@@ -166,7 +167,7 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 	}
 	ok := false
 	for _, o := range offers {
-		if o.model.Name == g.Model && o.name() == c.Profile && o.kind == c.Kind && m.slicesOf(g.Model, o) == c.Slices {
+		if o.model.Name == g.Model && o.name() == c.Profile && o.kind == c.Kind && m.fleetSlices(&g, o) == c.Slices {
 			ok = true
 		}
 	}
@@ -194,6 +195,28 @@ func (m *Manager) slicesOf(model string, o offer) int {
 	if g := m.grid(model); g != nil {
 		if p, ok := g.Profile(o.gi.Name); ok {
 			return p.Size
+		}
+	}
+	return 0
+}
+
+// fleetSlices is how many slot-grid units an instance of offer o on g
+// consumes in the fleet: a MIG instance and a MIG-backed vGPU alone in its
+// GPU instance its GPU instance's size; a whole GPU in MIG mode every slot.
+// vGPUs of types that share a GPU instance consume none: one GPU
+// instance's slots cannot be split among its vGPUs in whole units, so the
+// fleet view reserves them once (FleetGPU.Unclaimable).
+func (m *Manager) fleetSlices(g *gpu.GPU, o offer) int {
+	switch o.kind {
+	case store.KindMIG:
+		return m.slicesOf(g.Model, o)
+	case store.KindMIGVGPU:
+		if o.typ.MaxPerGPUInstance <= 1 {
+			return m.slicesOf(g.Model, o)
+		}
+	case store.KindPassthrough:
+		if gr := m.grid(g.Model); gr != nil && g.MIG.Enabled {
+			return gr.Slices
 		}
 	}
 	return 0
@@ -293,10 +316,13 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 			used += sl.Size
 		}
 		fg.Unclaimable = max(0, used-claimed)
+		newGIs := map[int]int{}
 		for _, f := range placement.Capacity([]placement.GPU{pg}) {
 			p, _ := pg.Grid.Profile(f.Profile) // Capacity names only the grid's own profiles
 			fg.Classes = append(fg.Classes, FleetClass{Profile: f.Profile, Kind: store.KindMIG, Slices: p.Size, Room: f.Count})
+			newGIs[p.ID] = f.Count
 		}
+		fg.Classes = append(fg.Classes, m.migBackedClasses(s, m.gpuOf(s, pg.ID), newGIs)...)
 	}
 	for _, h := range m.vgpuHosts(s) {
 		fg := byID[h.ID]
@@ -324,13 +350,113 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 		}
 		sort.Slice(fg.Classes, func(a, b int) bool { return fg.Classes[a].Profile < fg.Classes[b].Profile })
 	}
+	for i := range out {
+		m.passthroughClass(s, &out[i])
+	}
 	return out
 }
 
-// claimOf is what record r holds in the fleet's terms; MIG-backed vGPUs,
-// whole GPUs and compute instances narrower than their GPU instance are
-// not published: the slots they hold count as unclaimable (reserved on
-// the slice class), once per GPU instance however many share it.
+// migBackedClasses are the MIG-backed vGPU types g's flow can create, with
+// the room the admission has for each: a new GPU instance of the type's
+// size (newGIs, by GPU-instance profile id) per vGPU the instance takes,
+// plus the free seats of GPU instances our vGPUs of the same size already
+// share (decideMIG fills those first), bounded by the free VFs or mdev
+// parents and the type's per-GPU maximum.
+func (m *Manager) migBackedClasses(s *snapshot, g *gpu.GPU, newGIs map[int]int) []FleetClass {
+	md, _ := m.catalog().Model(g.Model) // nil for a model the catalog lacks
+	if md == nil || md.VGPU == nil || g.VGPU.Flavour == gpu.FlavourNone || g.VGPU.Flavour == "" {
+		return nil
+	}
+	var out []FleetClass
+	for i := range md.VGPU.Types {
+		t := &md.VGPU.Types[i]
+		if !t.MIGBacked() || !md.HasFlow(t, string(g.VGPU.Flavour)) {
+			continue
+		}
+		c := FleetClass{Profile: t.Name, Kind: store.KindMIGVGPU}
+		if t.MaxPerGPUInstance <= 1 {
+			p, _ := m.giProfile(g.Model, *t.GPUInstanceProfile)
+			c.Slices = p.Size
+		}
+		if s.unavailable(g) == "" {
+			room := newGIs[*t.GPUInstanceProfile]*max(1, t.MaxPerGPUInstance) + s.freeSeats(m, g, t)
+			c.Room = max(0, min(room, s.freeDevices(g, t.ID), t.MaxInstances-s.typeCount(g, t.ID)))
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// freeSeats counts the vGPUs of type t the GPU instances our MIG-backed
+// vGPUs share on g can still take, by decideMIG's rule: a ready record on
+// a GPU instance of t's size whose vGPUs all have t's framebuffer.
+func (s *snapshot) freeSeats(m *Manager, g *gpu.GPU, t *profile.VGPUType) int {
+	if t.MaxPerGPUInstance <= 1 {
+		return 0
+	}
+	md, _ := m.catalog().Model(g.Model) // the caller found it
+	n := 0
+	seen := map[int]bool{}
+	for _, r := range s.byGPU[g.UUID] {
+		if r.Kind != store.KindMIGVGPU || r.State != store.StateReady || r.GIProfileID != *t.GPUInstanceProfile || seen[r.GIStart] {
+			continue
+		}
+		seen[r.GIStart] = true
+		on := s.giRecords(g.UUID, r.GIStart, r.GIProfileID)
+		same := true
+		for _, x := range on {
+			if xt, ok := md.VGPUTypeByID(x.TypeID); ok && xt.FramebufferMiB != t.FramebufferMiB {
+				same = false
+			}
+		}
+		if same {
+			n += max(0, t.MaxPerGPUInstance-len(on))
+		}
+	}
+	return n
+}
+
+// typeCount is how many vGPUs of typeID our records hold on g.
+func (s *snapshot) typeCount(g *gpu.GPU, typeID int) int {
+	n := 0
+	for _, r := range s.byGPU[g.UUID] {
+		if (r.Kind == store.KindVGPU || r.Kind == store.KindMIGVGPU) && r.TypeID == typeID {
+			n++
+		}
+	}
+	return n
+}
+
+// passthroughClass adds the whole-GPU class to fg: room 1 on a GPU the
+// admission would pass through now (available, nothing carved). A whole
+// GPU also takes every slot of a MIG GPU and all the framebuffer of a GPU
+// in heterogeneous mode, so that Placement itself refuses a whole GPU
+// together with anything carved on it.
+func (m *Manager) passthroughClass(s *snapshot, fg *FleetGPU) {
+	g := m.gpuOf(s, fg.UUID)
+	if _, ok := m.catalog().Model(fg.Model); !ok || g == nil {
+		return
+	}
+	c := FleetClass{Profile: ProfilePassthrough, Kind: store.KindPassthrough, FramebufferMiB: fg.FramebufferMiB}
+	if fg.MIG {
+		c.Slices = fg.Slices
+	}
+	if s.unavailable(g) == "" && !s.carved(g) {
+		c.Room = 1
+	}
+	fg.Classes = append(fg.Classes, c)
+	for i := range fg.Instances {
+		if fg.Instances[i].Kind == store.KindPassthrough {
+			fg.Instances[i].Slices = c.Slices
+		}
+	}
+}
+
+// claimOf is what record r holds in the fleet's terms. Compute instances
+// narrower than their GPU instance are not published: their GPU instance's
+// slots count as unclaimable (reserved on the slice class) once, however
+// many share it. A whole GPU's slices are filled in by fleetView, which
+// knows whether the GPU is in MIG mode.
 func (m *Manager) claimOf(r *store.Instance) (FleetClaim, bool) {
 	c := FleetClaim{Instance: r.UUID, GPU: r.GPUUUID, Kind: r.Kind}
 	switch r.Kind {
@@ -338,20 +464,45 @@ func (m *Manager) claimOf(r *store.Instance) (FleetClaim, bool) {
 		if r.CISlices > 0 {
 			return FleetClaim{}, false
 		}
-		g := m.grid(r.Model)
-		if g == nil {
+		p, ok := m.giProfile(r.Model, r.GIProfileID)
+		c.Profile, c.Slices = p.Name, p.Size
+		return c, ok
+	case store.KindMIGVGPU:
+		md, _ := m.catalog().Model(r.Model) // nil for a model the catalog lacks
+		if md == nil || r.TypeName == "" {
 			return FleetClaim{}, false
 		}
-		for _, p := range g.Profiles {
-			if p.ID == r.GIProfileID {
-				c.Profile, c.Slices = p.Name, p.Size
-				return c, true
-			}
+		t, ok := md.VGPUTypeByID(r.TypeID)
+		if !ok {
+			return FleetClaim{}, false
 		}
-		return FleetClaim{}, false
+		c.Profile = t.Name
+		if t.MaxPerGPUInstance <= 1 {
+			p, ok := m.giProfile(r.Model, r.GIProfileID)
+			if !ok {
+				return FleetClaim{}, false
+			}
+			c.Slices = p.Size
+		}
+		return c, true
 	case store.KindVGPU:
 		c.Profile = r.TypeName
 		return c, r.TypeName != ""
+	case store.KindPassthrough:
+		c.Profile = ProfilePassthrough
+		return c, true
 	}
 	return FleetClaim{}, false
+}
+
+// giProfile is the grid profile id of model.
+func (m *Manager) giProfile(model string, id int) (placement.Profile, bool) {
+	if g := m.grid(model); g != nil {
+		for _, p := range g.Profiles {
+			if p.ID == id {
+				return p, true
+			}
+		}
+	}
+	return placement.Profile{}, false
 }

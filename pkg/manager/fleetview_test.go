@@ -1,0 +1,147 @@
+package manager_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/store"
+)
+
+// fleetGPU is the fleet view of the GPU at pci.
+func (e *env) fleetGPU(pci string) manager.FleetGPU {
+	e.t.Helper()
+	view, err := e.m.FleetView()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, g := range view {
+		if g.PCI == pci {
+			return g
+		}
+	}
+	e.t.Fatalf("no GPU %s in the fleet view", pci)
+	return manager.FleetGPU{}
+}
+
+func classOf(g manager.FleetGPU, profile string) (manager.FleetClass, bool) {
+	for _, c := range g.Classes {
+		if c.Profile == profile {
+			return c, true
+		}
+	}
+	return manager.FleetClass{}, false
+}
+
+// roomIsAdmission checks that the room the fleet view publishes for each
+// class of the GPU at pci is exactly what the admission takes there now:
+// Room creates pinned to the GPU succeed, one more is refused. What it
+// created is destroyed again.
+func (e *env) roomIsAdmission(pci string) {
+	e.t.Helper()
+	for _, c := range e.fleetGPU(pci).Classes {
+		var made []string
+		for i := 0; i < c.Room; i++ {
+			r, err := e.create("acme", c.Profile, pci)
+			if err != nil {
+				e.t.Fatalf("%s: the fleet publishes room %d for %s, the admission refused number %d: %v", pci, c.Room, c.Profile, i+1, err)
+			}
+			made = append(made, r.UUID)
+		}
+		if _, err := e.create("acme", c.Profile, pci); !errors.Is(err, manager.ErrNoCapacity) {
+			e.t.Fatalf("%s: the fleet publishes room %d for %s, the admission took one more (%v)", pci, c.Room, c.Profile, err)
+		}
+		for _, id := range made {
+			if err := e.m.Destroy(context.Background(), id, manager.DestroyOptions{}); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestFleetViewOfMIGBackedAndPassthrough: MIG-backed vGPU types and the
+// whole GPU are published as classes with the admission's room; a
+// MIG-backed vGPU alone in its GPU instance claims that instance's slots,
+// a whole GPU every slot of a MIG GPU.
+func TestFleetViewOfMIGBackedAndPassthrough(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+
+	g := e.fleetGPU(sim.DefaultH100MIG)
+	want := map[string]manager.FleetClass{
+		"H100XM-3-40C":             {Profile: "H100XM-3-40C", Kind: store.KindMIGVGPU, Slices: 4, Room: 2},
+		"H100XM-1-10C":             {Profile: "H100XM-1-10C", Kind: store.KindMIGVGPU, Slices: 1, Room: 7},
+		manager.ProfilePassthrough: {Profile: manager.ProfilePassthrough, Kind: store.KindPassthrough, Slices: 8, Room: 1},
+	}
+	for name, w := range want {
+		if c, ok := classOf(g, name); !ok || c != w {
+			t.Fatalf("class %s = %+v (published %v), want %+v", name, c, ok, w)
+		}
+	}
+	e.roomIsAdmission(sim.DefaultH100MIG)
+
+	v := e.mustCreate("acme", "H100XM-3-40C", sim.DefaultH100MIG)
+	g = e.fleetGPU(sim.DefaultH100MIG)
+	if len(g.Instances) != 1 || g.Instances[0] != (manager.FleetClaim{Instance: v.UUID, GPU: v.GPUUUID, Profile: "H100XM-3-40C", Kind: store.KindMIGVGPU, Slices: 4}) {
+		t.Fatalf("published instances %+v, want the MIG-backed vGPU with its 4 slots", g.Instances)
+	}
+	if g.Unclaimable != 0 {
+		t.Fatalf("unclaimable slots %d, want 0: the vGPU's allocation holds its slots", g.Unclaimable)
+	}
+	if c, _ := classOf(g, manager.ProfilePassthrough); c.Room != 0 {
+		t.Fatalf("a GPU with a vGPU offers room %d for a whole GPU", c.Room)
+	}
+	e.roomIsAdmission(sim.DefaultH100MIG)
+
+	// A whole GPU: its claim takes every slot of a MIG GPU, nothing else
+	// has room there, and the class stays published for its allocation.
+	if err := e.m.Destroy(context.Background(), v.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := e.mustCreate("acme", manager.ProfilePassthrough, sim.DefaultH100MIG)
+	g = e.fleetGPU(sim.DefaultH100MIG)
+	if g.State != gpu.StatePassthrough || len(g.Instances) != 1 || g.Instances[0].Slices != 8 || g.Instances[0].Instance != w.UUID {
+		t.Fatalf("whole GPU: state %s, instances %+v; want its claim of all 8 slots", g.State, g.Instances)
+	}
+	for _, c := range g.Classes {
+		if c.Room != 0 {
+			t.Fatalf("a GPU passed through offers room %d for %s", c.Room, c.Profile)
+		}
+	}
+	// On a GPU without MIG the whole GPU takes no slots.
+	a := e.mustCreate("acme", manager.ProfilePassthrough, sim.DefaultA10)
+	if g := e.fleetGPU(sim.DefaultA10); len(g.Instances) != 1 || g.Instances[0] != (manager.FleetClaim{Instance: a.UUID, GPU: a.GPUUUID, Profile: manager.ProfilePassthrough, Kind: store.KindPassthrough}) {
+		t.Fatalf("whole A10: instances %+v", g.Instances)
+	}
+}
+
+// TestFleetViewOfSharedGPUInstances: types whose vGPUs share a GPU
+// instance claim no slots (one instance's slots cannot be split among its
+// vGPUs in whole units); the GPU instance's slots are unclaimable once,
+// and the type's room counts the free seats of the shared instance.
+func TestFleetViewOfSharedGPUInstances(t *testing.T) {
+	const pci = "0000:41:00.0"
+	e := newEnv(t, &sim.Spec{Version: "v1", GPUs: []sim.GPUSpec{{Model: "RTX-PRO-6000-BSE-96GB", PCI: pci, Flavour: gpu.FlavourVFIO, MIG: true}}})
+	e.tenant("acme", unlimited())
+	const typ = "RTX Pro 6000 Blackwell DC-1-6Q" // four per 1g.24gb+gfx (3 slots)
+	before, ok := classOf(e.fleetGPU(pci), typ)
+	if !ok || before.Slices != 0 || before.Kind != store.KindMIGVGPU || before.Room == 0 {
+		t.Fatalf("class %s = %+v (published %v)", typ, before, ok)
+	}
+	e.roomIsAdmission(pci)
+	v := e.mustCreate("acme", typ, pci)
+	g := e.fleetGPU(pci)
+	if len(g.Instances) != 1 || g.Instances[0].Slices != 0 || g.Instances[0].Instance != v.UUID {
+		t.Fatalf("published instances %+v, want the vGPU with no slots", g.Instances)
+	}
+	if g.Unclaimable != 3 {
+		t.Fatalf("unclaimable slots %d, want the shared GPU instance's 3", g.Unclaimable)
+	}
+	if c, _ := classOf(g, typ); c.Room != before.Room-1 {
+		t.Fatalf("room for %s after one: %d, want %d (three seats left in the shared instance)", typ, c.Room, before.Room-1)
+	}
+	e.roomIsAdmission(pci)
+}
