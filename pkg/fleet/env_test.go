@@ -60,6 +60,15 @@ func startHost(t testing.TB, name, url string, spec *sim.Spec, cfg Config) *host
 	return &host{name: name, h: h, s: s}
 }
 
+// run runs the syncer's loop (passes after host events, which also mark
+// destroyed instances' allocations for removal) until the test ends.
+func (h *host) run(t testing.TB) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 func (h *host) pass(t testing.TB) {
 	t.Helper()
 	if err := h.s.Pass(context.Background()); err != nil {

@@ -105,10 +105,7 @@ func TestHostilePlacement(t *testing.T) {
 	a := startHost(t, "hosth", front.URL, nil, Config{Interval: 200 * time.Millisecond})
 	logs := &lockedBuffer{}
 	a.s.log = slog.New(slog.NewTextHandler(logs, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { a.s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	a.run(t)
 	converged(t, c, a)
 
 	var made []string
