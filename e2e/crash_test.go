@@ -505,7 +505,13 @@ type crashState struct {
 
 func (w *crashWorld) readStore(t *testing.T) crashState {
 	t.Helper()
-	db, err := store.Open(filepath.Join(w.state, "state.db"), store.Options{Timeout: 5 * time.Second})
+	return readState(t, w.state)
+}
+
+// readState reads the store of a daemon that does not run.
+func readState(t *testing.T, stateDir string) crashState {
+	t.Helper()
+	db, err := store.Open(filepath.Join(stateDir, "state.db"), store.Options{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("open the state after the daemon stopped: %v", err)
 	}

@@ -32,6 +32,8 @@ type busDaemon struct {
 	cmd      *exec.Cmd
 	done     chan struct{}
 	err      error
+	// env is added to the environment of the processes spawn starts.
+	env []string
 }
 
 type busDaemonOpts struct {
@@ -82,7 +84,7 @@ func (d *busDaemon) spawn(t testing.TB, args ...string) (*exec.Cmd, *os.File) {
 	}
 	cmd := exec.Command(vgpudBin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = d.bus.Env()
+	cmd.Env = append(d.bus.Env(), d.env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

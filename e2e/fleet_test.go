@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
@@ -62,22 +64,31 @@ type fleetDaemon struct {
 	// root is its root provider, providers its GPU providers.
 	root      string
 	providers map[string]bool
+
+	mu sync.Mutex
+	// acked are the instances it acknowledged (created, not destroyed);
+	// uncertain those whose create or destroy a dying daemon cut off
+	// (checkHost takes the store's word for them).
+	acked, uncertain map[string]bool
 }
 
-func startFleetDaemon(t *testing.T, name, spec, endpoint string) *fleetDaemon {
+// startFleetDaemon starts a daemon whose periodic pass runs every interval
+// (a duration of vgpud.yaml, e.g. "2s").
+func startFleetDaemon(t *testing.T, name, spec, endpoint, interval string) *fleetDaemon {
 	t.Helper()
 	dir := t.TempDir()
 	specPath, cfgPath := filepath.Join(dir, "host.yaml"), filepath.Join(dir, "vgpud.yaml")
 	// A short sync interval and grace keep the test short; convergence is
 	// still event-driven for every create and destroy.
-	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: 2s\n  grace: 3s\n  timeout: 5s\n", endpoint, name)
+	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: %s\n  grace: 3s\n  timeout: 5s\n", endpoint, name, interval)
 	for p, s := range map[string]string{specPath: spec, cfgPath: cfg} {
 		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	bus := testbus.Start(t)
-	d := &fleetDaemon{name: name, busDaemon: &busDaemon{bus: bus, stateDir: filepath.Join(dir, "state")}}
+	d := &fleetDaemon{name: name, busDaemon: &busDaemon{bus: bus, stateDir: filepath.Join(dir, "state")},
+		acked: map[string]bool{}, uncertain: map[string]bool{}}
 	if err := os.Mkdir(d.stateDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -86,17 +97,39 @@ func startFleetDaemon(t *testing.T, name, spec, endpoint string) *fleetDaemon {
 		"--bus-address", bus.Address(), "--libvirt-socket", "", "--log-level", "info"}
 	d.start(t)
 	t.Cleanup(func() { d.stop(t) })
-	c, err := dbusapi.Dial(context.Background(), bus.Address())
+	d.dial(t)
+	if _, err := d.client.DefineTenant(ctxFleet(t), dbusapi.TenantSpec{Name: "acme", Class: "guaranteed",
+		Quota: dbusapi.Quota{VRAMBytes: dbusapi.Unlimited, ComputeMilli: dbusapi.Unlimited, MaxInstances: dbusapi.Unlimited}}); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// dial connects the test's client to the daemon's bus.
+func (d *fleetDaemon) dial(t *testing.T) {
+	t.Helper()
+	c, err := dbusapi.Dial(context.Background(), d.bus.Address())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	d.client = c
-	if _, err := c.DefineTenant(ctxFleet(t), dbusapi.TenantSpec{Name: "acme", Class: "guaranteed",
-		Quota: dbusapi.Quota{VRAMBytes: dbusapi.Unlimited, ComputeMilli: dbusapi.Unlimited, MaxInstances: dbusapi.Unlimited}}); err != nil {
-		t.Fatal(err)
+}
+
+// restart starts the daemon again on its state (after it died or was
+// stopped), with $VGPUD_CRASH_AT=crashAt unless that is "", and connects
+// a new client.
+func (d *fleetDaemon) restart(t *testing.T, crashAt string) {
+	t.Helper()
+	if d.client != nil {
+		d.client.Close()
 	}
-	return d
+	d.env = nil
+	if crashAt != "" {
+		d.env = []string{"VGPUD_CRASH_AT=" + crashAt}
+	}
+	d.start(t)
+	d.dial(t)
 }
 
 // start runs the process (again, after a kill) and waits for its bus name.
@@ -133,12 +166,42 @@ func (d *fleetDaemon) Name() string              { return d.name }
 func (d *fleetDaemon) Owns(provider string) bool { return d.providers[provider] }
 
 func (d *fleetDaemon) Create(ctx context.Context, consumer, profile string) error {
-	_, err := d.client.Create(ctx, dbusapi.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer})
-	return err
+	return d.create(ctx, dbusapi.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer})
 }
 
 func (d *fleetDaemon) Destroy(ctx context.Context, id string) error {
-	return d.client.Destroy(ctx, id, false)
+	err := d.client.Destroy(ctx, id, false)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case err == nil || dbusapi.ErrorName(err) == dbusapi.NameNotFound:
+		delete(d.acked, id)
+	case isGone(err):
+		d.uncertain[id] = true
+	}
+	return err
+}
+
+// create creates over D-Bus (a local create when req names no consumer)
+// and notes what the daemon acknowledged.
+func (d *fleetDaemon) create(ctx context.Context, req dbusapi.CreateRequest) error {
+	id := req.PlacementConsumer
+	if id == "" {
+		if req.UUID == "" {
+			req.UUID = uuid.NewString()
+		}
+		id = req.UUID
+	}
+	_, err := d.client.Create(ctx, req)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case err == nil:
+		d.acked[id] = true
+	case isGone(err):
+		d.uncertain[id] = true // refusals change nothing
+	}
+	return err
 }
 
 // vgpuctlStatus runs `vgpuctl fleet status -o json` against the daemon.
@@ -300,6 +363,31 @@ func awaitFleet(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon, with
 	}
 }
 
+// startFleet starts Placement and the three daemons of fleetHosts (their
+// periodic pass every interval), and waits until Placement equals their
+// truth. It returns Placement, a client, the daemons, and the daemons as
+// the schedulers see them.
+func startFleet(t *testing.T, interval string) (*tplacement.Server, *placementapi.Client, []*fleetDaemon, []tplacement.Host) {
+	t.Helper()
+	srv := tplacement.Start(t)
+	pc, err := placementapi.New(placementapi.Config{Endpoint: srv.URL(), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []*fleetDaemon
+	var sched []tplacement.Host
+	for _, h := range fleetHosts {
+		d := startFleetDaemon(t, h.name, h.spec, srv.URL(), interval)
+		hosts = append(hosts, d)
+		sched = append(sched, d)
+	}
+	for _, d := range hosts {
+		d.learnProviders(t)
+	}
+	t.Logf("three daemons published in Placement; converged in %s", awaitFleet(t, pc, hosts, 20*time.Second))
+	return srv, pc, hosts, sched
+}
+
 // TestFleetDaemons: three vgpud processes, each with its own simulated
 // host, bus and state, publish to one real Placement. Fleet schedulers
 // written here (allocation candidates → allocation → D-Bus create with the
@@ -310,22 +398,7 @@ func awaitFleet(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon, with
 // creates (each claims in Placement, and its pass follows) and started
 // again: the fleet converges.
 func TestFleetDaemons(t *testing.T) {
-	srv := tplacement.Start(t)
-	pc, err := placementapi.New(placementapi.Config{Endpoint: srv.URL(), Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var hosts []*fleetDaemon
-	var sched []tplacement.Host
-	for _, h := range fleetHosts {
-		d := startFleetDaemon(t, h.name, h.spec, srv.URL())
-		hosts = append(hosts, d)
-		sched = append(sched, d)
-	}
-	for _, d := range hosts {
-		d.learnProviders(t)
-	}
-	t.Logf("three daemons published in Placement; converged in %s", awaitFleet(t, pc, hosts, 20*time.Second))
+	_, pc, hosts, sched := startFleet(t, "2s")
 
 	ctx := ctxFleet(t)
 	placed := int64(0)
@@ -377,14 +450,7 @@ func TestFleetDaemons(t *testing.T) {
 	<-b.done
 	wg.Wait()
 	t.Logf("burst cut by SIGKILL: outcomes by error name (\"\": created) %v", outcomes)
-	b.client.Close()
-	b.start(t)
-	c, err := dbusapi.Dial(context.Background(), b.bus.Address())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	b.client = c
+	b.restart(t, "")
 	// Claims of creates the kill cut short go after the grace period (3 s).
 	t.Logf("after SIGKILL and restart: converged in %s", awaitFleet(t, pc, hosts, 30*time.Second))
 

@@ -122,7 +122,8 @@ func (r *fleetRunner) apply(ctx context.Context, d *daemon, cfg *FleetConfig) er
 		}
 	}
 	s, err := fleet.New(fleet.Config{Host: host, RootUUID: cfg.RootUUID, ParentUUID: cfg.ParentUUID,
-		Interval: cfg.SyncInterval.Duration, Grace: cfg.Grace.Duration, ClaimTimeout: cfg.ClaimTimeout.Duration},
+		Interval: cfg.SyncInterval.Duration, Grace: cfg.Grace.Duration, ClaimTimeout: cfg.ClaimTimeout.Duration,
+		Crash: d.crash},
 		c, d.mgr, d.log.With("component", "fleet"), r.metrics)
 	if err != nil {
 		return err

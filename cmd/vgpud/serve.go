@@ -55,6 +55,9 @@ type daemon struct {
 	metricsLn net.Listener
 	// fleet runs the Placement sync (fleet.go).
 	fleet *fleetRunner
+	// crash is the crash hook of $VGPUD_CRASH_AT (nil: none), given to the
+	// manager and to the fleet's syncer.
+	crash func(string)
 }
 
 // serve runs the daemon until ctx ends (SIGTERM/SIGINT).
@@ -74,6 +77,7 @@ func (d *daemon) start(ctx context.Context) error {
 	if err != nil {
 		return usageError{err}
 	}
+	d.crash = crash
 	if cfg.MetricsListen != "" {
 		// Bound before anything else: a port another process holds is a
 		// configuration error, reported at once rather than after the

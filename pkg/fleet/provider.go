@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
@@ -32,9 +33,11 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	if hit && exists && c.gen == gen && sameInventories(c.inv, p.inv) && sameSet(c.traits, p.traits) && sameAllocs(c.allocs, p.allocs) && !s.pending() {
 		return nil
 	}
+	s.crash(manager.CrashFleetProvider)
 	if err := s.syncInventory(ctx, p); err != nil {
 		return err
 	}
+	s.crash(manager.CrashFleetInventory)
 	if err := s.syncTraits(ctx, p); err != nil {
 		return err
 	}
@@ -136,7 +139,9 @@ func (s *Syncer) syncAllocations(ctx context.Context, p *gpuProvider) error {
 		}
 		if err := s.writeAllocation(ctx, consumer, p.uuid, want); err != nil {
 			errs = append(errs, fmt.Errorf("allocation of %s: %w", consumer, err))
+			continue
 		}
+		s.crash(manager.CrashFleetAlloc)
 	}
 	now := time.Now()
 	for consumer := range have {
@@ -152,6 +157,7 @@ func (s *Syncer) syncAllocations(ctx context.Context, p *gpuProvider) error {
 		}
 		s.log.Info("placement allocation without an instance removed", "consumer", consumer, "provider", p.name)
 		s.met.orphans.Inc()
+		s.crash(manager.CrashFleetUnalloc)
 	}
 	return errors.Join(errs...)
 }

@@ -27,6 +27,10 @@ type Config struct {
 	ClaimTimeout time.Duration
 	// ProjectID and UserID are written with vgpud's allocations.
 	ProjectID, UserID string
+	// Crash is called at the pass's crash points (manager.CrashFleet*);
+	// nil: never. The daemon passes the hook it gives the manager
+	// (manager.CrashAt), so this package reads no environment.
+	Crash func(point string)
 }
 
 // Source is the host's truth.
@@ -125,12 +129,11 @@ func (s *Syncer) Run(ctx context.Context) {
 	tick := time.NewTicker(s.cfg.Interval)
 	defer tick.Stop()
 	s.Kick()
+	// retryC is armed by a failed pass and kept across the events that
+	// start no pass, so they cannot put the retry off.
 	retry := time.Duration(0)
+	var retryC <-chan time.Time
 	for {
-		var retryC <-chan time.Time
-		if retry > 0 {
-			retryC = time.After(retry)
-		}
 		select {
 		case <-ctx.Done():
 			return
@@ -157,11 +160,27 @@ func (s *Syncer) Run(ctx context.Context) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		if err := s.Pass(ctx); err != nil {
-			s.log.Warn("placement sync failed; retrying", "err", err, "kind", placementapi.Kind(err))
-			retry = min(max(2*retry, time.Second), s.cfg.Interval)
+			retry = retryAfter(retry, s.cfg.Interval)
+			retryC = time.After(retry)
+			s.log.Warn("placement sync failed; retrying", "err", err, "kind", placementapi.Kind(err), "in", retry)
 		} else {
-			retry = 0
+			retry, retryC = 0, nil
 		}
+	}
+}
+
+// retryAfter is the wait before the next pass after a failed one, prev the
+// wait before it (0: the first failure): doubling from 1 s, never longer
+// than the interval, so a Placement that answers again is synced with
+// within one interval however long it was down.
+func retryAfter(prev, interval time.Duration) time.Duration {
+	return min(max(2*prev, time.Second), interval)
+}
+
+// crash is the crash hook (Config.Crash) at point.
+func (s *Syncer) crash(point string) {
+	if s.cfg.Crash != nil {
+		s.cfg.Crash(point)
 	}
 }
 

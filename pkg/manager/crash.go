@@ -33,6 +33,15 @@ const (
 	// CrashRestore: an instance a reboot lost was carved again and its
 	// record written, while the other GPUs' workers carve on (restoreAll).
 	CrashRestore = "reconcile.after-recreate"
+	// Crash points of the fleet's sync pass (pkg/fleet), between its
+	// writes to Placement: a GPU provider the pass works on is there (made
+	// now or found), its inventories are synced (written if they differed),
+	// an instance's allocation written, an allocation of no instance
+	// removed.
+	CrashFleetProvider  = "fleet.after-provider"
+	CrashFleetInventory = "fleet.after-inventory"
+	CrashFleetAlloc     = "fleet.after-allocation"
+	CrashFleetUnalloc   = "fleet.after-allocation-removal"
 )
 
 // CrashPoints lists every crash point.
@@ -41,6 +50,7 @@ var CrashPoints = []string{
 	CrashDestroyStart, CrashDestroyVGPU, CrashDestroyCI, CrashDestroyGI,
 	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashCreateAttach,
 	CrashMoveRelease, CrashMoveCarve, CrashReconcile, CrashRestore,
+	CrashFleetProvider, CrashFleetInventory, CrashFleetAlloc, CrashFleetUnalloc,
 }
 
 // CrashAt returns a crash hook that kills the process with SIGKILL (no

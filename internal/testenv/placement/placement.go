@@ -109,8 +109,12 @@ func (s *Server) Run() error {
 	if err != nil {
 		return err
 	}
+	// uwsgi's http-socket closes every connection after its answer without
+	// saying so: a client that reuses one may write a PUT into a closed
+	// socket ("server closed idle connection"), which Go does not replay.
+	// Saying "Connection: close" keeps clients from reusing them.
 	cmd := exec.Command("uwsgi", "--plugin", "python3", "--http-socket", "127.0.0.1:"+strconv.Itoa(s.port),
-		"--wsgi-file", wsgiFile, "--master", "--processes", "1", "--threads", "8", "--lazy-apps", "--die-on-term",
+		"--wsgi-file", wsgiFile, "--master", "--processes", "1", "--threads", "8", "--lazy-apps", "--die-on-term", "--add-header", "Connection: close",
 		"--env", "OS_PLACEMENT_CONFIG_DIR="+s.dir)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
