@@ -17,9 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
@@ -51,6 +53,11 @@ func (p *hostileProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"resource_providers": ["`))
 		_, _ = w.Write(bytes.Repeat([]byte("x"), placementapi.MaxBody+1024))
 		_, _ = w.Write([]byte(`"]}`))
+	case mode == "delete-race" && r.Method == http.MethodDelete:
+		// Another client deletes the consumer just before this request
+		// arrives: Placement answers 404.
+		p.rp.ServeHTTP(httptest.NewRecorder(), r.Clone(r.Context()))
+		p.rp.ServeHTTP(w, r)
 	case mode == "version":
 		errBody(http.StatusNotAcceptable, "Unacceptable version header: 1.39")
 	default:
@@ -107,6 +114,31 @@ func TestHostilePlacement(t *testing.T) {
 	a.s.log = slog.New(slog.NewTextHandler(logs, nil))
 	a.run(t)
 	converged(t, c, a)
+
+	// An orphan claim the pass removes while its scheduler deletes it too:
+	// the pass succeeds.
+	t.Run("delete race", func(t *testing.T) {
+		a.s.cfg.Grace = time.Millisecond
+		defer func() { a.s.cfg.Grace = time.Hour }()
+		id := uuid.NewString()
+		if err := claim(c, id, GPUProviderUUID(a.s.top(), sim.DefaultL4), map[string]int{"CUSTOM_VGPUD_L4_4Q": 1}); err != nil {
+			t.Fatal(err)
+		}
+		proxy.mode.Store("delete-race")
+		defer proxy.mode.Store("")
+		for try := 0; ; try++ {
+			if err := a.s.Pass(context.Background()); err != nil {
+				t.Fatalf("pass racing a scheduler's delete: %v", err)
+			}
+			if cons, _ := c.Consumer(context.Background(), id); len(cons.Allocations) == 0 {
+				break
+			}
+			if try == 5 {
+				t.Fatal("the orphan claim was never removed")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
 
 	var made []string
 	for _, tc := range []struct{ mode, kind string }{

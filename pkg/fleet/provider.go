@@ -208,6 +208,11 @@ func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
 			}
 		}
 	})
+	if errors.Is(err, placementapi.ErrNotFound) {
+		// Deleted meanwhile (a scheduler dropping its refused claim while
+		// the pass removes it): what the pass wanted.
+		err = nil
+	}
 	if err == nil {
 		s.mu.Lock()
 		delete(s.seen, consumer)
