@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,8 +18,19 @@ import (
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
-// schedHost is a host as the test's fleet scheduler sees it.
-type schedHost struct{ *host }
+// schedHost is a host as the test's fleet scheduler sees it; it keeps
+// what its creates placed and the refusals other than NoCapacity (a
+// scheduler's claim may be stale, nothing else may go wrong).
+type schedHost struct {
+	*host
+	out *outcomes
+}
+
+type outcomes struct {
+	mu     sync.Mutex
+	placed map[string]int
+	wrong  []string
+}
 
 func (h schedHost) Name() string { return h.name }
 
@@ -32,6 +45,14 @@ func (h schedHost) Owns(provider string) bool {
 
 func (h schedHost) Create(ctx context.Context, consumer, profile string) error {
 	_, err := h.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer})
+	h.out.mu.Lock()
+	defer h.out.mu.Unlock()
+	switch {
+	case err == nil:
+		h.out.placed[profile]++
+	case !errors.Is(err, manager.ErrNoCapacity):
+		h.out.wrong = append(h.out.wrong, fmt.Sprintf("%s on %s: %v", profile, h.name, err))
+	}
 	return err
 }
 
@@ -82,10 +103,11 @@ func TestChurn(t *testing.T) {
 	var sh []tplacement.Host
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
+	out := &outcomes{placed: map[string]int{}}
 	for i, spec := range Specs() {
 		h := startHost(t, []string{"hosta", "hostb", "hostc"}[i], srv.URL(), spec, Config{Interval: 2 * time.Second})
 		hosts = append(hosts, h)
-		sh = append(sh, schedHost{h})
+		sh = append(sh, schedHost{h, out})
 		wg.Add(1)
 		go func() { defer wg.Done(); h.s.Run(ctx) }()
 	}
@@ -99,6 +121,14 @@ func TestChurn(t *testing.T) {
 		converged(t, c, hosts...)
 		t.Logf("%2d schedulers: placed %d, refused as stale %d, claims lost in Placement %d, no candidate %d",
 			phase.workers, sched.Placed.Load()-placed0, sched.Stale.Load()-stale0, sched.ClaimLost.Load(), sched.NoCandidate.Load())
+	}
+	if len(out.wrong) > 0 {
+		t.Fatalf("creates refused for another reason than a stale claim:\n%s", strings.Join(out.wrong, "\n"))
+	}
+	for _, r := range Requests() {
+		if out.placed[r.Profile] == 0 {
+			t.Errorf("no scheduler placed %s (placed: %v)", r.Profile, out.placed)
+		}
 	}
 
 	// Placement down: local operations go on.

@@ -58,7 +58,7 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 	delete(s.gone, c.Instance)
 	delete(s.known, c.Instance)
 	s.mu.Unlock()
-	want := p.resourcesOf(c)
+	want := resourcesOf(c)
 	err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 	if errors.Is(err, placementapi.ErrCapacity) {
 		s.met.claims.WithLabelValues("republish").Inc()
@@ -137,45 +137,82 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	if c.Profile == "" {
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s names no profile class: %w", consumer, p.name, manager.ErrInvalidArgument)
 	}
+	fc := p.classes[ClassName(c.Kind, c.Profile)]
+	c.FramebufferMiB = fc.FramebufferMiB
 	if c.Kind == store.KindPassthrough {
-		return s.completeWhole(ctx, consumer, &p, c, res)
+		return wholeGPU(c, &p, fc, res)
 	}
 	// The framebuffer must be exactly what the profile takes here, or
 	// Placement's accounting of this GPU would drift from the host's.
-	if want := p.resourcesOf(c)[FramebufferClass]; res[FramebufferClass] != want {
+	if want := resourcesOf(c)[FramebufferClass]; res[FramebufferClass] != want {
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, FramebufferClass, res[FramebufferClass], c.Profile, want, manager.ErrInvalidArgument)
 	}
 	return c, nil
 }
 
-// completeWhole adopts a whole-GPU allocation. A scheduler asks only for
-// the whole-GPU class (it cannot know which candidates are in MIG or
-// heterogeneous mode); vgpud adds the GPU's slices or framebuffer to the
-// allocation before carving, so that Placement itself refuses it if
-// anything was claimed on the GPU meanwhile. Amounts the scheduler did
-// write must be the whole GPU's.
-func (s *Syncer) completeWhole(ctx context.Context, consumer string, p *gpuProvider, c manager.FleetClaim, res map[string]int) (manager.FleetClaim, error) {
-	c.Slices = p.classes[ClassName(c.Kind, c.Profile)].Slices
-	want := p.resourcesOf(c)
-	complete := true
+// wholeGPU checks a whole-GPU allocation. A scheduler asks only for the
+// whole-GPU class (it cannot know which candidates are in MIG or
+// heterogeneous mode): one that lacks the GPU's slices or framebuffer is
+// Incomplete, and Complete adds them before carving, so that Placement
+// itself refuses it if anything was claimed on the GPU meanwhile. Amounts
+// the scheduler did write must be the whole GPU's.
+func wholeGPU(c manager.FleetClaim, p *gpuProvider, fc manager.FleetClass, res map[string]int) (manager.FleetClaim, error) {
+	c.Slices = fc.Slices
+	want := resourcesOf(c)
 	for _, rc := range []string{SliceClass, FramebufferClass} {
 		switch {
 		case res[rc] == want[rc]:
 		case res[rc] == 0:
-			complete = false
+			c.Incomplete = true
 		default:
-			return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; a whole GPU takes %d there: %w", consumer, p.name, rc, res[rc], want[rc], manager.ErrInvalidArgument)
+			return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; a whole GPU takes %d there: %w", c.Instance, p.name, rc, res[rc], want[rc], manager.ErrInvalidArgument)
 		}
 	}
-	if complete {
-		return c, nil
+	return c, nil
+}
+
+// Complete writes the shared units of an adopted whole-GPU allocation
+// (Adopt marked it Incomplete) once the manager has checked the request.
+// Placement's capacity refusal is retried once after this GPU's inventory
+// is re-published, as Claim does; a second is NoCapacity. An allocation
+// the scheduler deleted meanwhile is not written again.
+func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	defer cancel()
+	p, ok, err := s.provider(c.GPU)
+	if err != nil || !ok {
+		return fmt.Errorf("GPU %s has no provider: %w: %w", c.GPU, manager.ErrBackendFailure, errors.Join(err, placementapi.ErrNotFound))
 	}
-	err := s.writeAllocation(ctx, consumer, p.uuid, want)
+	s.mu.Lock()
+	s.seen[c.Instance] = time.Now() // protected from the orphan sweep for Grace
+	s.mu.Unlock()
+	want := resourcesOf(c)
+	write := func() error {
+		gone := false
+		err := s.editConsumer(ctx, c.Instance, func(a map[string]placementapi.Allocation) {
+			if _, ok := a[p.uuid]; !ok {
+				gone = true
+				return
+			}
+			a[p.uuid] = placementapi.Allocation{Resources: want}
+		})
+		if err == nil && gone {
+			return fmt.Errorf("the allocation of consumer %s on %s was deleted meanwhile: %w", c.Instance, p.name, manager.ErrNotFound)
+		}
+		return err
+	}
+	err = write()
+	if errors.Is(err, placementapi.ErrCapacity) {
+		s.met.claims.WithLabelValues("republish").Inc()
+		if perr := s.publishOne(ctx, &p); perr == nil {
+			err = write()
+		}
+	}
 	switch {
 	case errors.Is(err, placementapi.ErrCapacity):
-		return manager.FleetClaim{}, fmt.Errorf("placement refused the whole of %s to consumer %s (something else was claimed there): %w: %w", p.name, consumer, manager.ErrNoCapacity, err)
-	case err != nil:
-		return manager.FleetClaim{}, fmt.Errorf("complete the allocation of %s: %w: %w", consumer, manager.ErrBackendFailure, err)
+		return fmt.Errorf("placement refused the whole of %s to consumer %s (something was claimed there meanwhile): %w: %w", p.name, c.Instance, manager.ErrNoCapacity, err)
+	case err != nil && !errors.Is(err, manager.ErrNotFound):
+		return fmt.Errorf("complete the allocation of %s: %w: %w", c.Instance, manager.ErrBackendFailure, err)
 	}
-	return c, nil
+	return err
 }

@@ -25,26 +25,27 @@ func one(total, reserved, maxUnit int) placementapi.Inventory {
 }
 
 // resourcesOf is what one instance holds in Placement: its profile class,
-// its slices on a MIG GPU and its type's framebuffer on a GPU in
-// heterogeneous vGPU mode.
-func (p *gpuProvider) resourcesOf(c manager.FleetClaim) map[string]int {
-	name := ClassName(c.Kind, c.Profile)
-	r := map[string]int{name: 1}
+// its slices on a MIG GPU and its framebuffer on a GPU in heterogeneous
+// vGPU mode.
+func resourcesOf(c manager.FleetClaim) map[string]int {
+	r := map[string]int{ClassName(c.Kind, c.Profile): 1}
 	if c.Slices > 0 {
 		r[SliceClass] = c.Slices
 	}
-	if fb := p.classes[name].FramebufferMiB; fb > 0 && p.gpu.FramebufferMiB > 0 {
-		r[FramebufferClass] = int(fb)
+	if c.FramebufferMiB > 0 {
+		r[FramebufferClass] = int(c.FramebufferMiB)
 	}
 	return r
 }
 
 // desired turns the host's truth into providers. A class's total is what
 // its instances hold plus the room vgpud has for it now, so Placement
-// accepts exactly what vgpud would; a failed or lost GPU is fully
-// reserved. A GPU passed through whole is not: its allocation holds the
-// whole-GPU class and every shared unit (slices, framebuffer), and its
-// other classes have no room.
+// accepts exactly what vgpud would. On a failed or lost GPU everything its
+// instances do not hold is reserved: not the whole, or Placement would
+// refuse to write (after a wipe or an upgrade) the allocations of the
+// instances still recorded there. A GPU passed through whole needs no
+// reservation: its allocation holds the whole-GPU class and every shared
+// unit (slices, framebuffer), and its other classes have no room.
 func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
 	var out []gpuProvider
 	for _, g := range view {
@@ -57,8 +58,10 @@ func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
 		}
 		used := map[string]int{}
 		for _, c := range g.Instances {
-			p.allocs[c.Instance] = p.resourcesOf(c)
-			used[ClassName(c.Kind, c.Profile)]++
+			p.allocs[c.Instance] = resourcesOf(c)
+			for rc, n := range p.allocs[c.Instance] {
+				used[rc] += n
+			}
 		}
 		for name, c := range p.classes {
 			total := used[name] + c.Room
@@ -67,31 +70,22 @@ func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
 			}
 		}
 		for name, n := range used {
-			if _, ok := p.inv[name]; !ok {
+			if _, ok := p.inv[name]; !ok && name != SliceClass && name != FramebufferClass {
 				p.inv[name] = one(n, 0, 1)
 			}
 		}
-		if down {
-			for name, inv := range p.inv {
-				inv.Reserved = inv.Total
-				p.inv[name] = inv
-			}
-		}
 		if g.MIG && g.Slices > 0 {
-			reserved := min(g.Slices, g.Unclaimable)
-			if down {
-				reserved = g.Slices
-			}
-			p.inv[SliceClass] = one(g.Slices, reserved, g.Slices)
+			p.inv[SliceClass] = one(g.Slices, min(g.Slices, g.Unclaimable), g.Slices)
 		}
 		if fb := int(g.FramebufferMiB); fb > 0 {
-			// Every vGPU on the GPU is an instance with an allocation, so
-			// nothing is reserved unless the GPU takes nothing.
-			reserved := 0
-			if down {
-				reserved = fb
+			// Every vGPU on the GPU is an instance with an allocation.
+			p.inv[FramebufferClass] = one(fb, 0, fb)
+		}
+		if down {
+			for name, inv := range p.inv {
+				inv.Reserved = max(0, inv.Total-used[name])
+				p.inv[name] = inv
 			}
-			p.inv[FramebufferClass] = one(fb, reserved, fb)
 		}
 		sort.Strings(p.traits)
 		out = append(out, p)

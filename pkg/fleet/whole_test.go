@@ -126,6 +126,24 @@ func TestFleetMIGBackedAndWholeGPU(t *testing.T) {
 	if err := c.PutConsumer(ctx, wrong, placementapi.Consumer{}); err != nil {
 		t.Fatal(err)
 	}
+	// A create the admission refuses leaves the scheduler's allocation as
+	// it was: the profile is not the allocation's, the tenant unknown.
+	whole = uuid.NewString()
+	if err := claim(c, whole, mig, map[string]int{classWhole: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", PlacementConsumer: whole}); !errors.Is(err, manager.ErrInvalidArgument) {
+		t.Fatalf("3g.40gb adopting a whole-GPU allocation = %v, want InvalidArgument", err)
+	}
+	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "nobody", Profile: profileWhole, PlacementConsumer: whole}); !errors.Is(err, manager.ErrNotFound) {
+		t.Fatalf("whole GPU for an unknown tenant = %v, want NotFound", err)
+	}
+	if cons, _ := c.Consumer(ctx, whole); !sameResources(cons.Allocations[mig].Resources, map[string]int{classWhole: 1}) {
+		t.Fatalf("refused creates changed the scheduler's allocation: %+v", cons.Allocations)
+	}
+	if err := c.PutConsumer(ctx, whole, placementapi.Consumer{}); err != nil {
+		t.Fatal(err)
+	}
 	racer := uuid.NewString()
 	whole = uuid.NewString()
 	if err := claim(c, whole, mig, map[string]int{classWhole: 1}); err != nil {
@@ -134,12 +152,13 @@ func TestFleetMIGBackedAndWholeGPU(t *testing.T) {
 	if err := claim(c, racer, mig, map[string]int{"CUSTOM_VGPUD_MIG_1G_10GB": 1, SliceClass: 1}); err != nil {
 		t.Fatal(err)
 	}
+	before := len(mustInstances(t, a))
 	_, err = a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: whole})
 	if !errors.Is(err, manager.ErrNoCapacity) {
 		t.Fatalf("whole-GPU adopt with a slice claimed meanwhile = %v, want NoCapacity", err)
 	}
-	if g := a.h.Manager.Inventory().GPUs[0]; len(g.MIG.Instances) != 0 {
-		t.Fatalf("a refused whole-GPU adopt changed the host: %+v", g.MIG.Instances)
+	if n := len(mustInstances(t, a)); n != before {
+		t.Fatalf("a refused whole-GPU adopt changed the host: %d instances, was %d", n, before)
 	}
 	if err := c.PutConsumer(ctx, racer, placementapi.Consumer{}); err != nil {
 		t.Fatal(err)
@@ -158,5 +177,95 @@ func TestFleetMIGBackedAndWholeGPU(t *testing.T) {
 		if g.PCI == sim.DefaultH100MIG && g.State != gpu.StatePassthrough {
 			t.Fatalf("MIG GPU state %s after the whole-GPU create", g.State)
 		}
+	}
+}
+
+// TestFleetWholeHeterogeneousGPU: a whole GPU in heterogeneous vGPU mode
+// takes all its framebuffer, written into the scheduler's allocation.
+func TestFleetWholeHeterogeneousGPU(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	a := startHost(t, "hostv", srv.URL(), nil, Config{})
+	if err := a.h.Manager.SetHeterogeneous(ctx, sim.DefaultH100TS, true); err != nil {
+		t.Fatal(err)
+	}
+	a.pass(t)
+	ts := GPUProviderUUID(a.s.top(), sim.DefaultH100TS)
+	inv, _, _ := c.Inventories(ctx, ts)
+	fb := inv[FramebufferClass].Total
+	if fb == 0 || inv[classWhole].Total != 1 {
+		t.Fatalf("heterogeneous GPU inventories = %v", inv)
+	}
+	whole := uuid.NewString()
+	if err := claim(c, whole, ts, map[string]int{classWhole: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: whole}); err != nil || rec.GPUPCI != sim.DefaultH100TS {
+		t.Fatalf("whole heterogeneous GPU = %+v, %v", rec, err)
+	}
+	if cons, _ := c.Consumer(ctx, whole); !sameResources(cons.Allocations[ts].Resources, map[string]int{classWhole: 1, FramebufferClass: fb}) {
+		t.Fatalf("whole heterogeneous GPU's allocation = %+v; want the class and all %d MiB", cons.Allocations, fb)
+	}
+	converged(t, c, a)
+}
+
+// TestFleetDownGPUs: on a failed or a lost GPU what its instances hold
+// stays allocatable, the rest is reserved; so after Placement lost its
+// database (or before an upgrade had written them) the allocations of the
+// instances still recorded there are written again, and the pass does not
+// fail. A lost GPU's allocations keep the shape they were written with
+// (its discovery no longer knows its modes).
+func TestFleetDownGPUs(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	a := startHost(t, "hostd", srv.URL(), nil, Config{})
+	if err := a.h.Manager.SetHeterogeneous(ctx, sim.DefaultH100TS, true); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate := func(profile, pci string) {
+		t.Helper()
+		if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profile, GPU: pci}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCreate(profileWhole, sim.DefaultH100MIG)
+	mustCreate("H100XM-20C", sim.DefaultH100TS)
+	mustCreate("NVIDIA L4-4Q", sim.DefaultL4)
+	converged(t, c, a)
+	want := a.truth(t)
+
+	for _, g := range a.h.Manager.Inventory().GPUs {
+		if g.PCI == sim.DefaultH100TS {
+			a.h.Manager.MarkGPUFailed(g.UUID, "XID 48 (double-bit ECC)")
+		}
+	}
+	if err := a.h.Sim.LoseGPU(sim.DefaultH100MIG); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.h.Manager.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, g := range mustView(t, a) {
+		states[g.PCI] = string(g.State)
+	}
+	if states[sim.DefaultH100MIG] != "lost" || states[sim.DefaultH100TS] != "failed" {
+		t.Fatalf("GPU states %v; want the MIG H100 lost, the time-sliced one failed", states)
+	}
+	a.pass(t)
+	converged(t, c, a)
+	if got := a.truth(t); !sameHolding(got, want) {
+		t.Fatalf("allocations changed when their GPUs went down:\nnow %v\nwas %v", got, want)
+	}
+	mig := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	if inv, _, _ := c.Inventories(ctx, mig); inv[SliceClass].Reserved != 0 || inv[SliceClass].Total != 8 {
+		t.Fatalf("lost whole GPU's slices = %+v; its allocation holds all 8", inv[SliceClass])
+	}
+	if err := srv.Wipe(); err != nil {
+		t.Fatal(err)
+	}
+	converged(t, c, a)
+	if err := claim(c, uuid.NewString(), GPUProviderUUID(a.s.top(), sim.DefaultH100TS), map[string]int{"CUSTOM_VGPUD_H100XM_20C": 1, FramebufferClass: 20480}); !errors.Is(err, placementapi.ErrCapacity) {
+		t.Fatalf("a claim on a failed GPU = %v, want ErrCapacity", err)
 	}
 }

@@ -96,29 +96,9 @@ func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []o
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-		t, err := tx.Tenant(req.Tenant)
-		if errors.Is(err, store.ErrNotFound) {
-			return fail(ErrNotFound, err, "tenant %s does not exist; define it with `vgpuctl tenant define %s`", req.Tenant, req.Tenant)
-		}
+		d, err := m.admissible(tx, req, offers)
 		if err != nil {
 			return err
-		}
-		offers, err := allowed(t.Tenant, offers, req.Profile)
-		if err != nil {
-			return err
-		}
-		s, err := m.snapshot(tx)
-		if err != nil {
-			return err
-		}
-		d, err := m.decide(s, offers, req)
-		if err != nil {
-			return err
-		}
-		vram, compute, n := s.usage(req.Tenant)
-		if err := t.Admit(tenant.Usage{VRAMBytes: vram, ComputeMilli: compute, Instances: n},
-			tenant.Request{VRAMBytes: d.o.vram(), ComputeMilli: d.o.compute(), Model: d.o.model.Name, Profile: d.o.name()}); err != nil {
-			return classify(err, "admit %s for tenant %s", req.Profile, req.Tenant)
 		}
 		rec = m.record(req, d)
 		if err := tx.PutInstance(&rec); err != nil {
@@ -136,6 +116,36 @@ func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []o
 		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 	}
 	return rec, existing, nil
+}
+
+// admissible is the admission's decision for req, recording nothing: the
+// tenant, the offers it may use, the placement and its quota.
+func (m *Manager) admissible(tx *store.Tx, req CreateRequest, offers []offer) (decision, error) {
+	t, err := tx.Tenant(req.Tenant)
+	if errors.Is(err, store.ErrNotFound) {
+		return decision{}, fail(ErrNotFound, err, "tenant %s does not exist; define it with `vgpuctl tenant define %s`", req.Tenant, req.Tenant)
+	}
+	if err != nil {
+		return decision{}, err
+	}
+	mine, err := allowed(t.Tenant, offers, req.Profile)
+	if err != nil {
+		return decision{}, err
+	}
+	s, err := m.snapshot(tx)
+	if err != nil {
+		return decision{}, err
+	}
+	d, err := m.decide(s, mine, req)
+	if err != nil {
+		return decision{}, err
+	}
+	vram, compute, n := s.usage(req.Tenant)
+	if err := t.Admit(tenant.Usage{VRAMBytes: vram, ComputeMilli: compute, Instances: n},
+		tenant.Request{VRAMBytes: d.o.vram(), ComputeMilli: d.o.compute(), Model: d.o.model.Name, Profile: d.o.name()}); err != nil {
+		return decision{}, classify(err, "admit %s for tenant %s", req.Profile, req.Tenant)
+	}
+	return d, nil
 }
 
 // allowed keeps the offers a tenant may use.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 
 	"github.com/google/uuid"
 
@@ -27,11 +28,18 @@ type Fleet interface {
 	// Unclaim drops the claim of an instance whose create failed. It must
 	// not block: the fleet's sync finishes what it cannot do at once.
 	Unclaim(instance string)
-	// Adopt reads the allocation a scheduler wrote for consumer. Errors
-	// wrap ErrNotFound (no allocation), ErrInvalidArgument (it is for
-	// another host or is malformed) or ErrBackendFailure (the fleet did
-	// not answer).
+	// Adopt reads the allocation a scheduler wrote for consumer; it
+	// changes nothing. Errors wrap ErrNotFound (no allocation),
+	// ErrInvalidArgument (it is for another host or is malformed) or
+	// ErrBackendFailure (the fleet did not answer).
 	Adopt(ctx context.Context, consumer string) (FleetClaim, error)
+	// Complete writes into an adopted allocation marked Incomplete the
+	// shared units its claim takes (a whole GPU's slices or framebuffer,
+	// which a scheduler cannot know to ask for); the manager calls it once
+	// the request has passed the admission's checks. Errors wrap
+	// ErrNoCapacity (claimed meanwhile), ErrNotFound (the allocation was
+	// deleted) or ErrBackendFailure.
+	Complete(ctx context.Context, c FleetClaim) error
 }
 
 // FleetClaim is one instance's share of one GPU, as the fleet holds it.
@@ -43,8 +51,17 @@ type FleetClaim struct {
 	// profile name such as 3g.40gb, or a vGPU type name).
 	Profile string
 	Kind    store.InstanceKind
-	// Slices are the slot-grid units a MIG instance covers (0 otherwise).
+	// Slices are the slot-grid units the instance holds: its GPU
+	// instance's size for a MIG instance and a MIG-backed vGPU alone in
+	// its GPU instance, the whole grid for a whole GPU in MIG mode, else 0
+	// (fleetSlices).
 	Slices int
+	// FramebufferMiB is what the instance takes of a GPU's shared
+	// framebuffer in heterogeneous vGPU mode (a whole GPU all of it), else 0.
+	FramebufferMiB uint64
+	// Incomplete marks an adopted allocation that lacks the shared units
+	// above (see Fleet.Complete).
+	Incomplete bool
 }
 
 type fleetHolder struct{ f Fleet }
@@ -102,21 +119,10 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 	}
 	var d decision
 	err := m.db.View(func(tx *store.Tx) error {
-		// The claim names the GPU the admission will pin: choose it among
-		// the offers the tenant may take, as the admission does.
-		t, err := tx.Tenant(req.Tenant)
-		if err != nil {
-			return err
-		}
-		mine, err := allowed(t.Tenant, offers, req.Profile)
-		if err != nil {
-			return err
-		}
-		s, err := m.snapshot(tx)
-		if err != nil {
-			return err
-		}
-		d, err = m.decide(s, mine, *req)
+		// The claim names the GPU the admission will pin: the admission's
+		// own decision, without recording it.
+		var err error
+		d, err = m.admissible(tx, *req, offers)
 		return err
 	})
 	if err != nil || d.o.ci != nil {
@@ -125,7 +131,8 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 		// (claimOf) and so not claimed.
 		return nil, nil
 	}
-	c := FleetClaim{Instance: req.UUID, GPU: d.g.UUID, Profile: d.o.name(), Kind: d.o.kind, Slices: m.fleetSlices(d.g, d.o)}
+	c := FleetClaim{Instance: req.UUID, GPU: d.g.UUID, Profile: d.o.name(), Kind: d.o.kind,
+		Slices: m.fleetSlices(d.g, d.o), FramebufferMiB: m.fleetFramebuffer(d.g, d.o)}
 	if err := f.Claim(ctx, c); err != nil {
 		if errors.Is(err, ErrNoCapacity) {
 			return nil, fail(ErrNoCapacity, err, "the fleet has given the last room for %s on GPU %s away; retry or choose another GPU", c.Profile, d.g.PCI)
@@ -175,7 +182,23 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 		return nil, fail(ErrInvalidArgument, nil, "the allocation of consumer %s is for %s (%d slices) on GPU %s; the request asks %s", req.UUID, c.Profile, c.Slices, g.PCI, req.Profile)
 	}
 	req.GPU = g.UUID
-	return &fleetOp{f: f, instance: req.UUID, adopted: true}, nil
+	op := &fleetOp{f: f, instance: req.UUID, adopted: true}
+	if !c.Incomplete {
+		return op, nil
+	}
+	// Completing writes to the fleet: only for a request the admission
+	// would take now, so that a refused create changes nothing there.
+	err = m.db.View(func(tx *store.Tx) error {
+		_, err := m.admissible(tx, *req, offers)
+		return err
+	})
+	if err != nil {
+		return nil, op.end(classify(err, "create %s for tenant %s", req.Profile, req.Tenant))
+	}
+	if err := f.Complete(ctx, c); err != nil {
+		return nil, op.end(classify(err, "complete the allocation of consumer %s", req.UUID))
+	}
+	return op, nil
 }
 
 func (m *Manager) instanceExists(id string) bool {
@@ -222,6 +245,22 @@ func (m *Manager) fleetSlices(g *gpu.GPU, o offer) int {
 	return 0
 }
 
+// fleetFramebuffer is what an instance of offer o on g takes of g's shared
+// framebuffer: on a time-sliced GPU in heterogeneous mode its type's
+// framebuffer, or all of it for a whole GPU; else 0.
+func (m *Manager) fleetFramebuffer(g *gpu.GPU, o offer) uint64 {
+	if g.MIG.Enabled || !g.VGPU.Heterogeneous {
+		return 0
+	}
+	switch o.kind {
+	case store.KindVGPU:
+		return o.typ.FramebufferMiB
+	case store.KindPassthrough:
+		return o.model.MemoryMiB
+	}
+	return 0
+}
+
 // FleetGPU is one GPU as the fleet sees it: what is carved on it and how
 // many more of each profile vgpud would accept there now.
 type FleetGPU struct {
@@ -234,7 +273,8 @@ type FleetGPU struct {
 	Heterogeneous bool
 	// Slices is the slot grid's size on a MIG GPU; Unclaimable the slots
 	// held by what the fleet cannot see as allocations (foreign GPU
-	// instances, MIG-backed vGPUs).
+	// instances, compute instances narrower than their GPU instance, GPU
+	// instances whose vGPUs share them).
 	Slices, Unclaimable int
 	// FramebufferMiB is the framebuffer the vGPU types share on a
 	// time-sliced GPU in heterogeneous mode (0 otherwise: in homogeneous
@@ -281,7 +321,15 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 		if g.Model == "" {
 			continue
 		}
-		fg := FleetGPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, State: gpu.StateOK, MIG: g.MIG.Enabled, Flavour: g.VGPU.Flavour, Heterogeneous: g.VGPU.Heterogeneous}
+		sh := m.shapes.of(g, s)
+		fg := FleetGPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, State: gpu.StateOK, MIG: sh.mig, Flavour: sh.flavour, Heterogeneous: sh.het}
+		if gr := m.grid(g.Model); gr != nil && fg.MIG {
+			fg.Slices = gr.Slices
+		}
+		if md, ok := m.catalog().Model(g.Model); ok && fg.Heterogeneous && !fg.MIG {
+			// The bound vgpud's engine applies (placement.VGPURoom).
+			fg.FramebufferMiB = md.MemoryMiB
+		}
 		switch {
 		case g.Lost:
 			fg.State = gpu.StateLost
@@ -292,6 +340,9 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 		}
 		for _, r := range s.byGPU[g.UUID] {
 			if c, ok := m.claimOf(r); ok {
+				if fg.FramebufferMiB > 0 {
+					c.FramebufferMiB = m.recordFramebuffer(r, fg.FramebufferMiB)
+				}
 				fg.Instances = append(fg.Instances, c)
 			}
 		}
@@ -330,12 +381,7 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 		if fg == nil || fg.MIG || md == nil {
 			continue
 		}
-		// The engine bounds heterogeneous mode by the GPU's memory
-		// (placement.VGPURoom): the fleet publishes the same rule.
-		shared := h.Heterogeneous && h.MemoryMiB > 0
-		if shared {
-			fg.FramebufferMiB = h.MemoryMiB
-		}
+		shared := fg.FramebufferMiB > 0
 		for name, tc := range h.Types {
 			t, _ := md.VGPUTypeByName(name) // h.Types holds only md's types
 			n := 0
@@ -357,11 +403,10 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 }
 
 // migBackedClasses are the MIG-backed vGPU types g's flow can create, with
-// the room the admission has for each: a new GPU instance of the type's
-// size (newGIs, by GPU-instance profile id) per vGPU the instance takes,
-// plus the free seats of GPU instances our vGPUs of the same size already
-// share (decideMIG fills those first), bounded by the free VFs or mdev
-// parents and the type's per-GPU maximum.
+// the room the admission (decideMIG) has for each: a new GPU instance of
+// the type's size (newGIs, by GPU-instance profile id) per vGPU the
+// instance takes, plus the free seats of GPU instances our vGPUs of the
+// same size already share, bounded by the free VFs or mdev parents.
 func (m *Manager) migBackedClasses(s *snapshot, g *gpu.GPU, newGIs map[int]int) []FleetClass {
 	md, _ := m.catalog().Model(g.Model) // nil for a model the catalog lacks
 	if md == nil || md.VGPU == nil || g.VGPU.Flavour == gpu.FlavourNone || g.VGPU.Flavour == "" {
@@ -380,7 +425,7 @@ func (m *Manager) migBackedClasses(s *snapshot, g *gpu.GPU, newGIs map[int]int) 
 		}
 		if s.unavailable(g) == "" {
 			room := newGIs[*t.GPUInstanceProfile]*max(1, t.MaxPerGPUInstance) + s.freeSeats(m, g, t)
-			c.Room = max(0, min(room, s.freeDevices(g, t.ID), t.MaxInstances-s.typeCount(g, t.ID)))
+			c.Room = max(0, min(room, s.freeDevices(g, t.ID)))
 		}
 		out = append(out, c)
 	}
@@ -411,17 +456,6 @@ func (s *snapshot) freeSeats(m *Manager, g *gpu.GPU, t *profile.VGPUType) int {
 		}
 		if same {
 			n += max(0, t.MaxPerGPUInstance-len(on))
-		}
-	}
-	return n
-}
-
-// typeCount is how many vGPUs of typeID our records hold on g.
-func (s *snapshot) typeCount(g *gpu.GPU, typeID int) int {
-	n := 0
-	for _, r := range s.byGPU[g.UUID] {
-		if (r.Kind == store.KindVGPU || r.Kind == store.KindMIGVGPU) && r.TypeID == typeID {
-			n++
 		}
 	}
 	return n
@@ -495,7 +529,7 @@ func (m *Manager) claimOf(r *store.Instance) (FleetClaim, bool) {
 	return FleetClaim{}, false
 }
 
-// giProfile is the grid profile id of model.
+// giProfile is the GPU-instance profile id of model's slot grid.
 func (m *Manager) giProfile(model string, id int) (placement.Profile, bool) {
 	if g := m.grid(model); g != nil {
 		for _, p := range g.Profiles {
@@ -505,4 +539,60 @@ func (m *Manager) giProfile(model string, id int) (placement.Profile, bool) {
 		}
 	}
 	return placement.Profile{}, false
+}
+
+// recordFramebuffer is what record r takes of its GPU's shared framebuffer
+// (all MiB for a whole GPU).
+func (m *Manager) recordFramebuffer(r *store.Instance, all uint64) uint64 {
+	switch r.Kind {
+	case store.KindPassthrough:
+		return all
+	case store.KindVGPU:
+		if md, ok := m.catalog().Model(r.Model); ok {
+			if t, ok := md.VGPUTypeByID(r.TypeID); ok {
+				return t.FramebufferMiB
+			}
+		}
+	}
+	return 0
+}
+
+// fleetShape is what of a GPU's modes its allocations depend on.
+type fleetShape struct {
+	mig, het bool
+	flavour  gpu.Flavour
+}
+
+// shapeMemory keeps each GPU's shape as last discovered while it
+// answered: discovery of a lost GPU knows its identity but not its modes,
+// and its allocations (a whole GPU's slices, a vGPU's framebuffer) must
+// keep the shape they were written with, or the sync would rewrite them
+// on a provider that is fully reserved.
+type shapeMemory struct {
+	mu   sync.Mutex
+	last map[string]fleetShape
+}
+
+func (sm *shapeMemory) of(g *gpu.GPU, s *snapshot) fleetShape {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	if sm.last == nil {
+		sm.last = map[string]fleetShape{}
+	}
+	if !g.Lost {
+		sh := fleetShape{mig: g.MIG.Enabled, het: g.VGPU.Heterogeneous, flavour: g.VGPU.Flavour}
+		sm.last[g.UUID] = sh
+		return sh
+	}
+	if sh, ok := sm.last[g.UUID]; ok {
+		return sh
+	}
+	// Lost since before this process started: its records tell MIG mode.
+	sh := fleetShape{mig: g.MIG.Enabled, het: g.VGPU.Heterogeneous, flavour: g.VGPU.Flavour}
+	for _, r := range s.byGPU[g.UUID] {
+		if r.Kind == store.KindMIG || r.Kind == store.KindMIGVGPU {
+			sh.mig = true
+		}
+	}
+	return sh
 }
