@@ -257,6 +257,33 @@ func (e *Env) Pause(t testing.TB) (resume func()) {
 	return resume
 }
 
+// Revive starts libvirtd again if it exited on its own, and reports
+// whether it had to; the exit and the log's tail are logged. libvirtd 9.0
+// (Debian 12) has been seen to segfault while tearing down the event
+// callbacks of a client that was killed, which a test that kills vgpud
+// hundreds of times meets now and then: vgpud reconnects to the new
+// libvirtd as it would on a real host.
+func (e *Env) Revive(t testing.TB) bool {
+	t.Helper()
+	e.mu.Lock()
+	p := e.libvirtd
+	e.mu.Unlock()
+	if !e.owned || p == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+	default:
+		return false
+	}
+	t.Logf("libvirtd exited on its own (%v); starting it again; log:\n%s", p.err, tail(p.log))
+	e.mu.Lock()
+	e.libvirtd = nil
+	e.mu.Unlock()
+	e.StartDaemon(t)
+	return true
+}
+
 // StartDaemon starts libvirtd (after StopDaemon, or the first time) and waits
 // until it answers RPCs on the socket.
 func (e *Env) StartDaemon(t testing.TB) {

@@ -3,6 +3,7 @@ package libvirtd
 import (
 	"encoding/xml"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/digitalocean/go-libvirt"
@@ -22,6 +23,25 @@ func TestEnv(t *testing.T) {
 		}
 		if out := e.Virsh(t, "uri"); strings.TrimSpace(out) != e.URI() {
 			t.Fatalf("virsh uri = %q, want %s", out, e.URI())
+		}
+	})
+
+	t.Run("revive after a crash", func(t *testing.T) {
+		if e.Revive(t) {
+			t.Fatal("Revive restarted a libvirtd that runs")
+		}
+		e.mu.Lock()
+		p := e.libvirtd
+		e.mu.Unlock()
+		if err := p.cmd.Process.Signal(syscall.SIGSEGV); err != nil {
+			t.Fatal(err)
+		}
+		<-p.done
+		if !e.Revive(t) {
+			t.Fatal("Revive did not restart a libvirtd that crashed")
+		}
+		if _, err := e.Client(t).ConnectGetLibVersion(); err != nil {
+			t.Fatalf("the revived libvirtd does not answer: %v", err)
 		}
 	})
 
