@@ -3,8 +3,10 @@
 // schedulers churn through it. Reported per phase: the fraction of
 // Placement-accepted claims the hosts refused as stale, slot over-commit
 // (Placement holding what a host does not), sync lag from a host change to
-// Placement showing it (p50/p99), and Placement requests per host
-// operation; then the acceptance of the same churn through local placement
+// Placement showing it (p50/p99), Placement requests per host operation,
+// the requests no candidate was found for while a host would have taken
+// them, and the acceptance of the same churn (the same seeds, so each
+// scheduler asks the same sequence) through the hosts' local placement
 // alone (no Placement), the baseline.
 //
 // Imports: internal/testenv/placement, internal/testenv/simhost, pkg/fleet, pkg/gpu, pkg/gpu/sim, pkg/manager, pkg/placementapi, pkg/tenant.
@@ -54,7 +56,11 @@ func (h *host) Owns(p string) bool {
 }
 
 func (h *host) Create(ctx context.Context, consumer, profile string) error {
-	_, err := h.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer})
+	req := manager.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer}
+	if h.local {
+		req = manager.CreateRequest{Tenant: "acme", Profile: profile, UUID: consumer}
+	}
+	_, err := h.h.Manager.Create(ctx, req)
 	return err
 }
 
@@ -83,18 +89,27 @@ var requests = []tplacement.Request{
 	{Profile: "3g.40gb", Resources: "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
 	{Profile: "L4-4Q", Resources: "CUSTOM_VGPUD_L4_4Q:1"},
 	{Profile: "H100XM-8C", Resources: "CUSTOM_VGPUD_H100XM_8C:1"},
+	{Profile: "H100XM-2-20C", Resources: "CUSTOM_VGPUD_H100XM_2_20C:1,CUSTOM_VGPUD_MIG_SLICE:2"},
+	{Profile: "passthrough", Resources: "CUSTOM_VGPUD_PASSTHROUGH:1"},
 }
 
 // Phase is one row of the results.
 type Phase struct {
-	Schedulers        int     `json:"schedulers"`
-	Placed            int64   `json:"placed"`
-	StaleRefused      int64   `json:"staleRefused"`
-	StaleFraction     float64 `json:"staleFraction"`
-	ClaimsLost        int64   `json:"claimsLostInPlacement"`
-	NoCandidate       int64   `json:"noCandidate"`
-	Destroyed         int64   `json:"destroyed"`
-	Acceptance        float64 `json:"acceptance"`
+	Schedulers    int     `json:"schedulers"`
+	Placed        int64   `json:"placed"`
+	StaleRefused  int64   `json:"staleRefused"`
+	StaleFraction float64 `json:"staleFraction"`
+	ClaimsLost    int64   `json:"claimsLostInPlacement"`
+	NoCandidate   int64   `json:"noCandidate"`
+	Destroyed     int64   `json:"destroyed"`
+	Acceptance    float64 `json:"acceptance"`
+	// LocalAcceptance is the same phase through local placement alone.
+	LocalAcceptance float64 `json:"localAcceptance"`
+	// LostAgainstLocal counts requests with no candidate that a host's
+	// admission would have taken when the scheduler gave up (an upper
+	// bound with several schedulers: another's claim in flight is not
+	// yet on the host).
+	LostAgainstLocal  int64   `json:"lostAgainstLocal"`
 	OverCommit        int     `json:"overCommit"`
 	RequestsPerHostOp float64 `json:"placementRequestsPerHostOp"`
 	LagP50Ms          float64 `json:"syncLagP50Ms"`
@@ -102,11 +117,10 @@ type Phase struct {
 }
 
 type result struct {
-	Hosts           int     `json:"hosts"`
-	OpsPerPhase     int     `json:"opsPerPhase"`
-	Phases          []Phase `json:"phases"`
-	LocalAcceptance float64 `json:"localAcceptance"`
-	Note            string  `json:"note"`
+	Hosts       int     `json:"hosts"`
+	OpsPerPhase int     `json:"opsPerPhase"`
+	Phases      []Phase `json:"phases"`
+	Note        string  `json:"note"`
 }
 
 func main() {
@@ -145,7 +159,7 @@ func run(out string, ops int) error {
 		go h.s.Run(ctx)
 	}
 	res := result{Hosts: len(hosts), OpsPerPhase: ops,
-		Note: "sync lag: a destroy's return to Placement no longer holding its allocation, polled every 2 ms; over-commit: consumers Placement holds on a host's providers that the host does not, or the reverse, after the phase settles"}
+		Note: "sync lag: a destroy's return to Placement no longer holding its allocation, polled every 2 ms; over-commit: consumers Placement holds on a host's providers that the host does not, or the reverse, after the phase settles; localAcceptance: the same phases, seeds and 20 destroys after each, through the hosts' local placement alone"}
 	for _, workers := range []int{1, 4, 16} {
 		p, err := phase(ctx, schedC, hosts, sh, workers, ops)
 		if err != nil {
@@ -160,7 +174,18 @@ func run(out string, ops int) error {
 	if err != nil {
 		return err
 	}
-	res.LocalAcceptance = localChurn(lctx, local, ops*3)
+	var lsh []tplacement.Host
+	for _, h := range local {
+		lsh = append(lsh, h)
+	}
+	for i, workers := range []int{1, 4, 16} {
+		a, err := localPhase(lctx, local, lsh, workers, ops)
+		if err != nil {
+			return err
+		}
+		res.Phases[i].LocalAcceptance = a
+		log.Printf("%d schedulers through local placement: acceptance %.3f", workers, a)
+	}
 	data, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
 		return err

@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
@@ -15,6 +15,15 @@ import (
 
 func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tplacement.Host, workers, ops int) (Phase, error) {
 	sched := &tplacement.Scheduler{C: c, Hosts: sh}
+	var lost atomic.Int64
+	sched.OnFull = func(r tplacement.Request) {
+		for _, h := range hosts {
+			if p, err := h.h.Manager.Plan(ctx, manager.CreateRequest{Tenant: "acme", Profile: r.Profile}); err == nil && p.Fits && p.QuotaOK {
+				lost.Add(1)
+				return
+			}
+		}
+	}
 	var req0 uint64
 	for _, h := range hosts {
 		req0 += h.c.Requests()
@@ -27,7 +36,8 @@ func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tpla
 		req1 += h.c.Requests()
 	}
 	p := Phase{Schedulers: workers, Placed: sched.Placed.Load(), StaleRefused: sched.Stale.Load(),
-		ClaimsLost: sched.ClaimLost.Load(), NoCandidate: sched.NoCandidate.Load(), Destroyed: sched.Destroyed.Load()}
+		ClaimsLost: sched.ClaimLost.Load(), NoCandidate: sched.NoCandidate.Load(), Destroyed: sched.Destroyed.Load(),
+		LostAgainstLocal: lost.Load()}
 	if n := p.Placed + p.StaleRefused; n > 0 {
 		p.StaleFraction = float64(p.StaleRefused) / float64(n)
 	}
@@ -138,43 +148,34 @@ func quantile(v []float64, q float64) float64 {
 	return s[int(q*float64(len(s)-1)+0.5)]
 }
 
-// localChurn runs the same mix through the hosts' local placement alone:
-// each create tries the hosts in random order. It returns the acceptance.
-func localChurn(ctx context.Context, hosts []*host, ops int) float64 {
-	rnd := rand.New(rand.NewPCG(1, 1))
-	type live struct {
-		id string
-		h  *host
+// localPhase runs one phase's churn (same workers, operations and seed as
+// the fleet's) through the hosts' local placement alone, then destroys up
+// to 20 instances as the fleet phase's lag measurement does, so the next
+// phase starts from a comparable load. It returns the acceptance.
+func localPhase(ctx context.Context, hosts []*host, sh []tplacement.Host, workers, ops int) (float64, error) {
+	sched := &tplacement.Scheduler{Hosts: sh, Local: true}
+	if err := sched.Churn(ctx, workers, ops, requests, uint64(workers)); err != nil {
+		return 0, fmt.Errorf("%d local schedulers: %w", workers, err)
 	}
-	var alive []live
-	placed, full := 0, 0
-	for i := 0; i < ops; i++ {
-		if len(alive) == 0 || rnd.Float64() < 0.65 {
-			r := requests[rnd.IntN(len(requests))]
-			order := rnd.Perm(len(hosts))
-			ok := false
-			for _, k := range order {
-				rec, err := hosts[k].h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: r.Profile})
-				if err == nil {
-					alive = append(alive, live{rec.UUID, hosts[k]})
-					ok = true
-					break
-				}
-			}
-			if ok {
-				placed++
-			} else {
-				full++
-			}
-			continue
+	n := 0
+	for _, h := range hosts {
+		views, err := h.h.Manager.AllInstances()
+		if err != nil {
+			return 0, err
 		}
-		k := rnd.IntN(len(alive))
-		_ = alive[k].h.h.Manager.Destroy(ctx, alive[k].id, manager.DestroyOptions{})
-		alive[k] = alive[len(alive)-1]
-		alive = alive[:len(alive)-1]
+		for _, v := range views {
+			if n >= 20 {
+				break
+			}
+			if err := h.h.Manager.Destroy(ctx, v.UUID, manager.DestroyOptions{}); err != nil {
+				return 0, err
+			}
+			n++
+		}
 	}
+	placed, full := sched.Placed.Load(), sched.NoCandidate.Load()
 	if placed+full == 0 {
-		return 0
+		return 0, nil
 	}
-	return float64(placed) / float64(placed+full)
+	return float64(placed) / float64(placed+full), nil
 }

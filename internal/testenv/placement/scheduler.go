@@ -37,6 +37,12 @@ type Request struct {
 type Scheduler struct {
 	C     *placementapi.Client
 	Hosts []Host
+	// Local schedules without Placement, the baseline a fleet is compared
+	// with: each request tries the hosts in random order (Host.Create with
+	// a fresh UUID) until one takes it.
+	Local bool
+	// OnFull, when set, is told of each request Churn could not place.
+	OnFull func(Request)
 	// Counters.
 	Placed, NoCandidate, ClaimLost, Stale, Failed, Destroyed atomic.Int64
 }
@@ -46,6 +52,9 @@ var ErrFull = errors.New("no allocation candidate")
 
 // Place schedules one instance and returns its consumer and host.
 func (s *Scheduler) Place(ctx context.Context, r Request, rnd *rand.Rand) (string, Host, error) {
+	if s.Local {
+		return s.placeLocal(ctx, r, rnd)
+	}
 	q := url.Values{"resources1": {r.Resources}, "limit": {"20"}}
 	cands, err := s.C.AllocationCandidates(ctx, q.Encode())
 	if err != nil {
@@ -84,6 +93,18 @@ func (s *Scheduler) Place(ctx context.Context, r Request, rnd *rand.Rand) (strin
 	return "", nil, ErrFull
 }
 
+func (s *Scheduler) placeLocal(ctx context.Context, r Request, rnd *rand.Rand) (string, Host, error) {
+	for _, k := range rnd.Perm(len(s.Hosts)) {
+		consumer := uuid.NewString()
+		if err := s.Hosts[k].Create(ctx, consumer, r.Profile); err == nil {
+			s.Placed.Add(1)
+			return consumer, s.Hosts[k], nil
+		}
+	}
+	s.NoCandidate.Add(1)
+	return "", nil, ErrFull
+}
+
 func (s *Scheduler) hostOf(c placementapi.Candidate) Host {
 	for p := range c.Allocations {
 		for _, h := range s.Hosts {
@@ -112,14 +133,22 @@ func (s *Scheduler) Churn(ctx context.Context, workers, ops int, reqs []Request,
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
+			// Two sources: what each worker asks does not depend on how
+			// its candidates were shuffled, so a fleet and a local run of
+			// one seed ask the same.
 			rnd := rand.New(rand.NewPCG(seed, uint64(w)))
+			shuffle := rand.New(rand.NewPCG(seed, uint64(w)+1<<32))
 			for i := 0; i < per; i++ {
 				mu.Lock()
 				n := len(alive)
 				mu.Unlock()
 				if n == 0 || rnd.Float64() < 0.65 {
-					id, h, err := s.Place(ctx, reqs[rnd.IntN(len(reqs))], rnd)
+					r := reqs[rnd.IntN(len(reqs))]
+					id, h, err := s.Place(ctx, r, shuffle)
 					if errors.Is(err, ErrFull) {
+						if s.OnFull != nil {
+							s.OnFull(r)
+						}
 						continue
 					}
 					if err != nil {
