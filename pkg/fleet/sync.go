@@ -141,17 +141,7 @@ func (s *Syncer) Run(ctx context.Context) {
 			if !ok {
 				return
 			}
-			if e.Kind == manager.EventInstanceRemoved {
-				// Its allocation goes at the next pass, even if no
-				// pass saw the instance.
-				s.mu.Lock()
-				s.gone[e.ID] = true
-				s.mu.Unlock()
-			}
-			if relevant(e) {
-				s.markChanged()
-				s.Kick()
-			}
+			s.take(e)
 			continue
 		case <-tick.C:
 		case <-retryC:
@@ -159,12 +149,49 @@ func (s *Syncer) Run(ctx context.Context) {
 			// Batch a burst: the events of one operation arrive together.
 			time.Sleep(20 * time.Millisecond)
 		}
+		// Take in every event already there before the pass: a pass
+		// takes long enough under load for many to queue, and one left
+		// behind would be seen a pass later (an instance's removal
+		// unnoticed while its allocation is still held).
+		if !s.drain(events) {
+			return
+		}
 		if err := s.Pass(ctx); err != nil {
 			retry = retryAfter(retry, s.cfg.Interval)
 			retryC = time.After(retry)
 			s.log.Warn("placement sync failed; retrying", "err", err, "kind", placementapi.Kind(err), "in", retry)
 		} else {
 			retry, retryC = 0, nil
+		}
+	}
+}
+
+// take notes one host event.
+func (s *Syncer) take(e manager.Event) {
+	if e.Kind == manager.EventInstanceRemoved {
+		// Its allocation goes at the next pass, even if no pass saw the
+		// instance.
+		s.mu.Lock()
+		s.gone[e.ID] = true
+		s.mu.Unlock()
+	}
+	if relevant(e) {
+		s.markChanged()
+		s.Kick()
+	}
+}
+
+// drain takes every event queued now; false when the subscription ended.
+func (s *Syncer) drain(events <-chan manager.Event) bool {
+	for {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				return false
+			}
+			s.take(e)
+		default:
+			return true
 		}
 	}
 }
