@@ -216,3 +216,32 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 	}
 	return err
 }
+
+// Settle brings one GPU's provider up to date right after the manager
+// changed the GPU, before the operation returns: the allocation of an
+// instance just destroyed goes, and the GPU's inventories are published
+// again, so that a scheduler's next look at Placement sees the room the
+// change freed or took. Bounded by ClaimTimeout and skipped while
+// Placement does not answer; what it cannot do the next pass does.
+func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) {
+	if s.down() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	defer cancel()
+	if removed != "" {
+		if err := s.removeAllocation(ctx, removed); err != nil {
+			s.log.Debug("allocation of a destroyed instance left for the next pass", "consumer", removed, "err", err)
+			s.Kick()
+			return
+		}
+	}
+	p, ok, err := s.provider(gpuUUID)
+	if err != nil || !ok {
+		return
+	}
+	if err := s.publishOne(ctx, &p); err != nil {
+		s.log.Debug("GPU inventory left for the next pass", "gpu", p.name, "err", err)
+		s.Kick()
+	}
+}

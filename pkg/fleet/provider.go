@@ -137,6 +137,11 @@ func (s *Syncer) syncAllocations(ctx context.Context, p *gpuProvider) error {
 		if sameResources(have[consumer], want) {
 			continue
 		}
+		if !s.src.HasInstance(consumer) {
+			// Destroyed since this pass read the host (and its
+			// allocation removed by the destroy): not written back.
+			continue
+		}
 		if err := s.writeAllocation(ctx, consumer, p.uuid, want); err != nil {
 			errs = append(errs, fmt.Errorf("allocation of %s: %w", consumer, err))
 			continue

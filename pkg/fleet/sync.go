@@ -36,6 +36,8 @@ type Config struct {
 // Source is the host's truth.
 type Source interface {
 	FleetView() ([]manager.FleetGPU, error)
+	// HasInstance reports whether a consumer is an instance now.
+	HasInstance(id string) bool
 	Subscribe() (<-chan manager.Event, func())
 }
 

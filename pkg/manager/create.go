@@ -75,6 +75,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	}
 	m.crash(CrashCreateIntent)
 	rec, err = m.carve(ctx, rec, intent, started)
+	if err == nil {
+		// A scheduler's next look at the fleet sees the room this took.
+		m.fleetSettle(ctx, rec.GPUUUID, "")
+	}
 	return rec, claim.end(err)
 }
 

@@ -162,7 +162,9 @@ func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent 
 		})
 	}
 	l.Unlock()
-	defer m.refreshGPU(context.WithoutCancel(ctx), rec.GPUUUID)
+	// Read the GPU again before anyone is told (events, the fleet): what
+	// they read of it then is what the destroy left.
+	m.refreshGPU(context.WithoutCancel(ctx), rec.GPUUUID)
 	if err != nil {
 		m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "destroy", Detail: Message(err), Took: m.now().Sub(started)})
 		return err
@@ -173,5 +175,8 @@ func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent 
 	m.log.Info("destroyed", "instance", rec.UUID, "tenant", rec.Tenant, "gpu", rec.GPUPCI)
 	m.emit(Event{Kind: EventInstanceRemoved, ID: rec.UUID})
 	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "destroy", Took: m.now().Sub(started)})
+	// Destroy removes the allocation, as create claims first: a
+	// scheduler's next look at the fleet sees the room this freed.
+	m.fleetSettle(ctx, rec.GPUUUID, rec.UUID)
 	return nil
 }

@@ -40,6 +40,12 @@ type Fleet interface {
 	// ErrNoCapacity (claimed meanwhile), ErrNotFound (the allocation was
 	// deleted) or ErrBackendFailure.
 	Complete(ctx context.Context, c FleetClaim) error
+	// Settle brings GPU gpu's part of the fleet up to date right after an
+	// operation changed it, before the operation returns: the allocation
+	// of removed (an instance just destroyed; "" for none) goes and the
+	// GPU's capacity is published again. It must not fail or block the
+	// operation for long: what it cannot do the fleet's sync does.
+	Settle(ctx context.Context, gpu, removed string)
 }
 
 // FleetClaim is one instance's share of one GPU, as the fleet holds it.
@@ -200,6 +206,17 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 	}
 	return op, nil
 }
+
+// fleetSettle tells the fleet, if there is one, that an operation changed
+// GPU gpu (and destroyed instance removed, when not "").
+func (m *Manager) fleetSettle(ctx context.Context, gpu, removed string) {
+	if f := m.fleetOf(); f != nil {
+		f.Settle(ctx, gpu, removed)
+	}
+}
+
+// HasInstance reports whether id is an instance of this host now.
+func (m *Manager) HasInstance(id string) bool { return m.instanceExists(id) }
 
 func (m *Manager) instanceExists(id string) bool {
 	err := m.db.View(func(tx *store.Tx) error {

@@ -1,0 +1,46 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+)
+
+// TestSettleBeforeReturn: a create and a destroy bring their GPU's
+// provider up to date before they return, with no pass in between: a
+// scheduler's next look at Placement sees the room they took or freed.
+func TestSettleBeforeReturn(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	a := startHost(t, "hosts", srv.URL(), nil, Config{})
+	a.pass(t) // no loop runs: only the operations themselves publish now
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	inSync := func(what string) {
+		t.Helper()
+		for _, p := range a.s.desired(mustView(t, a)) {
+			if p.uuid != l4 {
+				continue
+			}
+			inv, _, err := c.Inventories(ctx, l4)
+			if err != nil || !sameInventories(inv, p.inv) {
+				t.Fatalf("after %s, Placement's L4 inventories = %v (%v); the host's %v", what, inv, err, p.inv)
+			}
+		}
+	}
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first vGPU locks the L4 to its type: every other type's total
+	// falls, and so does the whole GPU's.
+	inSync("a create")
+	if err := a.h.Manager.Destroy(ctx, rec.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
+		t.Fatalf("allocation right after the destroy returned: %+v, %v", cons, err)
+	}
+	inSync("a destroy")
+}
