@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -325,8 +326,28 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 			}
 			t.Fatalf("%s: no allocation for %s within 20s", d.name, id)
 		}},
-		// The allocation of an instance a local destroy removed.
-		{manager.CrashFleetUnalloc, 2, nil},
+		// A scheduler's claim whose create never came: the pass removes
+		// it once its grace is over. (A destroy removes its allocation
+		// itself, so passes remove only what no operation did.)
+		{manager.CrashFleetUnalloc, 1, func() {
+			q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_MIG_SLICE:1"}, "limit": {"100"}}
+			cands, err := pc.AllocationCandidates(ctx, q.Encode())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cand := range cands {
+				for p := range cand.Allocations {
+					if d.Owns(p) {
+						if err := pc.PutConsumer(ctx, uuid.NewString(), placementapi.Consumer{Allocations: cand.Allocations,
+							ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"}); err != nil {
+							t.Fatal(err)
+						}
+						return
+					}
+				}
+			}
+			t.Fatalf("%s: no candidate for a 1g.10gb claim", d.name)
+		}},
 	} {
 		logFrom := fileSize(t, d.logPath)
 		start := time.Now()

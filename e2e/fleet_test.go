@@ -423,6 +423,17 @@ func TestFleetDaemons(t *testing.T) {
 	// Placement, and its events start a pass), killed as soon as Placement
 	// shows the first new claim, while the rest are on their way.
 	b := hosts[1]
+	// The churn may have filled b (whole GPUs among it): empty it, so
+	// that the burst's creates have room and claim.
+	all, err := b.client.Instances(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range all {
+		if err := b.client.Destroy(ctx, in.UUID, true); err != nil {
+			t.Fatalf("%s: destroy %s: %v", b.name, in.UUID, err)
+		}
+	}
 	before := consumersOn(t, pc, b)
 	var wg sync.WaitGroup
 	var mu sync.Mutex

@@ -99,12 +99,15 @@ func TestPassCrashPoints(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		// An instance a pass saw is destroyed: the next pass removes its
-		// allocation at once.
+		// An instance a pass saw is destroyed while the destroy could not
+		// remove its allocation itself (no fleet then): the next pass
+		// removes it at once.
 		{manager.CrashFleetUnalloc, func(t *testing.T, dying *Syncer) {
 			if err := dying.Pass(ctx); err != nil {
 				t.Fatal(err)
 			}
+			a.h.Manager.SetFleet(nil)
+			defer a.h.Manager.SetFleet(dying)
 			if err := a.h.Manager.Destroy(ctx, rec.UUID, manager.DestroyOptions{}); err != nil {
 				t.Fatal(err)
 			}
