@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -125,11 +126,26 @@ func TestChurn(t *testing.T) {
 	if len(out.wrong) > 0 {
 		t.Fatalf("creates refused for another reason than a stale claim:\n%s", strings.Join(out.wrong, "\n"))
 	}
-	for _, r := range Requests() {
-		if out.placed[r.Profile] == 0 {
-			t.Errorf("no scheduler placed %s (placed: %v)", r.Profile, out.placed)
+	// Every kind of request goes through a scheduler at least once, on
+	// hosts emptied first (the random churn may never have placed one).
+	for _, h := range hosts {
+		for _, id := range mustInstances(t, h) {
+			if err := h.h.Manager.Destroy(ctx, id, manager.DestroyOptions{}); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	converged(t, c, hosts...)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for _, r := range Requests() {
+		if _, _, err := sched.Place(ctx, r, rnd); err != nil {
+			t.Fatalf("%s on empty hosts: %v", r.Profile, err)
+		}
+	}
+	if len(out.wrong) > 0 {
+		t.Fatalf("creates refused for another reason than a stale claim:\n%s", strings.Join(out.wrong, "\n"))
+	}
+	converged(t, c, hosts...)
 
 	// Placement down: local operations go on.
 	srv.Stop()

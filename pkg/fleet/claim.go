@@ -143,9 +143,13 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 		return wholeGPU(c, &p, fc, res)
 	}
 	// The framebuffer must be exactly what the profile takes here, or
-	// Placement's accounting of this GPU would drift from the host's.
+	// Placement's accounting of this GPU would drift from the host's; an
+	// allocation that left it out is completed before carving.
 	if want := resourcesOf(c)[FramebufferClass]; res[FramebufferClass] != want {
-		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, FramebufferClass, res[FramebufferClass], c.Profile, want, manager.ErrInvalidArgument)
+		if res[FramebufferClass] != 0 {
+			return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, FramebufferClass, res[FramebufferClass], c.Profile, want, manager.ErrInvalidArgument)
+		}
+		c.Incomplete = true
 	}
 	return c, nil
 }
@@ -171,8 +175,10 @@ func wholeGPU(c manager.FleetClaim, p *gpuProvider, fc manager.FleetClass, res m
 	return c, nil
 }
 
-// Complete writes the shared units of an adopted whole-GPU allocation
-// (Adopt marked it Incomplete) once the manager has checked the request.
+// Complete writes the shared units of an adopted allocation that left
+// them out (Adopt marked it Incomplete: a whole GPU's slices or
+// framebuffer, a vGPU's framebuffer) once the manager has checked the
+// request.
 // Placement's capacity refusal is retried once after this GPU's inventory
 // is re-published, as Claim does; a second is NoCapacity. An allocation
 // the scheduler deleted meanwhile is not written again.
@@ -210,7 +216,7 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 	}
 	switch {
 	case errors.Is(err, placementapi.ErrCapacity):
-		return fmt.Errorf("placement refused the whole of %s to consumer %s (something was claimed there meanwhile): %w: %w", p.name, c.Instance, manager.ErrNoCapacity, err)
+		return fmt.Errorf("placement refused %v on %s to consumer %s (claimed there meanwhile): %w: %w", want, p.name, c.Instance, manager.ErrNoCapacity, err)
 	case err != nil && !errors.Is(err, manager.ErrNotFound):
 		return fmt.Errorf("complete the allocation of %s: %w: %w", c.Instance, manager.ErrBackendFailure, err)
 	}

@@ -263,19 +263,45 @@ func (m *Manager) fleetSlices(g *gpu.GPU, o offer) int {
 }
 
 // fleetFramebuffer is what an instance of offer o on g takes of g's shared
-// framebuffer: on a time-sliced GPU in heterogeneous mode its type's
-// framebuffer, or all of it for a whole GPU; else 0.
+// framebuffer (sharedFramebuffer): a time-sliced vGPU its type's
+// framebuffer, a whole GPU all of it; else 0.
 func (m *Manager) fleetFramebuffer(g *gpu.GPU, o offer) uint64 {
-	if g.MIG.Enabled || !g.VGPU.Heterogeneous {
+	all := m.sharedFramebuffer(g.Model, g.VGPU.Flavour, g.MIG.Enabled, g.VGPU.Heterogeneous)
+	switch {
+	case all == 0:
 		return 0
-	}
-	switch o.kind {
-	case store.KindVGPU:
+	case o.kind == store.KindVGPU:
 		return o.typ.FramebufferMiB
-	case store.KindPassthrough:
-		return o.model.MemoryMiB
+	case o.kind == store.KindPassthrough:
+		return all
 	}
 	return 0
+}
+
+// sharedFramebuffer is the framebuffer, in MiB, the fleet publishes as
+// shared by what a time-sliced GPU holds (0 on a MIG GPU or one without a
+// vGPU flow), so that Placement itself refuses a whole GPU together with
+// any vGPU on it, and vGPUs whose framebuffer exceeds the GPU together. In
+// heterogeneous mode it is the GPU's memory, the bound the engine applies
+// (placement.VGPURoom); in homogeneous mode the most any one type fills
+// (its per-GPU maximum times its framebuffer), so that it never binds a
+// type before the type's own maximum does.
+func (m *Manager) sharedFramebuffer(model string, flavour gpu.Flavour, mig, het bool) uint64 {
+	md, ok := m.catalog().Model(model)
+	if !ok || mig || md.VGPU == nil || flavour == gpu.FlavourNone || flavour == "" {
+		return 0
+	}
+	if het {
+		return md.MemoryMiB
+	}
+	var most uint64
+	for i := range md.VGPU.Types {
+		t := &md.VGPU.Types[i]
+		if !t.MIGBacked() && md.HasFlow(t, string(flavour)) {
+			most = max(most, uint64(t.MaxInstances)*t.FramebufferMiB)
+		}
+	}
+	return most
 }
 
 // FleetGPU is one GPU as the fleet sees it: what is carved on it and how
@@ -293,9 +319,8 @@ type FleetGPU struct {
 	// instances, compute instances narrower than their GPU instance, GPU
 	// instances whose vGPUs share them).
 	Slices, Unclaimable int
-	// FramebufferMiB is the framebuffer the vGPU types share on a
-	// time-sliced GPU in heterogeneous mode (0 otherwise: in homogeneous
-	// mode the per-type maximum alone bounds the GPU).
+	// FramebufferMiB is the framebuffer the vGPUs and a whole GPU share on
+	// a time-sliced GPU (sharedFramebuffer; 0 on a MIG GPU).
 	FramebufferMiB uint64
 	Classes        []FleetClass
 	Instances      []FleetClaim
@@ -343,10 +368,7 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 		if gr := m.grid(g.Model); gr != nil && fg.MIG {
 			fg.Slices = gr.Slices
 		}
-		if md, ok := m.catalog().Model(g.Model); ok && fg.Heterogeneous && !fg.MIG {
-			// The bound vgpud's engine applies (placement.VGPURoom).
-			fg.FramebufferMiB = md.MemoryMiB
-		}
+		fg.FramebufferMiB = m.sharedFramebuffer(g.Model, sh.flavour, fg.MIG, fg.Heterogeneous)
 		switch {
 		case g.Lost:
 			fg.State = gpu.StateLost

@@ -111,10 +111,12 @@ func TestFleetViewOfMIGBackedAndPassthrough(t *testing.T) {
 			t.Fatalf("a GPU passed through offers room %d for %s", c.Room, c.Profile)
 		}
 	}
-	// On a GPU without MIG the whole GPU takes no slots.
+	// On a time-sliced GPU the whole GPU takes no slots but all the
+	// framebuffer its vGPUs share.
 	a := e.mustCreate("acme", manager.ProfilePassthrough, sim.DefaultA10)
-	if g := e.fleetGPU(sim.DefaultA10); len(g.Instances) != 1 || g.Instances[0] != (manager.FleetClaim{Instance: a.UUID, GPU: a.GPUUUID, Profile: manager.ProfilePassthrough, Kind: store.KindPassthrough}) {
-		t.Fatalf("whole A10: instances %+v", g.Instances)
+	g = e.fleetGPU(sim.DefaultA10)
+	if len(g.Instances) != 1 || g.FramebufferMiB == 0 || g.Instances[0] != (manager.FleetClaim{Instance: a.UUID, GPU: a.GPUUUID, Profile: manager.ProfilePassthrough, Kind: store.KindPassthrough, FramebufferMiB: g.FramebufferMiB}) {
+		t.Fatalf("whole A10: shared framebuffer %d, instances %+v", g.FramebufferMiB, g.Instances)
 	}
 }
 
