@@ -121,7 +121,10 @@ type result struct {
 	Hosts       int     `json:"hosts"`
 	OpsPerPhase int     `json:"opsPerPhase"`
 	Phases      []Phase `json:"phases"`
-	Note        string  `json:"note"`
+	// PhasesWithoutWholeGPU: the same churn without whole-GPU requests,
+	// whose flavors ask the whole-GPU class alone (see docs/fleet.md).
+	PhasesWithoutWholeGPU []Phase `json:"phasesWithoutWholeGPU"`
+	Note                  string  `json:"note"`
 }
 
 func main() {
@@ -134,64 +137,84 @@ func main() {
 }
 
 func run(out string, ops int) error {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dir, err := os.MkdirTemp("", "vgpud-bench-fleet-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	srv, err := tplacement.Open(filepath.Join(dir, "placement"))
-	if err != nil {
-		return fmt.Errorf("placement: %w", err)
-	}
-	defer srv.Stop()
-	schedC, err := placementapi.New(placementapi.Config{Endpoint: srv.URL()})
-	if err != nil {
-		return err
-	}
-	hosts, err := openHosts(ctx, dir, srv.URL(), false)
-	if err != nil {
-		return err
-	}
-	var sh []tplacement.Host
-	for _, h := range hosts {
-		sh = append(sh, h)
-		go h.s.Run(ctx)
-	}
-	res := result{Hosts: len(hosts), OpsPerPhase: ops,
+	res := result{Hosts: len(specs()), OpsPerPhase: ops,
 		Note: "sync lag: a destroy's return to Placement no longer holding its allocation, polled every 2 ms; over-commit: consumers Placement holds on a host's providers that the host does not, or the reverse, after the phase settles; localAcceptance: the same phases, seeds and 20 destroys after each, through the hosts' local placement alone"}
-	for _, workers := range []int{1, 4, 16} {
-		p, err := phase(ctx, schedC, hosts, sh, workers, ops)
-		if err != nil {
-			return err
-		}
-		res.Phases = append(res.Phases, p)
-		log.Printf("%+v", p)
-	}
-	cancel()
-	lctx := context.Background()
-	local, err := openHosts(lctx, filepath.Join(dir, "local"), "", true)
-	if err != nil {
+	var err error
+	if res.Phases, err = runMix(ops, requests); err != nil {
 		return err
 	}
-	var lsh []tplacement.Host
-	for _, h := range local {
-		lsh = append(lsh, h)
-	}
-	for i, workers := range []int{1, 4, 16} {
-		a, err := localPhase(lctx, local, lsh, workers, ops)
-		if err != nil {
-			return err
+	var partial []tplacement.Request
+	for _, r := range requests {
+		if r.Profile != "passthrough" {
+			partial = append(partial, r)
 		}
-		res.Phases[i].LocalAcceptance = a
-		log.Printf("%d schedulers through local placement: acceptance %.3f", workers, a)
+	}
+	if res.PhasesWithoutWholeGPU, err = runMix(ops, partial); err != nil {
+		return err
 	}
 	data, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(out, append(data, '\n'), 0o644)
+}
+
+// runMix runs the three fleet phases and then the same three through local
+// placement alone, on fresh hosts and a fresh Placement.
+func runMix(ops int, reqs []tplacement.Request) ([]Phase, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir, err := os.MkdirTemp("", "vgpud-bench-fleet-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := tplacement.Open(filepath.Join(dir, "placement"))
+	if err != nil {
+		return nil, fmt.Errorf("placement: %w", err)
+	}
+	defer srv.Stop()
+	schedC, err := placementapi.New(placementapi.Config{Endpoint: srv.URL()})
+	if err != nil {
+		return nil, err
+	}
+	hosts, err := openHosts(ctx, dir, srv.URL(), false)
+	if err != nil {
+		return nil, err
+	}
+	var sh []tplacement.Host
+	for _, h := range hosts {
+		sh = append(sh, h)
+		go h.s.Run(ctx)
+	}
+	var phases []Phase
+	for _, workers := range []int{1, 4, 16} {
+		p, err := phase(ctx, schedC, hosts, sh, workers, ops, reqs)
+		if err != nil {
+			return nil, err
+		}
+		phases = append(phases, p)
+		log.Printf("%+v", p)
+	}
+	cancel()
+	lctx := context.Background()
+	local, err := openHosts(lctx, filepath.Join(dir, "local"), "", true)
+	if err != nil {
+		return nil, err
+	}
+	var lsh []tplacement.Host
+	for _, h := range local {
+		lsh = append(lsh, h)
+	}
+	for i, workers := range []int{1, 4, 16} {
+		a, err := localPhase(lctx, local, lsh, workers, ops, reqs)
+		if err != nil {
+			return nil, err
+		}
+		phases[i].LocalAcceptance = a
+		log.Printf("%d schedulers through local placement: acceptance %.3f", workers, a)
+	}
+	return phases, nil
 }
 
 func openHosts(ctx context.Context, dir, url string, local bool) ([]*host, error) {

@@ -13,7 +13,7 @@ import (
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
-func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tplacement.Host, workers, ops int) (Phase, error) {
+func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tplacement.Host, workers, ops int, reqs []tplacement.Request) (Phase, error) {
 	sched := &tplacement.Scheduler{C: c, Hosts: sh}
 	var lost atomic.Int64
 	sched.OnFull = func(r tplacement.Request) {
@@ -28,7 +28,7 @@ func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tpla
 	for _, h := range hosts {
 		req0 += h.c.Requests()
 	}
-	if err := sched.Churn(ctx, workers, ops, requests, uint64(workers)); err != nil {
+	if err := sched.Churn(ctx, workers, ops, reqs, uint64(workers)); err != nil {
 		return Phase{}, fmt.Errorf("%d schedulers: %w", workers, err)
 	}
 	var req1 uint64
@@ -152,9 +152,9 @@ func quantile(v []float64, q float64) float64 {
 // the fleet's) through the hosts' local placement alone, then destroys up
 // to 20 instances as the fleet phase's lag measurement does, so the next
 // phase starts from a comparable load. It returns the acceptance.
-func localPhase(ctx context.Context, hosts []*host, sh []tplacement.Host, workers, ops int) (float64, error) {
+func localPhase(ctx context.Context, hosts []*host, sh []tplacement.Host, workers, ops int, reqs []tplacement.Request) (float64, error) {
 	sched := &tplacement.Scheduler{Hosts: sh, Local: true}
-	if err := sched.Churn(ctx, workers, ops, requests, uint64(workers)); err != nil {
+	if err := sched.Churn(ctx, workers, ops, reqs, uint64(workers)); err != nil {
 		return 0, fmt.Errorf("%d local schedulers: %w", workers, err)
 	}
 	n := 0
