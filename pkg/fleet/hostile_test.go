@@ -12,7 +12,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
@@ -74,24 +74,6 @@ func counted(t *testing.T, c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
-// lockedBuffer is a log sink the syncer's goroutine and the test share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestHostilePlacement: a Placement answering malformed JSON, HTTP 500, a
 // redirect, a huge body or refusing the microversion makes the sync fail
 // with that error's kind in the log and in vgpud_fleet_sync_failures_total;
@@ -110,7 +92,7 @@ func TestHostilePlacement(t *testing.T) {
 	defer front.Close()
 
 	a := startHost(t, "hosth", front.URL, nil, Config{Interval: 200 * time.Millisecond})
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	a.s.log = slog.New(slog.NewTextHandler(logs, nil))
 	a.run(t)
 	converged(t, c, a)
