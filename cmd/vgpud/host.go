@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -67,23 +66,21 @@ func openHost(cfg *Config, log *slog.Logger, observe nvmlbackend.Observer) (*hos
 	h := &host{cat: cat}
 	var lib gonvml.Interface
 	var fsys sysfs.FS
-	var mdevctl fs.FS
+	var mdevctl string
 	if cfg.Sim {
 		sh, err := openSim(cfg, cat, log)
 		if err != nil {
 			return nil, err
 		}
 		h.sim = sh
-		lib, fsys, mdevctl = sh.NVML(), sh.FS(), sh.MdevctlFS()
+		lib, fsys, mdevctl = sh.NVML(), sh.FS(), sh.MdevctlDir()
 	} else {
 		lib, fsys = gonvml.New(), sysfs.OSFS{Root: cfg.SysfsRoot}
-		if cfg.MdevctlDir != "" {
-			mdevctl = os.DirFS(cfg.MdevctlDir)
-		}
+		mdevctl = cfg.MdevctlDir
 	}
 	h.nvml = nvmlbackend.New(lib, cat, nvmlbackend.Options{Logger: log.With("component", "nvml"), Observer: observe})
 	h.sysfs = sysfs.New(fsys)
-	if mdevctl != nil {
+	if mdevctl != "" {
 		h.sysfs.WithMdevctl(mdevctl)
 	}
 	return h, nil

@@ -22,6 +22,10 @@ var (
 	ErrResetRequired = errors.New("GPU reset required")
 	// ErrInvalid: the driver rejected an argument.
 	ErrInvalid = errors.New("invalid argument")
+	// ErrExists: a device with the identity asked for exists already (an
+	// mdev UUID, EEXIST). It is not the caller's for that: whoever made it,
+	// this call did not.
+	ErrExists = errors.New("already exists")
 	// ErrNotFound: the instance or device does not exist.
 	ErrNotFound = errors.New("not found")
 	// ErrTimeout: the call did not return within its deadline; its effect is unknown.

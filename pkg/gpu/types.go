@@ -210,6 +210,10 @@ type Mdev struct {
 	// Mdevctl is mdevctl's persistent definition of this mdev, nil when
 	// mdevctl defines none (a transient mdev, vgpud's or another tool's).
 	Mdevctl *MdevctlDefinition `json:"mdevctl,omitempty"`
+	// MdevctlProblem says why the entry of mdevctl's config directory
+	// named by this mdev's UUID was skipped (not a regular file, too
+	// large, not a definition); "" when there is none or it was read.
+	MdevctlProblem string `json:"mdevctlProblem,omitempty"`
 }
 
 // MdevctlDefinition is an mdev as mdevctl defines it: a JSON file

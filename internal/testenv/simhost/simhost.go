@@ -129,7 +129,7 @@ func (h *Host) start(ctx context.Context) error {
 	if h.opts.FS != nil {
 		fs = h.opts.FS(h.Sim)
 	}
-	h.Sysfs = sysfs.New(fs).WithMdevctl(h.Sim.MdevctlFS())
+	h.Sysfs = sysfs.New(fs).WithMdevctl(h.Sim.MdevctlDir())
 	c := h.opts.Manager
 	c.Catalog, c.Store, c.NVML, c.Sysfs = h.Catalog, h.DB, h.NVML, h.Sysfs
 	if h.opts.SimBootID {

@@ -3,7 +3,6 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -15,11 +14,9 @@ import (
 // mdevctl, it does not create the mdev: start it through the sysfs view
 // (the parent's mdev_supported_types/<type>/create), as mdevctl would.
 
-// MdevctlDir is the simulated host's mdevctl config directory.
+// MdevctlDir is the simulated host's mdevctl config directory, for
+// sysfs.Sysfs.WithMdevctl.
 func (h *Host) MdevctlDir() string { return filepath.Join(h.dir, "mdevctl.d") }
-
-// MdevctlFS is MdevctlDir as a file system, for sysfs.Sysfs.WithMdevctl.
-func (h *Host) MdevctlFS() fs.FS { return os.DirFS(h.MdevctlDir()) }
 
 // MdevctlDefine writes mdevctl's definition of mdev uuid on parent (a PCI
 // address) with type ("nvidia-558") and start ("auto" or "manual").

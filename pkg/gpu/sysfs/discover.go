@@ -1,6 +1,7 @@
 package sysfs
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -80,11 +81,13 @@ func (s *Sysfs) Discover(pf string) (GPUView, error) {
 // markMdevctl sets each mdev's mdevctl definition (same UUID, parent and
 // type), when WithMdevctl gave the directory. A definition of the UUID
 // for another parent or type does not describe this mdev: it is reported.
+// So is an entry of the directory that was skipped (MdevctlFileError),
+// and on the mdev it names, MdevctlProblem says why.
 func (s *Sysfs) markMdevctl(mdevs []gpu.Mdev) []string {
-	if s.mdevctl == nil || len(mdevs) == 0 {
+	if s.mdevctl == "" || len(mdevs) == 0 {
 		return nil
 	}
-	defs, err := ReadMdevctl(s.mdevctl)
+	defs, err := s.readMdevctl()
 	var warn []string
 	if err != nil {
 		warn = append(warn, err.Error())
@@ -93,8 +96,16 @@ func (s *Sysfs) markMdevctl(mdevs []gpu.Mdev) []string {
 	for _, d := range defs {
 		byUUID[d.UUID] = d
 	}
+	bad := map[string]string{}
+	for _, fe := range MdevctlFileErrors(err) {
+		bad[fe.UUID] = fe.Error()
+	}
 	for i := range mdevs {
-		d, ok := byUUID[strings.ToLower(mdevs[i].UUID)]
+		u := strings.ToLower(mdevs[i].UUID)
+		if why, ok := bad[u]; ok {
+			mdevs[i].MdevctlProblem = why
+		}
+		d, ok := byUUID[u]
 		if !ok {
 			continue
 		}
@@ -105,4 +116,24 @@ func (s *Sysfs) markMdevctl(mdevs []gpu.Mdev) []string {
 		mdevs[i].Mdevctl = &d
 	}
 	return warn
+}
+
+// readMdevctl reads the directory (ReadMdevctl), starting no read while
+// one that outlived its deadline is still blocked: a file system that
+// does not answer holds one goroutine, not one per discovery.
+func (s *Sysfs) readMdevctl() ([]gpu.MdevctlDefinition, error) {
+	s.mdevctlMu.Lock()
+	stuck := s.mdevctlStuck
+	s.mdevctlMu.Unlock()
+	if stuck > 0 {
+		return nil, fmt.Errorf("mdevctl definitions in %s: %w: an earlier read has not returned yet", s.mdevctl, ErrMdevctlTimeout)
+	}
+	step := func(n int) func() {
+		return func() {
+			s.mdevctlMu.Lock()
+			s.mdevctlStuck += n
+			s.mdevctlMu.Unlock()
+		}
+	}
+	return readMdevctl(context.Background(), s.mdevctl, step(1), step(-1))
 }

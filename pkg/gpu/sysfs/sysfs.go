@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -69,17 +70,22 @@ func (o OSFS) Stat(name string) (fs.FileInfo, error) { return os.Stat(o.full(nam
 // Sysfs is the backend.
 type Sysfs struct {
 	fs FS
-	// mdevctl is mdevctl's config directory; nil: not read.
-	mdevctl fs.FS
+	// mdevctl is mdevctl's config directory; "": not read.
+	mdevctl string
+	// mdevctlMu guards mdevctlStuck: the reads of the directory that
+	// outlived their deadline and have not returned yet (no other is
+	// started then).
+	mdevctlMu    sync.Mutex
+	mdevctlStuck int
 }
 
 // New returns the backend over fsys.
 func New(fsys FS) *Sysfs { return &Sysfs{fs: fsys} }
 
 // WithMdevctl makes Discover mark the mdevs that mdevctl defines, read
-// from mdevctl's config directory dir (DefaultMdevctlDir on a real host,
-// os.DirFS of it).
-func (s *Sysfs) WithMdevctl(dir fs.FS) *Sysfs {
+// from mdevctl's config directory dir (DefaultMdevctlDir on a real host)
+// as ReadMdevctl says.
+func (s *Sysfs) WithMdevctl(dir string) *Sysfs {
 	s.mdevctl = dir
 	return s
 }

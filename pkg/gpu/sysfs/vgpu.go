@@ -244,16 +244,16 @@ func (s *Sysfs) Mdev(uuid string) (gpu.Mdev, error) {
 	return m, nil
 }
 
-// CreateMdev writes uuid into parent's type create file. Idempotent: an
-// mdev with this UUID, parent and type is success; with another parent or
-// type it is gpu.ErrInUse. EIO from the driver (no instances left, another type
+// CreateMdev writes uuid into parent's type create file. An mdev with this
+// UUID that exists already, on any parent and of any type, is
+// gpu.ErrExists naming where it is (the kernel's EEXIST): this call did not
+// make it, so it is not the caller's, however much it looks like what
+// was asked for; only the caller's own record of an earlier create can
+// say it is theirs. EIO from the driver (no instances left, another type
 // on the GPU) is gpu.ErrNoResources.
 func (s *Sysfs) CreateMdev(parent string, typeID int, uuid string) error {
-	if m, err := s.Mdev(uuid); err == nil {
-		if m.Parent == parent && m.Type == typeID {
-			return nil
-		}
-		return fmt.Errorf("create mdev %s: it exists on %s as nvidia-%d: %w", uuid, m.Parent, m.Type, gpu.ErrInUse)
+	if m, err := s.Mdev(strings.ToLower(uuid)); err == nil {
+		return fmt.Errorf("create mdev %s: it exists on %s as nvidia-%d: %w", uuid, m.Parent, m.Type, gpu.ErrExists)
 	}
 	create := fmt.Sprintf("%s/nvidia-%d/create", typesDir(parent), typeID)
 	if _, err := s.fs.Stat(path.Dir(create)); err != nil {
@@ -266,7 +266,7 @@ func (s *Sysfs) CreateMdev(parent string, typeID int, uuid string) error {
 	case syscall.EIO, syscall.EUSERS:
 		return fmt.Errorf("create mdev %s of nvidia-%d on %s: %w: %w", uuid, typeID, parent, gpu.ErrNoResources, err)
 	case syscall.EEXIST:
-		return fmt.Errorf("create mdev %s: UUID in use: %w: %w", uuid, gpu.ErrInUse, err)
+		return fmt.Errorf("create mdev %s: an mdev with this UUID exists: %w: %w", uuid, gpu.ErrExists, err)
 	default:
 		return fmt.Errorf("create mdev %s of nvidia-%d on %s: %w", uuid, typeID, parent, err)
 	}

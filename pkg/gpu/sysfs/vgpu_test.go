@@ -2,6 +2,7 @@ package sysfs_test
 
 import (
 	"errors"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -97,11 +98,16 @@ func TestMdevLifecycle(t *testing.T) {
 	if err := s.CreateMdev(parents[0], q4, u); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateMdev(parents[0], q4, u); err != nil {
-		t.Fatalf("repeat create is idempotent: %v", err)
-	}
-	if err := s.CreateMdev(parents[1], q4, u); !errors.Is(err, gpu.ErrInUse) {
-		t.Fatalf("same UUID on another parent: %v, want ErrInUse", err)
+	// An mdev that exists is never the caller's, not even with the same
+	// parent and type: the call did not make it (the kernel's EEXIST).
+	for _, c := range []struct {
+		parent string
+		uuid   string
+	}{{parents[0], u}, {parents[1], u}, {parents[0], strings.ToUpper(u)}} {
+		err := s.CreateMdev(c.parent, q4, c.uuid)
+		if !errors.Is(err, gpu.ErrExists) || !strings.Contains(err.Error(), "exists on "+parents[0]) {
+			t.Fatalf("create %s on %s again: %v, want ErrExists saying where it is", c.uuid, c.parent, err)
+		}
 	}
 	if err := s.CreateMdev(parents[0], 99999, "4b20d080-1b54-4048-85b3-a6a62d165c02"); !errors.Is(err, sysfs.ErrNoMdevType) {
 		t.Fatalf("unknown type: %v", err)
