@@ -429,6 +429,13 @@ func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain
 	if _, err := m.offersFor(req.Profile); err != nil {
 		return store.Instance{}, store.Attachment{}, err
 	}
+	if req.UUID != "" {
+		u, err := instanceUUID(req.UUID)
+		if err != nil {
+			return store.Instance{}, store.Attachment{}, err
+		}
+		req.UUID = u
+	}
 	done, err := m.begin()
 	if err != nil {
 		return store.Instance{}, store.Attachment{}, err
@@ -444,11 +451,9 @@ func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain
 	if req.UUID == "" {
 		req.UUID = uuid.NewString()
 	} else {
-		u, err := uuid.Parse(req.UUID)
-		if err != nil {
-			return store.Instance{}, store.Attachment{}, fail(ErrInvalidArgument, err, "instance UUID %q is not a UUID", req.UUID)
+		if err := m.refuseForeignUUID(ctx, req.UUID); err != nil {
+			return store.Instance{}, store.Attachment{}, err
 		}
-		req.UUID = u.String()
 		if _, err := m.Instance(req.UUID); err == nil {
 			rec, err := m.Create(ctx, req) // checks tenant and profile match
 			if err != nil {

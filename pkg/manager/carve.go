@@ -26,6 +26,11 @@ const (
 	stepCI carveStep = "ci"
 	// stepVGPU: the vGPU was created (a VF's type set, or an mdev made).
 	stepVGPU carveStep = "vgpu"
+	// stepMdevWrite: the mdev's create is about to be written, no mdev with
+	// its UUID having been found: an mdev with the record's UUID is the
+	// record's after a crash or a timeout only with this step
+	// (ownership.go). It marks, and releases nothing by itself.
+	stepMdevWrite carveStep = "mdev-write"
 )
 
 // carve performs the admitted record's steps on the host.
@@ -102,7 +107,7 @@ func timedOut(ctx context.Context, err error) bool {
 func (m *Manager) undoCarve(rec store.Instance, intent string, steps map[carveStep]bool, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
 	defer cancel()
-	parts, uerr := m.carvedParts(ctx, &rec, steps)
+	parts, uerr := m.carvedParts(ctx, &rec, steps, cause)
 	if uerr == nil {
 		uerr = m.release(ctx, &rec, func(s carveStep) bool { return parts[s] }, false)
 	}
@@ -128,13 +133,16 @@ func (m *Manager) undoCarve(rec store.Instance, intent string, steps map[carveSt
 // carvedParts says which parts of a failed carve the host holds: the steps
 // recorded as done, and whatever the host shows once the calls that outran
 // their deadline have returned (a step whose call timed out, or whose save
-// failed, may have happened all the same).
-func (m *Manager) carvedParts(ctx context.Context, rec *store.Instance, steps map[carveStep]bool) (map[carveStep]bool, error) {
+// failed, may have happened all the same). An mdev with the record's UUID
+// counts only if the carve wrote its create and the kernel did not answer
+// that it existed (cause): another's mdev is never taken away.
+func (m *Manager) carvedParts(ctx context.Context, rec *store.Instance, steps map[carveStep]bool, cause error) (map[carveStep]bool, error) {
 	if err := m.settle(ctx); err != nil {
 		return nil, err
 	}
 	m.refreshGPU(ctx, rec.GPUUUID)
 	gi, ci, vg := m.present(rec)
+	vg = vg && mdevMayBeOurs(rec, steps[stepMdevWrite], cause)
 	return map[carveStep]bool{stepGI: steps[stepGI] || gi, stepCI: steps[stepCI] || ci, stepVGPU: steps[stepVGPU] || vg}, nil
 }
 
@@ -166,7 +174,11 @@ func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func
 		m.crash(CrashCreateCI)
 	}
 	if rec.Kind == store.KindVGPU || rec.Kind == store.KindMIGVGPU {
-		if err := m.createVGPU(ctx, rec); err != nil {
+		create := m.createVGPU
+		if rec.Flow == store.FlowMdev {
+			create = func(ctx context.Context, rec *store.Instance) error { return m.createMdev(ctx, rec, save) }
+		}
+		if err := create(ctx, rec); err != nil {
 			return err
 		}
 		if err := save(stepVGPU); err != nil {

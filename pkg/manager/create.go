@@ -50,11 +50,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 		req.UUID = req.PlacementConsumer // "" unless a fleet scheduler claimed
 	}
 	if req.UUID != "" {
-		u, err := uuid.Parse(req.UUID)
-		if err != nil {
-			return store.Instance{}, fail(ErrInvalidArgument, err, "instance UUID %q is not a UUID", req.UUID)
+		if req.UUID, err = instanceUUID(req.UUID); err != nil {
+			return store.Instance{}, err
 		}
-		req.UUID = u.String()
+		if err := m.refuseForeignUUID(ctx, req.UUID); err != nil {
+			return store.Instance{}, err
+		}
 	} else {
 		req.UUID = uuid.NewString()
 	}

@@ -176,7 +176,7 @@ func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 		err = m.repoint(ctx, att, old, next)
 	}
 	if err != nil {
-		m.unmove(undo, att, old, next, steps, intent)
+		m.unmove(undo, att, old, next, steps, intent, err)
 		return classify(err, "move %s to %s:%d", rec.UUID, to.PCI, mv.ToStart)
 	}
 	next.Updated = m.now()
@@ -242,10 +242,10 @@ func (m *Manager) repoint(ctx context.Context, att *store.Attachment, old, next 
 // unmove undoes a move that failed after the old placement was released:
 // what the new placement got is taken away, the old one carved again, and
 // the VM's config pointed back at it.
-func (m *Manager) unmove(ctx context.Context, att *store.Attachment, old, next store.Instance, steps map[carveStep]bool, intent string) {
+func (m *Manager) unmove(ctx context.Context, att *store.Attachment, old, next store.Instance, steps map[carveStep]bool, intent string, cause error) {
 	uctx, cancel := context.WithTimeout(ctx, undoTimeout)
 	defer cancel()
-	parts, err := m.carvedParts(uctx, &next, steps)
+	parts, err := m.carvedParts(uctx, &next, steps, cause)
 	if err == nil {
 		l := m.gpuLock(next.GPUUUID)
 		l.Lock()

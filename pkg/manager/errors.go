@@ -149,6 +149,9 @@ func classify(err error, format string, args ...any) error {
 		return fail(ErrGPULost, err, "%s: the GPU fell off the bus; its instances are marked lost until it returns", msg)
 	case errors.Is(err, gpu.ErrInUse):
 		return fail(ErrBusy, err, "%s: the device is in use; stop the VM using it and retry", msg)
+	case errors.Is(err, gpu.ErrExists):
+		// The cause says where the device is.
+		return failShown(ErrConflict, err, msg+" (a device vgpud did not create has its identity, and vgpud leaves it alone: give another UUID, or remove that device first)")
 	case errors.Is(err, gpu.ErrNoResources):
 		return fail(ErrNoCapacity, err, "%s: the driver has no room; run `vgpuctl capacity` to see what fits", msg)
 	case errors.Is(err, gpu.ErrResetRequired):

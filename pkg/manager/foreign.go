@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -50,8 +51,12 @@ func (m *Manager) foreign() []Foreign {
 		return nil
 	}
 	var out []Foreign
+	var errs []string
 	for i := range s.inv.GPUs {
 		g := &s.inv.GPUs[i]
+		for _, e := range g.Errors {
+			errs = append(errs, g.PCI+"\x00"+e)
+		}
 		for _, gi := range g.MIG.Instances {
 			if len(s.giRecords(g.UUID, gi.Placement.Start, gi.ProfileID)) == 0 {
 				out = append(out, Foreign{GPU: g.PCI, Kind: ForeignGPUInstance, ID: fmt.Sprint(gi.ID),
@@ -80,16 +85,49 @@ func (m *Manager) foreign() []Foreign {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GPU+out[i].ID < out[j].GPU+out[j].ID })
 	m.noteForeign(out)
+	for _, e := range m.discoveryErrs.fresh(errs) {
+		// What discovery could not read (an mdevctl definition skipped,
+		// say) is in the GPU's Errors at every pass; the log says it once.
+		gpuPCI, msg, _ := strings.Cut(e, "\x00")
+		m.log.Warn("discovery: part of a GPU's state could not be read", "gpu", gpuPCI, "err", msg)
+	}
+	return out
+}
+
+// seenSet remembers which of a repeated list's entries were seen before.
+type seenSet struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// fresh replaces the set with list and returns the entries new to it.
+func (s *seenSet) fresh(list []string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string]bool, len(list))
+	var out []string
+	for _, e := range list {
+		next[e] = true
+		if !s.seen[e] {
+			out = append(out, e)
+		}
+	}
+	s.seen = next
 	return out
 }
 
 // foreignMdev reports an mdev no record explains, with mdevctl as its
-// origin when mdevctl defines it.
+// origin when mdevctl defines it, and why its entry in mdevctl's
+// directory was skipped when it was (which origin it has is unknown then).
 func foreignMdev(g *gpu.GPU, uuid, typeName string) Foreign {
 	f := Foreign{GPU: g.PCI, Kind: ForeignMdev, ID: uuid, Detail: typeName}
-	if md := mdevOf(g, uuid); md != nil && md.Mdevctl != nil {
+	md := mdevOf(g, uuid)
+	switch {
+	case md != nil && md.Mdevctl != nil:
 		f.Origin = OriginMdevctl
 		f.Detail = fmt.Sprintf("%s, defined by mdevctl (start %s)", typeName, md.Mdevctl.Start)
+	case md != nil && md.MdevctlProblem != "":
+		f.Detail = fmt.Sprintf("%s; %s", typeName, md.MdevctlProblem)
 	}
 	return f
 }

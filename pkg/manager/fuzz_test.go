@@ -50,6 +50,8 @@ const (
 	fuzzDefragment
 	fuzzApply
 	fuzzCreateAttach
+	fuzzCreateUUID
+	fuzzMdevctl
 	fuzzOpCount
 )
 
@@ -77,6 +79,22 @@ var (
 
 // fuzzUnknownID is an instance UUID no instance has.
 const fuzzUnknownID = "00000000-0000-4000-8000-00000000f00d"
+
+// fuzzForeignMdev is the UUID of an mdev vgpud did not create: mdevctl
+// defines it (start auto) on the A10's first mdev parent, where it runs
+// from the start of every execution. It must stay there, and no create
+// may take it.
+const fuzzForeignMdev = "6f1d3b8c-0a52-4d6e-9b1a-3c2f5e7d9f00"
+
+// fuzzUUIDs are the instance UUIDs fuzzCreateUUID asks for: the foreign
+// mdev's in two cases, the nil UUID in two spellings (refused, by name),
+// and two that are free (the second time, a retry of the first create).
+var fuzzUUIDs = []string{fuzzForeignMdev, strings.ToUpper(fuzzForeignMdev), "00000000-0000-0000-0000-000000000000",
+	"urn:uuid:00000000-0000-0000-0000-000000000000", "6f1d3b8c-0a52-4d6e-9b1a-3c2f5e7d9f01", "6f1d3b8c-0a52-4d6e-9b1a-3c2f5e7d9f02"}
+
+// fuzzMdevctlNames are the names fuzzMdevctl gives its entries in mdevctl's
+// directory: the foreign mdev's definition (replaced), and a UUID nothing has.
+var fuzzMdevctlNames = []string{fuzzForeignMdev, "6f1d3b8c-0a52-4d6e-9b1a-3c2f5e7d9f03"}
 
 // fuzzDoc is an apply document with what it may touch: the GPUs it
 // describes, and whether it prunes tenants it does not list.
@@ -175,6 +193,9 @@ func fuzzSeeds() []fuzzSeed {
 		vm1, vm2, vmEmpty, vmURI                                    = 0, 1, 2, 5
 		iEmpty, iSpace, iUnknown, iMalformed, iUpper, iSpaced       = 0x80, 0x81, 0x82, 0x83, 0x84, 0x85
 		docL4A10, docPruneMIG, docAllEmpty, docEmptyTenant          = 0, 1, 2, 3
+		uForeign, uForeignUpper, uNil, uNilURN, uFree               = 0, 1, 2, 3, 4
+		mFIFO, mZeroLink, mFIFOLink, mDevice, mDir, mHuge           = 0, 1, 2, 3, 4, 5
+		nForeign, nOther                                            = 0, 1
 	)
 	// iNth refers to the nth existing instance.
 	iNth := func(n int) byte { return byte(8 * n) }
@@ -232,6 +253,23 @@ func fuzzSeeds() []fuzzSeed {
 			op(fuzzCreateAttach, tAlpha, pL4, vm1), op(fuzzCreateAttach, tEmpty, pL4, vm1), op(fuzzCreateAttach, tAlpha, pEmpty, vm1),
 			op(fuzzCreateAttach, tAlpha, pL4, vmEmpty), op(fuzzCreateAttach, tAlpha, pMIG1, vm2), op(fuzzCreateAttach, tBeta, pA10, 4),
 			op(fuzzUndefine, tAlpha, 0, 1),
+		}},
+		// An mdev another tool made, whose UUID a create asks for: refused
+		// every time, in either case, while a free UUID is created once
+		// and its retry returns the same instance.
+		{"foreign-mdev-uuid", []fuzzOp{
+			op(fuzzCreateUUID, tAlpha, pA10, uForeign), op(fuzzCreateUUID, tAlpha, pA10, uForeign), op(fuzzCreateUUID, tBeta, pA10, uForeignUpper),
+			op(fuzzCreateUUID, tAlpha, pL4, uForeign), op(fuzzCreateUUID, tAlpha, pA10, uNil), op(fuzzCreateUUID, tAlpha, pMIG1, uNilURN),
+			op(fuzzCreateUUID, tAlpha, pA10, uFree), op(fuzzCreateUUID, tAlpha, pA10, uFree), op(fuzzDestroy, iNth(0), 0, 0),
+			op(fuzzCreateUUID, tAlpha, pA10, uForeign),
+		}},
+		// Hostile entries in mdevctl's directory, one after the other under
+		// the foreign mdev's name and another, with creates between them.
+		{"mdevctl-directory", []fuzzOp{
+			op(fuzzMdevctl, mFIFO, nForeign, 0), op(fuzzCreate, tAlpha, pA10, gAny), op(fuzzMdevctl, mZeroLink, nOther, 0),
+			op(fuzzMdevctl, mFIFOLink, nForeign, 0), op(fuzzMdevctl, mDevice, nOther, 0), op(fuzzCreateUUID, tAlpha, pA10, uForeign),
+			op(fuzzMdevctl, mDir, nForeign, 0), op(fuzzMdevctl, mHuge, nOther, 0), op(fuzzMdevctl, mHuge, nForeign, 0),
+			op(fuzzCreate, tBeta, pA10, gAny),
 		}},
 		{"tenant-lifecycle", []fuzzOp{
 			op(fuzzDefine, tGamma, 1, 0), op(fuzzDefine, tEmpty, 0, 0), op(fuzzDefine, tSpace, 0, 0), op(fuzzDefine, tUpper, 0, 0),

@@ -2,6 +2,7 @@ package manager_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -35,6 +36,8 @@ type fuzzRun struct {
 	// repeat (discovery is most of a step's time).
 	checkedGen  uint64
 	checkedRecs string
+	// foreignParent is where the foreign mdev fuzzForeignMdev runs.
+	foreignParent string
 }
 
 func newFuzzRun(t *testing.T) *fuzzRun {
@@ -51,6 +54,12 @@ func newFuzzRun(t *testing.T) *fuzzRun {
 		t.Fatal(err)
 	}
 	r := &fuzzRun{t: t, e: e, lv: lv, host: discover.Host{NVML: b, Sysfs: sysfs.New(e.sim.FS())}}
+	// Of the A10's type in fuzzProfiles: the A10 (time-sliced, one type at
+	// a time) stays usable for the other operations.
+	r.foreignParent, _ = e.foreignMdevOf(fuzzForeignMdev, "", "A10-2Q")
+	if err := e.m.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	extra, missing := invariant.HostDiff(r.inventory(), nil)
 	if len(missing) != 0 {
 		t.Fatalf("host before the first step: %v", missing)
@@ -190,6 +199,8 @@ func (r *fuzzRun) step(i int, o fuzzOp) {
 	var err error
 	var desc string
 	var eff fuzzEffect
+	// refused: the step's outcome is wrong whatever it changed.
+	var refused string
 	switch o.code {
 	case fuzzDefine:
 		name := fuzzPick(fuzzTenants, o.a)
@@ -250,6 +261,28 @@ func (r *fuzzRun) step(i int, o fuzzOp) {
 				}
 			}
 		}
+	case fuzzCreateUUID:
+		id := fuzzPick(fuzzUUIDs, o.c)
+		req := manager.CreateRequest{Tenant: fuzzPick(fuzzTenants, o.a), Profile: fuzzPick(fuzzProfiles, o.b), UUID: id}
+		desc = fmt.Sprintf("create tenant %q profile %q uuid %q", req.Tenant, req.Profile, id)
+		_, err = m.Create(ctx, req)
+		_, retry := before.insts[strings.ToLower(id)]
+		eff = fuzzEffect{tenant: req.Tenant, create: 1, exact: !retry}
+		switch {
+		case strings.EqualFold(id, fuzzForeignMdev) && !errors.Is(err, manager.ErrConflict):
+			refused = fmt.Sprintf("a create with the foreign mdev's UUID: %v, want Conflict", err)
+		case strings.Contains(id, "00000000-0000-0000-0000-000000000000") && !errors.Is(err, manager.ErrInvalidArgument):
+			refused = fmt.Sprintf("a create with the nil UUID: %v, want InvalidArgument", err)
+		}
+	case fuzzMdevctl:
+		kind, name := fuzzPick(hostileMdevctlKinds, o.a), fuzzPick(fuzzMdevctlNames, o.b)
+		desc = fmt.Sprintf("mdevctl directory: %s as %s, then reconcile", kind, name)
+		if plantHostileMdevctl(r.t, r.e.sim.MdevctlDir(), r.foreignParent, name, kind) {
+			_, err = m.Reconcile(ctx)
+			if err != nil {
+				refused = fmt.Sprintf("reconcile with a hostile mdevctl entry: %v", err)
+			}
+		}
 	case fuzzCreateAttach:
 		req := manager.CreateRequest{Tenant: fuzzPick(fuzzTenants, o.a), Profile: fuzzPick(fuzzProfiles, o.b)}
 		vm := fuzzPick(fuzzVMs, o.c)
@@ -267,6 +300,12 @@ func (r *fuzzRun) step(i int, o fuzzOp) {
 	problems = append(problems, fuzzErrorProblems(err)...)
 	problems = append(problems, r.invariants(after)...)
 	problems = append(problems, fuzzEffectProblems(before, after, eff, err)...)
+	if refused != "" {
+		problems = append(problems, refused)
+	}
+	if got := r.e.mdevOn(fuzzForeignMdev); got != r.foreignParent {
+		problems = append(problems, fmt.Sprintf("the foreign mdev %s is on %q, not on %s where it ran", fuzzForeignMdev, got, r.foreignParent))
+	}
 	if len(problems) > 0 {
 		r.t.Fatalf("after step %d (%s):\n  %s\nsteps:\n  %s", i, desc, strings.Join(problems, "\n  "), strings.Join(r.journal, "\n  "))
 	}

@@ -215,3 +215,46 @@ func TestBackendFailureCarriesItsCause(t *testing.T) {
 		}
 	}
 }
+
+// TestNilUUIDRefused: the nil UUID, in any spelling uuid.Parse takes, is
+// no instance's: a create or create-and-attach asking for it is refused
+// by name, as is every method naming an instance by it, and nothing
+// changes. It used to become an instance's UUID.
+func TestNilUUIDRefused(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.tenant("acme", unlimited())
+	e.mustCreate("acme", "L4-4Q", "")
+	e.m.SetVirt(&unreachableVirt{})
+	before := e.summary()
+	for _, id := range []string{"00000000-0000-0000-0000-000000000000", "00000000000000000000000000000000",
+		"{00000000-0000-0000-0000-000000000000}", "urn:uuid:00000000-0000-0000-0000-000000000000"} {
+		want := func(what string, err error) {
+			t.Helper()
+			if !errors.Is(err, manager.ErrInvalidArgument) || !strings.Contains(manager.Message(err), "nil UUID") {
+				t.Fatalf("%s %s: %v, want InvalidArgument naming the nil UUID", what, id, err)
+			}
+		}
+		_, err := e.m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q", UUID: id})
+		want("create", err)
+		_, _, err = e.m.CreateAndAttach(ctx, manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q", UUID: id}, "vm1", manager.AttachOptions{})
+		want("create and attach", err)
+		_, err = e.m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q", PlacementConsumer: id})
+		if !errors.Is(err, manager.ErrInvalidArgument) {
+			t.Fatalf("create for placement consumer %s: %v, want InvalidArgument", id, err)
+		}
+		want("destroy", e.m.Destroy(ctx, id, manager.DestroyOptions{}))
+		_, err = e.m.Attach(ctx, id, "vm1", manager.AttachOptions{})
+		want("attach", err)
+		want("detach", e.m.Detach(ctx, id))
+		_, err = e.m.Instance(id)
+		want("instance", err)
+	}
+	if got := e.summary(); got != before {
+		t.Fatalf("host changed:\n%s\nwas\n%s", got, before)
+	}
+	insts, err := e.m.AllInstances()
+	if err != nil || len(insts) != 1 {
+		t.Fatalf("instances %+v, %v; want the one made before", insts, err)
+	}
+}

@@ -64,6 +64,9 @@ func (m *Manager) resolveCreate(ctx context.Context, it store.Intent, rec store.
 		return m.dropIntent(it.ID)
 	}
 	gi, ci, vg := m.present(&rec)
+	// An mdev with the record's UUID that the create never wrote is
+	// another's: it neither completes the record nor is released with it.
+	vg = vg && mdevMayBeOurs(&rec, intentWrote(it), nil)
 	if complete(&rec, gi, ci, vg) {
 		rec.State, rec.Updated = store.StateReady, m.now()
 		if err := m.db.Update(func(tx *store.Tx) error {

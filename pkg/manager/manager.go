@@ -200,6 +200,8 @@ type Manager struct {
 	events *broadcaster
 	// drift: the foreign devices already announced (drift.go).
 	drift driftState
+	// discoveryErrs: the GPUs' discovery errors already logged (foreign.go).
+	discoveryErrs seenSet
 
 	// sched sets GPUs' vGPU schedulers (nil: the backend cannot); scheds
 	// are the pinned settings the driver has not taken yet (sched.go).

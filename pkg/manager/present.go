@@ -62,8 +62,10 @@ func (m *Manager) present(r *store.Instance) (gi, ci, vg bool) {
 			}
 		}
 	case r.Flow == store.FlowMdev:
-		for _, md := range g.VGPU.Mdevs {
-			if md.UUID == r.MdevUUID {
+		// The record's mdev is the one with its UUID on its parent with
+		// its type: an mdev with the UUID elsewhere is another's.
+		for i := range g.VGPU.Mdevs {
+			if sameMdev(&g.VGPU.Mdevs[i], r) {
 				vg = true
 			}
 		}

@@ -68,6 +68,13 @@ func (m *Manager) releaseVGPU(ctx context.Context, r *store.Instance) error {
 		return m.retryBusy(ctx, func() error { return m.vgpu.ClearVF(addr) }, "clear VF "+addr)
 	case store.FlowMdev:
 		mdev := r.MdevUUID
+		md, err := sysfsRead(ctx, m, func() (gpu.Mdev, error) { return m.vgpu.Mdev(mdev) })
+		if err == nil && !sameMdev(&md, r) {
+			// An mdev with the record's UUID on another parent or of
+			// another type is not the record's (its own is gone).
+			m.log.Warn("an mdev with the instance's UUID is another's; leaving it alone", "mdev", mdev, "parent", md.Parent, "type", md.Type, "instance", r.UUID)
+			return nil
+		}
 		return m.retryBusy(ctx, func() error { return m.vgpu.RemoveMdev(mdev) }, "remove mdev "+mdev)
 	}
 	return nil

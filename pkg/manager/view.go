@@ -190,9 +190,11 @@ type device struct {
 func (s *snapshot) devices(g *gpu.GPU, md *profile.Model) []device {
 	var out []device
 	matched := map[string]bool{}
-	recFor := func(vf, mdev string) *store.Instance {
+	// A record explains the VF it holds, and the mdev with its UUID on
+	// its parent with its type (one elsewhere is another's: sameMdev).
+	recFor := func(vf string, mdev *gpu.Mdev) *store.Instance {
 		for _, r := range s.byGPU[g.UUID] {
-			if (vf != "" && r.VF == vf) || (mdev != "" && r.MdevUUID == mdev) {
+			if (vf != "" && r.VF == vf) || (mdev != nil && r.Flow == store.FlowMdev && sameMdev(mdev, r)) {
 				return r
 			}
 		}
@@ -203,15 +205,16 @@ func (s *snapshot) devices(g *gpu.GPU, md *profile.Model) []device {
 			continue
 		}
 		t, _ := md.VGPUTypeByID(vf.Type) // nil: a type the catalog lacks (unknown to callers)
-		r := recFor(vf.PCI, "")
+		r := recFor(vf.PCI, nil)
 		if r != nil {
 			matched[r.UUID] = true
 		}
 		out = append(out, device{typ: t, rec: r, vf: vf.PCI})
 	}
-	for _, mv := range g.VGPU.Mdevs {
+	for i := range g.VGPU.Mdevs {
+		mv := &g.VGPU.Mdevs[i]
 		t, _ := md.VGPUTypeByID(mv.Type) // nil: a type the catalog lacks
-		r := recFor("", mv.UUID)
+		r := recFor("", mv)
 		if r != nil {
 			matched[r.UUID] = true
 		}
@@ -417,6 +420,9 @@ func (m *Manager) instanceAndAttachment(id string) (store.Instance, *store.Attac
 	u, err := uuid.Parse(id)
 	if err != nil {
 		return rec, nil, fail(ErrInvalidArgument, err, "instance %s is not an instance UUID (run `vgpuctl list`)", QuoteArg(id))
+	}
+	if u == uuid.Nil {
+		return rec, nil, fail(ErrInvalidArgument, nil, "instance %s is the nil UUID, which names no instance (run `vgpuctl list`)", u)
 	}
 	id = u.String()
 	var att *store.Attachment
