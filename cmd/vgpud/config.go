@@ -51,8 +51,17 @@ type Config struct {
 	// "" to run without libvirt.
 	LibvirtURI    string `json:"libvirtURI,omitempty"`
 	LibvirtSocket string `json:"libvirtSocket,omitempty"`
-	// MetricsListen is the Prometheus endpoint's address ("" disables it).
+	// MetricsListen is the Prometheus endpoint's address: host:port, or
+	// unix:PATH for a Unix socket ("" disables it).
 	MetricsListen string `json:"metricsListen,omitempty"`
+	// MetricsWebConfigFile is an exporter-toolkit web configuration file
+	// (TLS, basic auth; metricsweb.go) for the endpoint; "" serves plain
+	// HTTP to whoever can connect. Applied on SIGHUP.
+	MetricsWebConfigFile string `json:"metricsWebConfigFile,omitempty"`
+	// MetricsSocketMode and MetricsSocketGroup are a unix: endpoint's
+	// permission bits (default "0660") and group (default: the daemon's).
+	MetricsSocketMode  SocketMode `json:"metricsSocketMode,omitzero"`
+	MetricsSocketGroup string     `json:"metricsSocketGroup,omitempty"`
 	// BusAddress overrides the system bus address (tests use a private bus).
 	BusAddress string `json:"busAddress,omitempty"`
 	// LogLevel is debug, info, warn or error.
@@ -215,7 +224,10 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&v.cfg.ProfilesDir, "profiles-dir", c.ProfilesDir, "directory of catalog files overriding the built-in ones")
 	fs.StringVar(&v.cfg.LibvirtURI, "libvirt-uri", c.LibvirtURI, "libvirt connection URI")
 	fs.StringVar(&v.cfg.LibvirtSocket, "libvirt-socket", c.LibvirtSocket, `libvirt daemon socket: "auto" (virtqemud's, else libvirtd's or virtproxyd's, under /run/libvirt), a path, or "" for none`)
-	fs.StringVar(&v.cfg.MetricsListen, "metrics-listen", c.MetricsListen, "address of the Prometheus /metrics endpoint (empty: off)")
+	fs.StringVar(&v.cfg.MetricsListen, "metrics-listen", c.MetricsListen, "address of the Prometheus /metrics endpoint: host:port, or unix:PATH for a Unix socket (empty: off)")
+	fs.StringVar(&v.cfg.MetricsWebConfigFile, "metrics-web-config-file", "", "exporter-toolkit web configuration file (TLS, basic auth) for the /metrics endpoint")
+	fs.Var(&v.cfg.MetricsSocketMode, "metrics-socket-mode", "permission bits of a unix: metrics endpoint, in octal")
+	fs.StringVar(&v.cfg.MetricsSocketGroup, "metrics-socket-group", "", "group of a unix: metrics endpoint (default: the daemon's)")
 	fs.StringVar(&v.cfg.BusAddress, "bus-address", "", "D-Bus bus address (default: the system bus, or $DBUS_SYSTEM_BUS_ADDRESS)")
 	fs.StringVar(&v.cfg.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.DurationVar(&v.cfg.DriverWait.Duration, "driver-wait", c.DriverWait.Duration, "how long start-up waits for the NVIDIA driver")
@@ -276,6 +288,12 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 			next.LibvirtSocket = v.cfg.LibvirtSocket
 		case "metrics-listen":
 			next.MetricsListen = v.cfg.MetricsListen
+		case "metrics-web-config-file":
+			next.MetricsWebConfigFile = v.cfg.MetricsWebConfigFile
+		case "metrics-socket-mode":
+			next.MetricsSocketMode = v.cfg.MetricsSocketMode
+		case "metrics-socket-group":
+			next.MetricsSocketGroup = v.cfg.MetricsSocketGroup
 		case "bus-address":
 			next.BusAddress = v.cfg.BusAddress
 		case "log-level":
@@ -352,10 +370,8 @@ func (c *Config) validate() error {
 	if c.BusAddress != "" && !strings.Contains(c.BusAddress, ":") {
 		return fmt.Errorf("busAddress: %q is not a D-Bus address (like unix:path=/run/dbus/system_bus_socket)", c.BusAddress)
 	}
-	if c.MetricsListen != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
-			return fmt.Errorf("metricsListen: %q: %w", c.MetricsListen, err)
-		}
+	if err := c.validateMetricsAccess(); err != nil {
+		return err
 	}
 	if _, err := c.level(); err != nil {
 		return err
@@ -389,6 +405,36 @@ func (c *Config) validate() error {
 	}
 	if c.GPUConcurrency < 1 || c.GPUConcurrency > maxGPUConcurrency {
 		return fmt.Errorf("gpuConcurrency: %d must be 1..%d", c.GPUConcurrency, maxGPUConcurrency)
+	}
+	return nil
+}
+
+// validateMetricsAccess checks the metrics endpoint's address and access
+// settings; the web configuration file's contents are read when the
+// endpoint starts and at each reload (loadMetricsWeb).
+func (c *Config) validateMetricsAccess() error {
+	path, isUnix := strings.CutPrefix(c.MetricsListen, unixPrefix)
+	switch {
+	case c.MetricsListen == "":
+	case isUnix:
+		if !filepath.IsAbs(path) || filepath.Clean(path) != path || strings.HasSuffix(path, "/") {
+			return fmt.Errorf("metricsListen: %q: a Unix socket is unix: and an absolute path, like unix:/run/vgpud/metrics.sock", c.MetricsListen)
+		}
+		// sun_path holds 108 bytes with the terminating NUL; the socket
+		// is made under a name 5 bytes longer first.
+		if len(path)+len(".new")+1 > 107 {
+			return fmt.Errorf("metricsListen: %q: a Unix socket path must be at most 102 bytes", c.MetricsListen)
+		}
+	default:
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			return fmt.Errorf("metricsListen: %q: %w (host:port, or unix:PATH)", c.MetricsListen, err)
+		}
+	}
+	if !isUnix && (c.MetricsSocketMode != SocketMode{} || c.MetricsSocketGroup != "") {
+		return fmt.Errorf("metricsSocketMode, metricsSocketGroup: only with a unix: metricsListen (it is %q)", c.MetricsListen)
+	}
+	if c.MetricsWebConfigFile != "" && !filepath.IsAbs(c.MetricsWebConfigFile) {
+		return fmt.Errorf("metricsWebConfigFile: %q must be an absolute path", c.MetricsWebConfigFile)
 	}
 	return nil
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -68,12 +68,20 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			unsubscribe()
 			return nil, err
 		}
-		ln := d.metricsLn
-		if ln == nil {
-			if ln, err = net.Listen("tcp", d.cfg.MetricsListen); err != nil {
+		web := d.metricsWeb
+		if web == nil {
+			if web, err = loadMetricsWeb(d.cfg.MetricsWebConfigFile); err != nil {
 				cancel()
 				unsubscribe()
-				return nil, fmt.Errorf("metrics endpoint %s: %w", d.cfg.MetricsListen, err)
+				return nil, err
+			}
+		}
+		ln := d.metricsLn
+		if ln == nil {
+			if ln, err = listenMetrics(d.cfg); err != nil {
+				cancel()
+				unsubscribe()
+				return nil, err
 			}
 		}
 		prev := d.host.nvml.Observer()
@@ -92,14 +100,18 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			}
 			fmt.Fprintln(w, "vgpud: metrics at /metrics")
 		})
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
+		gate := newMetricsGate(web, mux)
+		d.metricsGate = gate
+		srv = &http.Server{Handler: gate, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second,
+			ErrorLog: slog.NewLogLogger(d.log.With("component", "metrics").Handler(), slog.LevelDebug)}
 		run(func() { col.Run(rctx) })
 		run(func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := srv.Serve(gate.listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				d.log.Error("metrics endpoint", "err", err)
 			}
 		})
-		d.log.Info("metrics endpoint listening", "addr", ln.Addr().String(), "interval", d.cfg.CollectInterval.Duration)
+		d.log.Info("metrics endpoint listening", "addr", ln.Addr().String(), "interval", d.cfg.CollectInterval.Duration,
+			"tls", web.tls != nil, "basicAuthUsers", len(web.users), "webConfig", web.file)
 	}
 	run(func() {
 		if err := loop.Run(rctx); err != nil {

@@ -12,7 +12,7 @@ import (
 )
 
 // reloadableKeys are the settings reload applies to the running daemon.
-var reloadableKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "discoveryInterval": true, "logLevel": true, "fleet": true}
+var reloadableKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "discoveryInterval": true, "logLevel": true, "fleet": true, "metricsWebConfigFile": true}
 
 // reloadTimeout bounds the host re-read that ends a reload.
 const reloadTimeout = 30 * time.Second
@@ -40,6 +40,15 @@ func (d *daemon) reload(ctx context.Context) {
 		d.log.Error("reload refused: catalog invalid; keeping the running one", "err", err)
 		return
 	}
+	// The metrics endpoint's web configuration is re-read whether or not
+	// its path changed (certificates and users change inside the file).
+	var web *metricsWeb
+	if d.metricsGate != nil {
+		if web, err = loadMetricsWeb(next.MetricsWebConfigFile); err != nil {
+			d.log.Error("reload refused: metrics web configuration invalid; keeping the running one", "err", err)
+			return
+		}
+	}
 	applied, restart := changedSettings(running(d.cfg), next)
 	d.cfg.applyReloadable(next)
 	if lvl, err := next.level(); err == nil && d.level != nil {
@@ -56,6 +65,11 @@ func (d *daemon) reload(ctx context.Context) {
 		d.log.Error("reload: fleet settings refused; Placement sync stopped", "err", err)
 	}
 	d.cfg.Fleet = next.Fleet
+	d.cfg.MetricsWebConfigFile = next.MetricsWebConfigFile
+	if web != nil {
+		d.metricsGate.set(web)
+		d.log.Info("metrics endpoint: web configuration applied", "file", web.file, "tls", web.tls != nil, "basicAuthUsers", len(web.users))
+	}
 	d.log.Info("configuration reloaded", "file", next.file, "applied", applied)
 	if len(restart) > 0 {
 		d.log.Warn("changed settings take effect at the next start", "settings", restart)

@@ -53,6 +53,10 @@ type daemon struct {
 	// metricsLn is the metrics endpoint's socket, bound first thing at
 	// start so a taken port ends the start before the host is touched.
 	metricsLn net.Listener
+	// metricsWeb is the web configuration read at start (metricsweb.go);
+	// metricsGate serves under it and takes what a reload reads.
+	metricsWeb  *metricsWeb
+	metricsGate *metricsGate
 	// fleet runs the Placement sync (fleet.go).
 	fleet *fleetRunner
 	// crash is the crash hook of $VGPUD_CRASH_AT (nil: none), given to the
@@ -82,11 +86,17 @@ func (d *daemon) start(ctx context.Context) error {
 		// Bound before anything else: a port another process holds is a
 		// configuration error, reported at once rather than after the
 		// start-up reconcile.
-		ln, err := net.Listen("tcp", cfg.MetricsListen)
+		// The web configuration first: a file that does not validate is
+		// a configuration error, and nothing is bound.
+		web, err := loadMetricsWeb(cfg.MetricsWebConfigFile)
 		if err != nil {
-			return fmt.Errorf("metrics endpoint %s: %w", cfg.MetricsListen, err)
+			return usageError{err}
 		}
-		d.metricsLn = ln
+		ln, err := listenMetrics(cfg)
+		if err != nil {
+			return err
+		}
+		d.metricsLn, d.metricsWeb = ln, web
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state directory: %w", err)

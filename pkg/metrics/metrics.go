@@ -292,7 +292,7 @@ func (c *Collector) build(col *collection) *built {
 			if err != nil {
 				errs = errors.Join(errs, fmt.Errorf("gather process metrics: %w", err))
 			}
-			c.procMFs, c.procAt = pmfs, col.n
+			c.procMFs, c.procAt = withoutShadowed(pmfs), col.n
 		}
 		mfs = append(mfs, c.procMFs...)
 	}
@@ -300,6 +300,29 @@ func (c *Collector) build(col *collection) *built {
 		c.log.Error("metrics collection is incomplete", "err", errs)
 	}
 	return &built{col: col, mfs: mfs, at: col.at}
+}
+
+// shadowedGoFamily is the Go collector's gauge that OpenMetrics cannot
+// carry beside its counter: OpenMetrics names a counter's family without
+// "_total", so go_memstats_alloc_bytes_total's family is
+// go_memstats_alloc_bytes too, and an exposition with both has two HELP
+// and two TYPE lines for one family, which OpenMetrics parsers (promtool's
+// among them) refuse. client_golang serves both in every format
+// (prometheus/client_golang#829, open). The gauge is the one dropped, in
+// every format so that all serve the same families: client_golang sets it
+// to HeapAlloc, which go_memstats_heap_alloc_bytes serves as well, while
+// the counter (bytes allocated since start) exists nowhere else.
+const shadowedGoFamily = "go_memstats_alloc_bytes"
+
+// withoutShadowed returns mfs less shadowedGoFamily.
+func withoutShadowed(mfs []*dto.MetricFamily) []*dto.MetricFamily {
+	out := mfs[:0]
+	for _, mf := range mfs {
+		if mf.GetName() != shadowedGoFamily {
+			out = append(out, mf)
+		}
+	}
+	return out
 }
 
 func (c *Collector) collectInfo(b *batch) {
