@@ -42,6 +42,8 @@ type busDaemonOpts struct {
 	// stateDir is the state directory; "" is a new one (a daemon started
 	// again on another's stateDir is that daemon after a restart).
 	stateDir string
+	// metricsListen is the /metrics address ("": none).
+	metricsListen string
 }
 
 // startBusDaemon runs vgpud --sim on the bus and waits until it owns dev.vgpud1.
@@ -52,7 +54,7 @@ func startBusDaemon(t testing.TB, bus *testbus.Bus, o busDaemonOpts) *busDaemon 
 		d.stateDir = t.TempDir()
 	}
 	d.logPath = filepath.Join(d.stateDir, "vgpud.log")
-	args := []string{"--sim", "--state-dir", d.stateDir, "--metrics-listen", "", "--bus-address", bus.Address(), "--log-level", "debug"}
+	args := []string{"--sim", "--state-dir", d.stateDir, "--metrics-listen", o.metricsListen, "--bus-address", bus.Address(), "--log-level", "debug"}
 	args = append(args, "--libvirt-socket", o.libvirtSocket)
 	if o.libvirtSocket != "" {
 		args = append(args, "--libvirt-uri", "qemu:///system")

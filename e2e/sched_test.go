@@ -1,6 +1,10 @@
 package e2e
 
 import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +41,8 @@ func driverSched(t *testing.T, h *sim.Host, pci string) (uint32, uint32) {
 // MIG GPU; kept across a simulated reboot, set again before VMs start.
 func TestCLIGPUScheduler(t *testing.T) {
 	bus := testbus.Start(t)
-	d := startBusDaemon(t, bus, busDaemonOpts{})
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsFreePort(t))
+	d := startBusDaemon(t, bus, busDaemonOpts{metricsListen: strings.TrimSuffix(strings.TrimPrefix(metricsURL, "http://"), "/metrics")})
 	h := openSim(t, d.stateDir)
 	const l4 = sim.DefaultL4
 	d.ctl(t, "tenant", "define", "acme", "--vram", "unlimited", "--compute", "unlimited").must(t, "tenant define")
@@ -51,6 +56,17 @@ func TestCLIGPUScheduler(t *testing.T) {
 	}, "PolicySwitched")
 	if p, ts := driverSched(t, h, l4); p != nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE || ts != 4_000_000 {
 		t.Fatalf("driver holds policy %d, time slice %d ns; want equal share, 4ms", p, ts)
+	}
+	// The pin holds while the share loop runs: checked after it has
+	// closed windows that began after the pin (its adaptive mode would
+	// want best effort on this GPU). Checked only at once, as it was, the
+	// pin looked kept though the loop overrode it within a window.
+	awaitShareWindows(t, metricsURL, 3)
+	if p, ts := driverSched(t, h, l4); p != nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE || ts != 4_000_000 {
+		t.Fatalf("after 3 share-loop windows the driver holds policy %d, time slice %d ns; want the pin (equal share, 4ms)", p, ts)
+	}
+	if strings.Contains(d.log(), "vGPU scheduler policy switched") {
+		t.Fatalf("the share loop switched a pinned GPU:\n%s", tailText(d.log(), 4000))
 	}
 
 	// A VM runs the vGPU: the driver refuses; the setting is pending.
@@ -89,6 +105,11 @@ func TestCLIGPUScheduler(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	awaitShareWindows(t, metricsURL, 3)
+	if p, ts := driverSched(t, h, l4); p != nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE || ts != 2_000_000 {
+		t.Fatalf("after 3 share-loop windows the driver holds policy %d, time slice %d ns; want the pin (fixed share, 2ms)", p, ts)
+	}
+
 	// A reboot resets the scheduler; the next start sets it again in its
 	// start-up reconcile.
 	d.stop(t)
@@ -106,5 +127,38 @@ func TestCLIGPUScheduler(t *testing.T) {
 	// Handed back to the share loop.
 	if r := d.ctl(t, "gpu", "scheduler", l4, "--mode", "adaptive").must(t, "gpu scheduler --mode adaptive"); !strings.Contains(r.out, "adaptive") {
 		t.Fatalf("--mode adaptive: %q", r.out)
+	}
+}
+
+// awaitShareWindows waits until the share loop has closed n more windows
+// than it had when called, as /metrics counts them
+// (vgpud_share_windows_total): what it decided in them is then done.
+func awaitShareWindows(t *testing.T, url string, n float64) {
+	t.Helper()
+	windows := func() float64 {
+		r, err := http.Get(url)
+		if err != nil {
+			t.Fatalf("scrape: %v", err)
+		}
+		defer r.Body.Close()
+		sc := bufio.NewScanner(r.Body)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "vgpud_share_windows_total "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("vgpud_share_windows_total %s: %v", v, err)
+				}
+				return f
+			}
+		}
+		return 0
+	}
+	from := windows()
+	deadline := time.Now().Add(30 * time.Second)
+	for windows() < from+n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the share loop closed fewer than %v windows in 30s (from %v)", n, from)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

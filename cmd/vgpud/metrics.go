@@ -35,6 +35,9 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 	loop, err := share.New(src, nvmldriver.New(d.host.nvml), share.Config{
 		Mode:   share.Adaptive,
 		Logger: d.log.With("component", "share"),
+		// An operator's pin holds from the moment it is set, not from the
+		// loop's next inventory.
+		Guard: d.mgr.UnlessPinned,
 		OnEvent: func(e share.Event) {
 			d.mgr.Publish(manager.Event{Kind: manager.EventPolicySwitched, ID: e.GPU, Op: e.Kind, Detail: e.String(), Time: e.Time})
 		},

@@ -150,6 +150,17 @@ func (m *Manager) carvedParts(ctx context.Context, rec *store.Instance, steps ma
 func (m *Manager) carveSteps(ctx context.Context, rec *store.Instance, save func(carveStep) error) error {
 	// A record sharing a GPU instance (several vGPUs or compute instances
 	// in one) has its GIID from admission: the GI is another record's step.
+	// A compute instance admitted beside a record still being created
+	// learns it here, or makes the GPU instance itself (giBeside).
+	if rec.Kind == store.KindMIG && rec.CISlices > 0 && rec.GIID < 0 {
+		id, ok, err := m.giBeside(rec)
+		if err != nil {
+			return err
+		}
+		if ok {
+			rec.GIID = id
+		}
+	}
 	if (rec.Kind == store.KindMIG || rec.Kind == store.KindMIGVGPU) && rec.GIID < 0 {
 		gi, err := m.mig.CreateGPUInstance(ctx, rec.GPUUUID, rec.GIProfileID, rec.GIStart)
 		if err != nil {

@@ -57,7 +57,11 @@ func (m *Manager) decideCI(s *snapshot, models map[string]offer, names []string,
 	for i := range s.recs {
 		r := &s.recs[i]
 		o, ok := models[r.Model]
-		if !ok || r.Kind != store.KindMIG || r.CISlices == 0 || r.State != store.StateReady || r.GIID < 0 ||
+		// A record still being created counts: its GPU instance is
+		// joined as a ready one is (the carve finds it, or makes it,
+		// under the GPU's lock: giBeside), so parallel creates fill one
+		// GPU instance instead of each taking a new one.
+		if !ok || r.Kind != store.KindMIG || r.CISlices == 0 || (r.State != store.StateReady && r.State != store.StateCreating) ||
 			r.Tenant != req.Tenant || r.GIProfileID != o.gi.ID || (pin != "" && r.GPUUUID != pin) {
 			continue
 		}
@@ -102,4 +106,34 @@ func (m *Manager) decideCI(s *snapshot, models map[string]offer, names []string,
 	// An empty GPU instance: the first legal start is 0 for every size.
 	d.ciStart = profile.ComputeInstanceStarts(d.o.gi.ComputeSlices, d.o.ci.Slices)[0]
 	return d, nil
+}
+
+// giBeside finds the GPU instance a compute-instance record admitted into
+// a shared GPU instance lives on, when the admission could not know its id
+// (the record it joined was still being created): the id of another
+// record of the tenant's at the same placement whose GPU instance exists
+// (its gi step is done, or it is ready). None: this record's carve makes
+// the GPU instance, whichever of them reaches the GPU first (the one it
+// joined may not have carved yet, or failed and took its GPU instance
+// away). The caller holds the GPU's lock, under which every carve and
+// release of the GPU runs, so the answer holds for the carve.
+func (m *Manager) giBeside(rec *store.Instance) (int, bool, error) {
+	id, found := -1, false
+	err := m.db.View(func(tx *store.Tx) error {
+		recs, err := tx.Instances()
+		if err != nil {
+			return err
+		}
+		for _, x := range recs {
+			if x.UUID == rec.UUID || x.GPUUUID != rec.GPUUUID || x.Kind != store.KindMIG || x.CISlices == 0 || x.GIID < 0 ||
+				x.GIStart != rec.GIStart || x.GIProfileID != rec.GIProfileID || x.Tenant != rec.Tenant ||
+				(x.State != store.StateReady && x.State != store.StateCreating) {
+				continue
+			}
+			id, found = x.GIID, true
+			return nil
+		}
+		return nil
+	})
+	return id, found, classify(err, "read the records of GPU %s", rec.GPUPCI)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vgpud/vgpud/internal/invariant"
@@ -307,4 +308,114 @@ func TestFleetViewOfComputeInstances(t *testing.T) {
 		return
 	}
 	t.Fatalf("no GPU %s in the fleet view", sim.DefaultH100MIG)
+}
+
+// admitBarrier holds every create at its first step after admission until
+// n creates have been admitted or refused, so all of them are decided
+// while the others are in flight (none has carved yet).
+type admitBarrier struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	n, seen int
+}
+
+func newAdmitBarrier(n int) *admitBarrier {
+	b := &admitBarrier{n: n}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+// arrive counts one create decided and waits for the rest.
+func (b *admitBarrier) arrive(wait bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seen++
+	b.cond.Broadcast()
+	for wait && b.seen < b.n {
+		b.cond.Wait()
+	}
+}
+
+// Six compute instances created at once on an empty MIG GPU that has room
+// for six (two 3g.40gb GPU instances of three compute slices): every one
+// is admitted, and they fill two GPU instances, three each, though each
+// was decided while the others were still being created (a GPU instance
+// being made by an in-flight create is joined, not duplicated).
+func TestParallelComputeInstanceCreates(t *testing.T) {
+	for round := 0; round < 5; round++ {
+		e := newEnv(t, nil)
+		e.tenant("acme", unlimited())
+		const n = 6
+		b := newAdmitBarrier(n)
+		e.crash = func(p string) {
+			if p == manager.CrashCreateIntent {
+				b.arrive(true)
+			}
+		}
+		type result struct {
+			r   store.Instance
+			err error
+		}
+		res := make(chan result, n)
+		for range n {
+			go func() {
+				r, err := e.create("acme", "1c.3g.40gb", sim.DefaultH100MIG)
+				if err != nil && !errors.Is(err, manager.ErrBusy) {
+					// Refused at admission: it never reaches the barrier.
+					b.arrive(false)
+				}
+				res <- result{r, err}
+			}()
+		}
+		perGI := map[int]int{}
+		for range n {
+			x := <-res
+			if x.err != nil {
+				t.Fatalf("round %d: parallel create: %v\n%s", round, x.err, e.summary())
+			}
+			perGI[x.r.GIID]++
+		}
+		e.crash = nil
+		if len(perGI) != 2 || perGI[-1] != 0 {
+			t.Fatalf("round %d: compute instances per GPU instance %v, want two GPU instances of three\n%s", round, perGI, e.summary())
+		}
+		for gi, k := range perGI {
+			if k != 3 {
+				t.Fatalf("round %d: GPU instance %d holds %d compute instances, want 3\n%s", round, gi, k, e.summary())
+			}
+		}
+		hostClean(t, e)
+	}
+}
+
+// Two compute instances of one tenant created at once share one GPU
+// instance, whichever carve reaches the GPU first.
+func TestParallelComputeInstancesShareOneGPUInstance(t *testing.T) {
+	for round := 0; round < 10; round++ {
+		e := newEnv(t, nil)
+		e.tenant("acme", unlimited())
+		b := newAdmitBarrier(2)
+		e.crash = func(p string) {
+			if p == manager.CrashCreateIntent {
+				b.arrive(true)
+			}
+		}
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() {
+				_, err := e.create("acme", "1c.3g.40gb", sim.DefaultH100MIG)
+				errs <- err
+			}()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		e.crash = nil
+		if got := strings.Count(e.summary(), "ci=2"); got != 1 {
+			t.Fatalf("round %d: want one GPU instance holding both compute instances:\n%s", round, e.summary())
+		}
+		hostClean(t, e)
+	}
 }

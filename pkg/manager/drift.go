@@ -24,6 +24,10 @@ const (
 type DriftReport struct {
 	// Missing are the instances whose devices the host no longer showed.
 	Missing []string
+	// Retried are the failed or lost instances tried again because their
+	// GPU changed since the last check (the VFs came back, MIG was turned
+	// on again, the GPU reappeared).
+	Retried []string
 	// Foreign are the devices no record explains; those no earlier pass
 	// had found were announced with EventDrift.
 	Foreign   []Foreign
@@ -35,6 +39,23 @@ type DriftReport struct {
 type driftState struct {
 	mu   sync.Mutex
 	seen map[string]bool
+	// prints is each GPU's hostPrint at the last check.
+	prints map[string]string
+}
+
+// changed records each GPU's print and says which GPUs' prints differ from
+// the last check's (a GPU seen the first time has not changed).
+func (s *driftState) changed(now map[string]string) map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]bool{}
+	for id, p := range now {
+		if was, ok := s.prints[id]; ok && was != p {
+			out[id] = true
+		}
+	}
+	s.prints = now
+	return out
 }
 
 // CheckDrift is the periodic discovery: it re-reads the whole host and
@@ -59,12 +80,26 @@ func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
 		return DriftReport{}, classify(err, "read instances")
 	}
 	suspects := map[string][]store.Instance{}
+	var stuck []store.Instance
 	for _, r := range recs {
-		if m.missing(r) {
+		switch {
+		case m.missing(r):
 			suspects[r.GPUUUID] = append(suspects[r.GPUUUID], r)
+		case (r.State == store.StateFailed || r.State == store.StateLost) && !m.inflight.busy(r.UUID):
+			stuck = append(stuck, r)
 		}
 	}
 	var rep DriftReport
+	// Instances a reconcile could not bring back (failed: no VFs, MIG off,
+	// a slot taken; lost: the GPU was gone) are tried again when their GPU
+	// changed since the last check, and only then: what failed on a GPU
+	// that did not change would fail again.
+	changed := m.drift.changed(m.hostPrints(recs))
+	for _, r := range stuck {
+		if changed[r.GPUUUID] {
+			rep.Retried = append(rep.Retried, r.UUID)
+		}
+	}
 	for gpuUUID, rs := range suspects {
 		// The full read may have begun before an operation finished with
 		// this GPU: read it again, after the records were read, and
@@ -76,8 +111,13 @@ func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
 			}
 		}
 	}
-	if len(rep.Missing) > 0 {
-		m.log.Warn("host drift: instances' devices vanished without an event; reconciling", "instances", rep.Missing)
+	if len(rep.Missing) > 0 || len(rep.Retried) > 0 {
+		if len(rep.Missing) > 0 {
+			m.log.Warn("host drift: instances' devices vanished without an event; reconciling", "instances", rep.Missing)
+		}
+		if len(rep.Retried) > 0 {
+			m.log.Info("host changed under failed or lost instances; reconciling to bring them back", "instances", rep.Retried)
+		}
 		rec, err := m.Reconcile(ctx)
 		if err != nil {
 			return rep, err
@@ -85,6 +125,9 @@ func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
 		rep.Reconcile = &rec
 		rep.Foreign = rec.Foreign
 		m.announceMissing(rep.Missing, rec)
+		// The reconcile may have changed the GPUs (re-created devices):
+		// the next check compares with what they hold now.
+		m.drift.changed(m.hostPrints(recs))
 		return rep, nil
 	}
 	// Devices made behind vgpud's back are reported without a repair
@@ -105,6 +148,27 @@ func (m *Manager) missing(r store.Instance) bool {
 	}
 	gi, ci, vg := m.present(&r) // r is a copy: present's fill-ins stay here
 	return !complete(&r, gi, ci, vg)
+}
+
+// hostPrints sums up, per GPU, what decides whether a failed or lost
+// instance can come back: whether the GPU answers, its MIG mode, its VFs
+// and mdev parents, an XID failure. Instances on a GPU whose print
+// changed are worth another try. A GPU that records name and the host
+// lacks is "absent", so its coming back is a change too.
+func (m *Manager) hostPrints(recs []store.Instance) map[string]string {
+	m.invMu.RLock()
+	defer m.invMu.RUnlock()
+	out := make(map[string]string, len(m.inv.GPUs))
+	for _, g := range m.inv.GPUs {
+		out[g.UUID] = fmt.Sprintf("lost=%v mig=%v/%v vfs=%d mdev=%d failed=%q", g.Lost, g.MIG.Enabled, g.MIG.Pending,
+			len(g.VGPU.VFs), len(g.VGPU.MdevParents), m.failedGPUs[g.UUID].Why)
+	}
+	for _, r := range recs {
+		if _, ok := out[r.GPUUUID]; !ok {
+			out[r.GPUUUID] = "absent"
+		}
+	}
+	return out
 }
 
 // announceMissing emits EventDrift for each vanished instance with what the

@@ -165,3 +165,58 @@ func destroyGI(t *testing.T, e *env, pci string, id int) {
 		t.Fatal(r)
 	}
 }
+
+// Instances failed because their GPU's SR-IOV VFs vanished (sriov-manage
+// -d behind vgpud's back) come back by themselves once the VFs return:
+// the periodic check retries failed instances whose GPU changed, and only
+// those (a check that finds the GPU as it was leaves them, so a lasting
+// failure is not retried at every interval).
+func TestCheckDriftBringsBackInstancesWhenVFsReturn(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.tenant("acme", unlimited())
+	var ids []string
+	for range 6 {
+		ids = append(ids, e.mustCreate("acme", "L4-2Q", sim.DefaultL4).UUID)
+	}
+	slices.Sort(ids)
+	before := e.summary()
+	if _, err := e.m.CheckDrift(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.SetVFs(sim.DefaultL4, false); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := e.m.CheckDrift(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(slices.Values(rep.Missing)); !slices.Equal(got, ids) || rep.Reconcile == nil || len(rep.Reconcile.Failed) != 6 {
+		t.Fatalf("VFs off: missing %v, reconcile %+v; want all six missing and failed", got, rep.Reconcile)
+	}
+	// Nothing changed: no retry.
+	if rep, err := e.m.CheckDrift(ctx); err != nil || rep.Reconcile != nil || len(rep.Retried) != 0 {
+		t.Fatalf("check with the VFs still off: %+v, %v; want no reconcile", rep, err)
+	}
+	if err := e.sim.SetVFs(sim.DefaultL4, true); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = e.m.CheckDrift(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(slices.Values(rep.Retried)); !slices.Equal(got, ids) || rep.Reconcile == nil || len(rep.Reconcile.Recreated) != 6 {
+		t.Fatalf("VFs back: retried %v, reconcile %+v; want all six re-created", got, rep.Reconcile)
+	}
+	for _, id := range ids {
+		if r, err := e.m.Instance(id); err != nil || r.State != store.StateReady {
+			t.Fatalf("instance %s after the VFs came back: %+v, %v", id, r, err)
+		}
+	}
+	if after := e.summary(); after != before {
+		t.Fatalf("host after the VFs came back:\n%s\nbefore:\n%s", after, before)
+	}
+	if rep, err := e.m.CheckDrift(ctx); err != nil || rep.Reconcile != nil || len(rep.Missing)+len(rep.Retried) != 0 {
+		t.Fatalf("check after the repair: %+v, %v", rep, err)
+	}
+}

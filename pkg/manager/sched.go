@@ -127,8 +127,8 @@ func checkSchedulerRequest(r SchedulerRequest) (*gpu.VGPUScheduler, error) {
 	if err != nil {
 		return nil, fail(ErrInvalidArgument, err, "%v", err)
 	}
-	if r.Timeslice < 0 {
-		return nil, fail(ErrInvalidArgument, nil, "time slice %v: must not be negative", r.Timeslice)
+	if err := gpu.ValidateTimeslice(r.Timeslice); err != nil {
+		return nil, fail(ErrInvalidArgument, err, "%v", err)
 	}
 	return &gpu.VGPUScheduler{Policy: p, Timeslice: r.Timeslice}, nil
 }
@@ -164,7 +164,13 @@ func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerReq
 		}
 	}
 	if want == nil {
-		if err := m.putSchedulerRecord(g, nil); err != nil {
+		// Under the GPU's lock, as the share loop's own changes
+		// (UnlessPinned) are.
+		l := m.gpuLock(g.UUID)
+		l.Lock()
+		err := m.putSchedulerRecord(g, nil)
+		l.Unlock()
+		if err != nil {
 			return SchedulerView{}, err
 		}
 		m.scheds.set(g.UUID, "")
@@ -173,7 +179,16 @@ func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerReq
 		m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
 		return m.schedulerView(g.UUID), nil
 	}
-	err = m.setScheduler(ctx, g, *want)
+	// The driver call and the record are one step under the GPU's lock:
+	// the share loop changes a GPU's scheduler only under that lock and
+	// only while the record says adaptive (UnlessPinned), so it can neither
+	// land between the two nor after them.
+	var recErr error
+	err = m.setScheduler(ctx, g, *want, func(err error) {
+		if err == nil || errors.Is(err, gpu.ErrNotSupported) {
+			recErr = m.putSchedulerRecord(g, want)
+		}
+	})
 	pending := errors.Is(err, gpu.ErrNotSupported)
 	if err != nil && !pending {
 		if errors.Is(err, gpu.ErrInvalid) {
@@ -181,8 +196,8 @@ func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerReq
 		}
 		return SchedulerView{}, classify(err, "set the vGPU scheduler of GPU %s", g.PCI)
 	}
-	if err := m.putSchedulerRecord(g, want); err != nil {
-		return SchedulerView{}, err
+	if recErr != nil {
+		return SchedulerView{}, recErr
 	}
 	what := fmt.Sprintf("GPU %s: scheduler pinned to %s", g.PCI, schedString(*want))
 	if pending {
@@ -238,15 +253,46 @@ func (m *Manager) notPassedThrough(g gpu.GPU) error {
 	return nil
 }
 
-// setScheduler sets s on the GPU under its lock, unless it already holds it.
-func (m *Manager) setScheduler(ctx context.Context, g gpu.GPU, s gpu.VGPUScheduler) error {
+// setScheduler sets s on the GPU under its lock, unless it already holds
+// it; then, still under the lock, it hands the outcome to each of then.
+func (m *Manager) setScheduler(ctx context.Context, g gpu.GPU, s gpu.VGPUScheduler, then ...func(error)) error {
 	l := m.gpuLock(g.UUID)
 	l.Lock()
 	defer l.Unlock()
-	if cur, err := m.sched.VGPUScheduler(ctx, g.UUID); err == nil && cur.Policy == s.Policy && (s.Timeslice == 0 || cur.Timeslice == s.Timeslice) {
-		return nil
+	var err error
+	if cur, rerr := m.sched.VGPUScheduler(ctx, g.UUID); rerr != nil || cur.Policy != s.Policy || (s.Timeslice != 0 && cur.Timeslice != s.Timeslice) {
+		err = m.sched.SetVGPUScheduler(ctx, g.UUID, s)
 	}
-	return m.sched.SetVGPUScheduler(ctx, g.UUID, s)
+	for _, f := range then {
+		f(err)
+	}
+	return err
+}
+
+// UnlessPinned runs set, the share loop's change of a GPU's scheduler,
+// under the GPU's lock unless an operator pinned that GPU's scheduler, and
+// reports whether it ran. The share loop learns of a pin from its
+// inventory only at its next window; this check, under the lock under
+// which SetGPUScheduler sets and records a pin, keeps it from overriding
+// the pin in between. A GPU whose record cannot be read counts as pinned:
+// leaving an operator's setting alone is the safe side.
+func (m *Manager) UnlessPinned(ctx context.Context, gpuUUID string, set func() error) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	l := m.gpuLock(gpuUUID)
+	l.Lock()
+	defer l.Unlock()
+	var st store.GPU
+	err := m.db.View(func(tx *store.Tx) (err error) { st, err = tx.GPU(gpuUUID); return err })
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+	case err != nil:
+		return false, classify(err, "read the vGPU scheduler record of GPU %s", gpuUUID)
+	case st.Scheduler != nil:
+		return false, nil
+	}
+	return true, set()
 }
 
 func (m *Manager) putSchedulerRecord(g gpu.GPU, s *gpu.VGPUScheduler) error {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 )
@@ -111,4 +112,62 @@ func TestGPUSchedulerPinnedPendingAndReboot(t *testing.T) {
 		t.Fatalf("adaptive GPU after a reboot: %+v", s)
 	}
 	assertConsistent(t, e)
+}
+
+// The share loop's changes go through UnlessPinned: it runs them while the
+// GPU is adaptive and never once a pin is recorded, and a change racing a
+// pin lands before the pin's own driver call or not at all, so the driver
+// holds the pin when SetGPUScheduler returns and afterwards.
+func TestUnlessPinnedHoldsThePin(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	g0, err := e.m.GPU(sim.DefaultL4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l4 := g0.UUID
+	loopSet := func() error {
+		return e.host.NVML.SetVGPUScheduler(ctx, l4, gpu.VGPUScheduler{Policy: gpu.SchedBestEffort})
+	}
+	if ran, err := e.m.UnlessPinned(ctx, l4, loopSet); !ran || err != nil {
+		t.Fatalf("adaptive GPU: ran %v, %v; want the change run", ran, err)
+	}
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			if ran, err := e.m.UnlessPinned(ctx, l4, loopSet); err != nil {
+				t.Errorf("UnlessPinned: %v", err)
+			} else if ran {
+				n++
+			}
+		}
+	}()
+	if _, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Policy: gpu.SchedEqualShare, Timeslice: 5 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	// Every change the loop tries from now on is refused.
+	for range 50 {
+		if ran, err := e.m.UnlessPinned(ctx, l4, loopSet); ran || err != nil {
+			t.Fatalf("pinned GPU: ran %v, %v; want refused", ran, err)
+		}
+	}
+	close(stop)
+	<-done
+	if s, err := e.host.NVML.VGPUScheduler(ctx, l4); err != nil || s.Policy != gpu.SchedEqualShare || s.Timeslice != 5*time.Millisecond {
+		t.Fatalf("driver holds %+v, %v; want the pin (equal_share, 5ms)", s, err)
+	}
+	if _, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Mode: manager.SchedAdaptive}); err != nil {
+		t.Fatal(err)
+	}
+	if ran, err := e.m.UnlessPinned(ctx, l4, loopSet); !ran || err != nil {
+		t.Fatalf("handed back to the share loop: ran %v, %v", ran, err)
+	}
 }

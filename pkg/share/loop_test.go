@@ -256,3 +256,63 @@ func TestUnmatchedRunningVGPUs(t *testing.T) {
 		t.Errorf("the log does not name the VM:\n%s", logs.String())
 	}
 }
+
+// A pin the loop's inventory does not show yet (it is read once a window)
+// is not overridden: the guard, which sees the pin, refuses the loop's
+// change, and the loop gives its switch up instead of retrying it.
+func TestPinNewerThanInventoryNotOverridden(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ts := &fakeGPU{}
+	drv := fakeDriver{"GPU-ts": ts}
+	// The inventory still says adaptive; the static mode wants FIXED_SHARE.
+	inv := Inventory{GPUs: []GPU{{UUID: "GPU-ts", State: "ok"}},
+		Instances: []Instance{{UUID: "v1", Tenant: "acme", Guaranteed: true, GPU: "GPU-ts", Kind: TimeSliced, GI: -1, ComputeMilli: 500}}}
+	pinned := true
+	guarded := 0
+	var events []Event
+	l, err := New(SourceFunc(func(context.Context) (Inventory, error) { return inv, nil }), drv,
+		Config{Mode: Static, Now: func() time.Time { return now }, OnEvent: func(e Event) { events = append(events, e) },
+			Guard: func(_ context.Context, gpu string, set func() error) (bool, error) {
+				guarded++
+				if gpu != "GPU-ts" {
+					t.Errorf("guard asked about %q", gpu)
+				}
+				if pinned {
+					return false, nil
+				}
+				return true, set()
+			}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := func() {
+		for range 3 {
+			if err := l.Step(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			now = now.Add(l.cfg.Window)
+		}
+	}
+	steps()
+	if ts.sets != 0 || guarded == 0 {
+		t.Fatalf("pinned GPU (not yet in the inventory): %d scheduler changes, guard asked %d times; want none, asked", ts.sets, guarded)
+	}
+	if g := l.Snapshot().GPUs[0]; g.Pending != nil {
+		t.Fatalf("a switch refused by a pin stays pending: %+v", g.Pending)
+	}
+	cancelled := false
+	for _, e := range events {
+		cancelled = cancelled || (e.Kind == "cancelled" && e.To == FixedShare)
+		if e.Kind == "switched" {
+			t.Fatalf("switched over a pin: %+v", e)
+		}
+	}
+	if !cancelled {
+		t.Fatalf("no cancelled event: %+v", events)
+	}
+	pinned = false
+	steps()
+	if ts.sets == 0 {
+		t.Fatal("unpinned: the guard let nothing through")
+	}
+}

@@ -216,9 +216,26 @@ func (p *gpuPoller) attempt(ctx context.Context, now time.Time) {
 	pd.Attempts++
 	from := p.state.Policy
 	st := p.stateFor(pd.To)
-	err := p.drv.SetSchedulerState(ctx, st)
+	set := func() error { return p.drv.SetSchedulerState(ctx, st) }
+	ran, err := true, error(nil)
+	if g := p.l.cfg.Guard; g != nil {
+		ran, err = g(ctx, p.uuid, set)
+	} else {
+		err = set()
+	}
 	log := p.l.log.With("gpu", p.uuid, "from", from, "to", pd.To)
 	switch {
+	case !ran && err == nil:
+		// An operator pinned the GPU since the loop's inventory was read:
+		// the pin stands, and the loop leaves the GPU alone until its
+		// inventory says otherwise.
+		p.info.Pinned = true
+		p.pending = nil
+		log.Info("vGPU scheduler policy switch given up: the GPU's scheduler was pinned by an operator", "reason", pd.Reason)
+		p.emit(now, "cancelled", from, pd.To, "the GPU's scheduler was pinned by an operator")
+		if s, err := p.drv.SchedulerState(ctx); err == nil {
+			p.state = s
+		}
 	case err == nil:
 		p.switches[[2]Policy{from, pd.To}]++
 		waited := now.Sub(pd.Since)

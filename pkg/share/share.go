@@ -217,6 +217,12 @@ type Config struct {
 	Logger *slog.Logger
 	// OnEvent is told of every policy decision (switched, pending, refused).
 	OnEvent func(Event)
+	// Guard, when set, runs each of the loop's scheduler changes: it calls
+	// set unless an operator pinned the GPU's scheduler meanwhile, and
+	// says whether it did (the manager's UnlessPinned). The loop learns of
+	// a pin from its inventory only at its next window; the guard keeps it
+	// from overriding one in between. Without it the inventory decides.
+	Guard func(ctx context.Context, gpu string, set func() error) (bool, error)
 }
 
 func (c *Config) defaults() error {
