@@ -33,3 +33,24 @@ func ParseSchedPolicy(s string) (string, error) {
 	}
 	return "", fmt.Errorf("scheduler policy %q: want best_effort, equal_share or fixed_share", s)
 }
+
+// The time slice range of the equal- and fixed-share vGPU schedulers, as
+// NVIDIA documents it and the driver's scheduler capabilities report it
+// (GetVgpuSchedulerCapabilities' MinTimeslice and MaxTimeslice): both
+// bounds are valid settings.
+const (
+	MinTimeslice = time.Millisecond
+	MaxTimeslice = 30 * time.Millisecond
+)
+
+// CheckTimeslice is the one check of a time slice an operator or a layout
+// asks for, before anything is sent to the driver: 0 (the driver's
+// default) or MinTimeslice..MaxTimeslice inclusive. The error wraps
+// ErrInvalid and names the value and the range.
+func CheckTimeslice(ts time.Duration) error {
+	if ts == 0 || (ts >= MinTimeslice && ts <= MaxTimeslice) {
+		return nil
+	}
+	return fmt.Errorf("time slice %v is outside the vGPU scheduler's range %v..%v (leave it out for the driver's default): %w",
+		ts, MinTimeslice, MaxTimeslice, ErrInvalid)
+}
