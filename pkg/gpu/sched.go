@@ -45,12 +45,24 @@ const (
 
 // CheckTimeslice is the one check of a time slice an operator or a layout
 // asks for, before anything is sent to the driver: 0 (the driver's
-// default) or MinTimeslice..MaxTimeslice inclusive. The error wraps
-// ErrInvalid and names the value and the range.
+// default) or MinTimeslice..MaxTimeslice inclusive. A refusal is a
+// *TimesliceError, which wraps ErrInvalid.
 func CheckTimeslice(ts time.Duration) error {
 	if ts == 0 || (ts >= MinTimeslice && ts <= MaxTimeslice) {
 		return nil
 	}
-	return fmt.Errorf("time slice %v is outside the vGPU scheduler's range %v..%v (leave it out for the driver's default): %w",
-		ts, MinTimeslice, MaxTimeslice, ErrInvalid)
+	return &TimesliceError{Timeslice: ts}
 }
+
+// TimesliceError is a time slice outside the scheduler's range; its
+// message names the value and the range.
+type TimesliceError struct {
+	Timeslice time.Duration
+}
+
+func (e *TimesliceError) Error() string {
+	return fmt.Sprintf("time slice %v is outside the vGPU scheduler's range %v..%v (leave it out for the driver's default)",
+		e.Timeslice, MinTimeslice, MaxTimeslice)
+}
+
+func (e *TimesliceError) Unwrap() error { return ErrInvalid }

@@ -21,5 +21,9 @@ func TestCheckTimeslice(t *testing.T) {
 		if !errors.Is(err, gpu.ErrInvalid) {
 			t.Errorf("%v: %v, want ErrInvalid", bad, err)
 		}
+		var te *gpu.TimesliceError
+		if !errors.As(err, &te) || te.Timeslice != bad {
+			t.Errorf("%v: %v, want a TimesliceError naming it", bad, err)
+		}
 	}
 }
