@@ -168,7 +168,9 @@ func TestApplyOutOfRangeValuesRefusedUpFront(t *testing.T) {
 		{"ciCount", []string{"7", "13", "-1", "65"}},
 	} {
 		for _, v := range c.values {
-			refusedUpFront(t, e, "vgpud "+c.key+"="+v, fill(vgpudBase, vgpudDefaults, c.key, v), "")
+			t.Run("vgpud "+c.key+"="+v, func(t *testing.T) {
+				refusedUpFront(t, e, "vgpud "+c.key+"="+v, fill(vgpudBase, vgpudDefaults, c.key, v), "")
+			})
 		}
 	}
 	for _, c := range []struct {
@@ -184,7 +186,9 @@ func TestApplyOutOfRangeValuesRefusedUpFront(t *testing.T) {
 		{"count2", []string{"8", "5"}}, // 1g.10gb: 7 at most, and 4 beside the 3g.40gb of 1c.3g.40gb×2
 	} {
 		for _, v := range c.values {
-			refusedUpFront(t, e, "mig-parted "+c.key+"="+v, fill(migPartedBase, migPartedDefaults, c.key, v), "c@acme")
+			t.Run("mig-parted "+c.key+"="+v, func(t *testing.T) {
+				refusedUpFront(t, e, "mig-parted "+c.key+"="+v, fill(migPartedBase, migPartedDefaults, c.key, v), "c@acme")
+			})
 		}
 	}
 	for _, c := range []struct {
@@ -198,7 +202,9 @@ func TestApplyOutOfRangeValuesRefusedUpFront(t *testing.T) {
 		{"count", []string{"5", "0", "-1"}},
 	} {
 		for _, v := range c.values {
-			refusedUpFront(t, e, "vgpu-device-manager "+c.key+"="+v, fill(vgpuDMBase, vgpuDMDefaults, c.key, v), "c@acme")
+			t.Run("vgpu-device-manager "+c.key+"="+v, func(t *testing.T) {
+				refusedUpFront(t, e, "vgpu-device-manager "+c.key+"="+v, fill(vgpuDMBase, vgpuDMDefaults, c.key, v), "c@acme")
+			})
 		}
 	}
 }
