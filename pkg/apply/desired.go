@@ -497,7 +497,7 @@ func (d *Desired) validateEntry(e LayoutEntry, selectors map[string]string) erro
 	}
 	if e.Scheduler != nil {
 		if _, err := e.Scheduler.request(); err != nil {
-			return d.bad(f+".scheduler", err, "%v", err)
+			return d.bad(f+".scheduler", nil, "%v", err)
 		}
 		if e.MIG != nil && *e.MIG {
 			return d.bad(f+".scheduler", nil, "a GPU with MIG on has no time-sliced vGPU scheduler")
@@ -540,6 +540,10 @@ func (d *Desired) validateInstances(e LayoutEntry) error {
 		fi := fmt.Sprintf("%s.instances[%d]", e.Source, j)
 		if strings.TrimSpace(in.Profile) == "" {
 			return d.bad(fi+".profile", nil, "no profile given (run `vgpuctl profiles` for the list)")
+		}
+		if strings.TrimSpace(in.Profile) != in.Profile {
+			// As `vgpuctl create` refuses it: the name is not another profile.
+			return d.bad(fi+".profile", nil, "%q has surrounding spaces", in.Profile)
 		}
 		if err := tenant.ValidateName(in.Tenant); err != nil {
 			return d.bad(fi+".tenant", err, "bad tenant name")

@@ -9,5 +9,5 @@
 // Manager interface, which *manager.Manager satisfies. The D-Bus layer
 // imports it (vgpuctl sends files to the daemon over D-Bus).
 //
-// Imports: pkg/gpu, pkg/manager, pkg/store, pkg/tenant.
+// Imports: pkg/gpu, pkg/manager, pkg/profile, pkg/store, pkg/tenant.
 package apply

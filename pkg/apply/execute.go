@@ -123,7 +123,7 @@ func step(ctx context.Context, m Manager, c Change, wanted map[string]int) (Chan
 		}
 		r, err := c.Scheduler.request()
 		if err != nil {
-			return c, err
+			return c, fmt.Errorf("%w: %v", manager.ErrInvalidArgument, err)
 		}
 		_, err = m.SetGPUScheduler(ctx, gpuID(c), r)
 		return c, err

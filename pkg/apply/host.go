@@ -12,6 +12,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/tenant"
 )
@@ -69,7 +70,10 @@ func readHost(m Manager) (*host, error) {
 
 // resolve finds a profile name on a model, accepting what the manager
 // accepts: "3g.40gb", "H100-SXM5-80GB/3g.40gb", "H100-3g.40gb",
-// "NVIDIA L4-4Q", "passthrough". why says what did not match.
+// "NVIDIA L4-4Q", "passthrough", and a compute instance in any spelling
+// ("01c.3g.40gb" is "1c.3g.40gb"; "3c.3g.40gb", as wide as its GPU
+// instance, is "3g.40gb"). p.Name is the one canonical name. why says what
+// did not match.
 func (h *host) resolve(model, name string) (p manager.ProfileInfo, why string, ok bool) {
 	raw := strings.TrimSpace(name)
 	want := raw
@@ -81,25 +85,47 @@ func (h *host) resolve(model, name string) (p manager.ProfileInfo, why string, o
 	}
 	want = strings.TrimPrefix(strings.TrimPrefix(want, "NVIDIA "), "GRID ")
 	list := h.profiles[model]
-	for _, q := range list {
-		if q.Name == want {
-			return q, "", true
-		}
-	}
-	for _, q := range list {
-		if strings.EqualFold(q.Name, want) {
-			return q, "", true
-		}
+	if q, ok := match(list, want); ok {
+		return q, "", true
 	}
 	// "H100-3g.40gb": a model-name prefix and a MIG profile.
 	if i := strings.Index(want, "-"); i > 0 && strings.HasPrefix(strings.ToLower(model), strings.ToLower(want[:i])) {
-		for _, q := range list {
-			if q.Kind == string(store.KindMIG) && strings.EqualFold(q.Name, want[i+1:]) {
-				return q, "", true
-			}
+		if q, ok := match(list, want[i+1:]); ok && q.Kind == string(store.KindMIG) {
+			return q, "", true
 		}
 	}
 	return p, fmt.Sprintf("%q is not a MIG profile, vGPU type or %q of %s (run `vgpuctl profiles`)", raw, manager.ProfilePassthrough, model), false
+}
+
+// match finds name among a model's profiles: by its name, by its name in
+// another case, or as a compute instance spelled otherwise than
+// nvidia-smi spells it.
+func match(list []manager.ProfileInfo, name string) (manager.ProfileInfo, bool) {
+	for _, q := range list {
+		if q.Name == name {
+			return q, true
+		}
+	}
+	for _, q := range list {
+		if strings.EqualFold(q.Name, name) {
+			return q, true
+		}
+	}
+	n, gi, ok := profile.ParseComputeInstanceName(strings.TrimPrefix(name, "MIG "))
+	if !ok {
+		return manager.ProfileInfo{}, false
+	}
+	for _, q := range list {
+		if q.Kind != string(store.KindMIG) || q.ComputeSlices != n {
+			continue
+		}
+		// A compute instance of that size in gi, or gi itself when it
+		// has that many compute slices.
+		if q.GPUInstance == gi || (q.GPUInstance == "" && q.Name == gi) {
+			return q, true
+		}
+	}
+	return manager.ProfileInfo{}, false
 }
 
 // profileOf is the canonical profile name of an existing instance.

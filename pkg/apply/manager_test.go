@@ -25,6 +25,7 @@ type env struct {
 	t   *testing.T
 	sim *sim.Host
 	m   *manager.Manager
+	db  *store.DB
 }
 
 func newEnv(t *testing.T) *env {
@@ -36,7 +37,7 @@ func newEnv(t *testing.T) *env {
 func newEnvSpec(t *testing.T, spec *sim.Spec) *env {
 	t.Helper()
 	h := simhost.Start(t, simhost.Options{Spec: spec, Manager: manager.Config{BusyRetry: 1}})
-	return &env{t: t, sim: h.Sim, m: h.Manager}
+	return &env{t: t, sim: h.Sim, m: h.Manager, db: h.DB}
 }
 
 func (e *env) tenant(name string) {

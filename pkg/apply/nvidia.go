@@ -198,16 +198,24 @@ func migProfile(s string) (string, error) {
 // a 3g.40gb, several sharing one GPU instance); one as wide as its GPU
 // instance is the GPU-instance profile ("3c.3g.40gb" is "3g.40gb"), as
 // nvidia-smi names it; a wider one is refused.
+//
+// Counts are compared as numbers and written as nvidia-smi writes them:
+// "01c.3g.40gb" is "1c.3g.40gb", "03c.3g.40gb" is "3g.40gb".
 func migComputeProfile(s, computeSlices, giSlices, gi string) (string, error) {
-	if computeSlices == "" || computeSlices == giSlices {
+	if computeSlices == "" {
 		return gi, nil
 	}
-	c, _ := strconv.Atoi(computeSlices) // the grammar admits digits only
-	g, _ := strconv.Atoi(giSlices)
-	if c == 0 || c > g {
+	// The grammar admits digits only; a count too long for an int is out
+	// of every range.
+	c, cerr := strconv.Atoi(computeSlices)
+	g, gerr := strconv.Atoi(giSlices)
+	switch {
+	case cerr != nil || gerr != nil || c == 0 || c > g:
 		return "", fmt.Errorf("%q: a compute instance of %s slices does not fit a GPU instance of %s", s, computeSlices, giSlices)
+	case c == g:
+		return gi, nil
 	}
-	return computeSlices + "c." + gi, nil
+	return strconv.Itoa(c) + "c." + gi, nil
 }
 
 func parseMigParted(name string, data []byte, opts Options) (*Desired, error) {

@@ -110,7 +110,7 @@ func preflight(h *host, cs ChangeSet) error {
 		}
 		p := plans[g.UUID]
 		if p == nil {
-			p = &gpuPlan{g: g, mig: g.MIG.Enabled, want: map[string]int{}, info: map[string]manager.ProfileInfo{}}
+			p = &gpuPlan{g: g, mig: g.MIG.Enabled, want: map[string]int{}, info: map[string]manager.ProfileInfo{}, ciWant: map[key]int{}}
 			if on, ok := modes[g.UUID]; ok {
 				p.mig = on
 			}
@@ -126,6 +126,13 @@ func preflight(h *host, cs ChangeSet) error {
 		}
 		p.want[info.Name]++
 		p.info[info.Name] = info
+		if info.GPUInstance != "" {
+			k := key{info.Name, c.Tenant}
+			if p.ciWant[k] == 0 {
+				p.ciOrder = append(p.ciOrder, k)
+			}
+			p.ciWant[k]++
+		}
 	}
 	for _, id := range gpus {
 		p := plans[id]

@@ -25,6 +25,11 @@ type gpuPlan struct {
 	want  map[string]int // creates by canonical profile name
 	info  map[string]manager.ProfileInfo
 	order []string
+	// ciWant counts the compute-instance creates by (profile, tenant):
+	// a tenant's compute instances share its GPU instances. ciOrder
+	// lists its keys in the creates' order.
+	ciWant  map[key]int
+	ciOrder []key
 }
 
 func (p *gpuPlan) name() string { return fmt.Sprintf("GPU %s (%s)", p.g.PCI, p.g.Model) }
@@ -70,7 +75,7 @@ func (p *gpuPlan) check(h *host, pr *problems) {
 	if !p.mig {
 		p.checkTimeSliced(h, pr)
 	} else {
-		p.checkMIG(pr)
+		p.checkMIG(h, pr)
 	}
 	p.checkDevices(pr)
 }
@@ -177,11 +182,22 @@ func (p *gpuPlan) checkTimeSliced(h *host, pr *problems) {
 }
 
 // checkMIG: the new GPU instances must have a placement on the GPU's grid
-// beside those that stay, within each profile's per-GPU maximum.
-func (p *gpuPlan) checkMIG(pr *problems) {
-	names, n := p.wanted(store.KindMIG)
-	if n == 0 {
+// beside those that stay, within each profile's per-GPU maximum. Compute
+// instances count as the GPU instances they need at least (giDemand).
+func (p *gpuPlan) checkMIG(h *host, pr *problems) {
+	if _, n := p.wanted(store.KindMIG); n == 0 {
 		return
+	}
+	want, names, notes := p.giDemand(h)
+	if len(names) == 0 {
+		return
+	}
+	list := func() string {
+		parts := make([]string, len(names))
+		for i, n := range names {
+			parts[i] = fmt.Sprintf("%s×%d", n, want[n])
+		}
+		return strings.Join(parts, ", ")
 	}
 	fit := newMIGFit(p.g)
 	ids := map[string]int{}
@@ -191,6 +207,20 @@ func (p *gpuPlan) checkMIG(pr *problems) {
 			ids[q.Name] = q.ID
 		}
 		maxOf[q.ID] = q.MaxInstances
+	}
+	occupied, count := p.migHeld()
+	// The per-GPU maxima first: NVML reports them even where it does not
+	// report the grid.
+	for _, name := range names {
+		id, known := ids[name]
+		if !known {
+			continue
+		}
+		if k, max := want[name], maxOf[id]; max > 0 && count[id]+k > max {
+			pr.add(manager.ErrNoCapacity, "%s: %s×%d wanted, at most %d fit (the profile's maximum per GPU is %d, %d stay)%s",
+				p.name(), name, k, max-min(max, count[id]), max, count[id], noteList(notes))
+			return
+		}
 	}
 	var grid slotMask
 	for _, ms := range fit.placements {
@@ -203,16 +233,10 @@ func (p *gpuPlan) checkMIG(pr *problems) {
 			return // the grid as NVML reports it does not know the profile
 		}
 	}
-	occupied, count := p.migHeld()
 	var needs []string
 	sizes := 0
 	for _, name := range names {
-		k := p.want[name]
-		if max := maxOf[ids[name]]; max > 0 && count[ids[name]]+k > max {
-			pr.add(manager.ErrNoCapacity, "%s: %s×%d wanted, at most %d fit (the profile's maximum per GPU is %d, %d stay)",
-				p.name(), name, k, max-min(max, count[ids[name]]), max, count[ids[name]])
-			return
-		}
+		k := want[name]
 		for range k {
 			needs = append(needs, name)
 		}
@@ -230,13 +254,138 @@ func (p *gpuPlan) checkMIG(pr *problems) {
 	var alone []string
 	for _, name := range names {
 		k := 0
-		for k < p.want[name] && fit.feasible(occupied, repeatName(name, k+1)) {
+		for k < want[name] && fit.feasible(occupied, repeatName(name, k+1)) {
 			k++
 		}
 		alone = append(alone, fmt.Sprintf("%s×%d", name, k))
 	}
-	pr.add(manager.ErrNoCapacity, "%s: %s wanted do not fit beside the GPU instances that stay: %s (each profile on its own, at most %s fit)",
-		p.name(), p.list(names), why, strings.Join(alone, ", "))
+	pr.add(manager.ErrNoCapacity, "%s: %s wanted do not fit beside the GPU instances that stay: %s (each profile on its own, at most %s fit)%s",
+		p.name(), list(), why, strings.Join(alone, ", "), noteList(notes))
+}
+
+func noteList(notes []string) string {
+	if len(notes) == 0 {
+		return ""
+	}
+	return "; " + strings.Join(notes, "; ")
+}
+
+// giDemand is what the MIG creates need of the GPU, in new GPU instances
+// by GPU-instance profile, in the creates' order: a GPU-instance create is
+// one; compute instances, which the manager packs into GPU instances of
+// their tenant, need at least as many new ones as hold what the tenant's
+// GPU instances that stay have no room for, by compute slices and by the
+// compute-instance profile's maximum per GPU instance. That is a lower
+// bound (starts inside a GPU instance are aligned, so the manager may need
+// more), so the check refuses nothing the creates could carry out. notes
+// say where compute instances' GPU instances come from.
+func (p *gpuPlan) giDemand(h *host) (want map[string]int, order []string, notes []string) {
+	want = map[string]int{}
+	add := func(name string, n int) {
+		if n <= 0 {
+			return
+		}
+		if want[name] == 0 {
+			order = append(order, name)
+		}
+		want[name] += n
+	}
+	type group struct{ tenant, gi string }
+	var groups []group
+	cis := map[group][]string{}
+	for _, name := range p.order {
+		info := p.info[name]
+		if store.InstanceKind(info.Kind) != store.KindMIG {
+			continue
+		}
+		if info.GPUInstance == "" {
+			add(name, p.want[name])
+			continue
+		}
+		for _, k := range p.ciOrder {
+			if k.profile != name {
+				continue
+			}
+			g := group{k.tenant, info.GPUInstance}
+			if cis[g] == nil {
+				groups = append(groups, g)
+			}
+			cis[g] = append(cis[g], name)
+		}
+	}
+	giNames := map[int]string{}
+	for _, q := range p.g.MIG.Profiles {
+		giNames[q.ID] = q.Name
+	}
+	for _, g := range groups {
+		giInfo, ok := match(h.profiles[p.g.Model], g.gi)
+		if !ok || giInfo.ComputeSlices <= 0 {
+			continue
+		}
+		// Room in the tenant's GPU instances of that profile that stay
+		// and hold only its compute instances (the manager adds to those).
+		type room struct {
+			used  int
+			count map[string]int
+		}
+		rooms := map[[2]int]*room{}
+		shared := map[[2]int]bool{}
+		for _, in := range p.stay {
+			if in.Kind != store.KindMIG && in.Kind != store.KindMIGVGPU {
+				continue
+			}
+			k := [2]int{in.GIStart, in.GIProfileID}
+			if giNames[in.GIProfileID] != g.gi {
+				continue
+			}
+			r := rooms[k]
+			if r == nil {
+				r = &room{count: map[string]int{}}
+				rooms[k] = r
+				shared[k] = true
+			}
+			if in.Kind != store.KindMIG || in.CISlices == 0 || in.Tenant != g.tenant || in.State == store.StateFailed {
+				shared[k] = false
+			}
+			r.used += in.CISlices
+			r.count[h.profileOf(in.Instance)]++
+		}
+		freeSlices := 0
+		freeOf := map[string]int{}
+		for k, r := range rooms {
+			if !shared[k] {
+				continue
+			}
+			freeSlices += max(0, giInfo.ComputeSlices-r.used)
+			for _, name := range cis[g] {
+				freeOf[name] += max(0, p.info[name].PerGPUInstance-r.count[name])
+			}
+		}
+		slicesNeeded, need := 0, 0
+		var asked []string
+		for _, name := range cis[g] {
+			info, k := p.info[name], p.ciWant[key{name, g.tenant}]
+			slicesNeeded += k * info.ComputeSlices
+			if per := info.PerGPUInstance; per > 0 {
+				need = max(need, ceilDiv(k-freeOf[name], per))
+			}
+			asked = append(asked, fmt.Sprintf("%s×%d", name, k))
+		}
+		need = max(need, ceilDiv(slicesNeeded-freeSlices, giInfo.ComputeSlices))
+		if need > 0 {
+			add(g.gi, need)
+			notes = append(notes, fmt.Sprintf("compute instances %s of tenant %s need at least %d new %s", strings.Join(asked, ", "), g.tenant, need, g.gi))
+		}
+	}
+	return want, order, notes
+}
+
+// ceilDiv is ⌈a/b⌉ for b > 0, and 0 for a ≤ 0.
+func ceilDiv(a, b int) int {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
 }
 
 // migHeld is what the GPU instances that stay hold: the slices and the

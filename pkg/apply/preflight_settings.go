@@ -1,6 +1,9 @@
 package apply
 
 import (
+	"fmt"
+	"strings"
+
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -12,7 +15,12 @@ import (
 //   - a GPU passed through whole (its passthrough instance stays) has no
 //     vGPU scheduler to pin, and its MIG mode cannot change under it;
 //   - a MIG mode changes only on a GPU without vgpud instances (Diff
-//     destroys them first; a change set edited after a dry run may not).
+//     destroys them first; a change set edited after a dry run may not);
+//   - MIG goes off only on a GPU without GPU instances: the driver
+//     refuses it (IN_USE) while one vgpud did not create is there, and
+//     apply never touches those;
+//   - a scheduler setting is one the driver takes: a known policy and a
+//     time slice in the scheduler's range (gpu.ValidateTimeslice).
 //
 // destroyed are the instances the change set destroys before these steps.
 func checkGPUSettings(h *host, cs ChangeSet, destroyed map[string]bool, pr *problems) {
@@ -36,6 +44,12 @@ func checkGPUSettings(h *host, cs ChangeSet, destroyed map[string]bool, pr *prob
 				passthrough = &h.insts[i]
 			}
 		}
+		if c.Op == OpSetScheduler && c.Scheduler != nil {
+			if _, err := c.Scheduler.request(); err != nil {
+				pr.add(manager.ErrInvalidArgument, "%s: GPU %s (%s): scheduler %v", c, g.PCI, g.Model, err)
+				continue
+			}
+		}
 		switch {
 		case c.Op == OpSetScheduler && (c.Scheduler == nil || c.Scheduler.Mode == manager.SchedAdaptive):
 			// Handing a GPU to the share loop only drops a pin: allowed.
@@ -45,6 +59,43 @@ func checkGPUSettings(h *host, cs ChangeSet, destroyed map[string]bool, pr *prob
 		case c.Op == OpSetMIGMode && len(stay) > 0:
 			pr.add(manager.ErrBusy, "%s: GPU %s (%s) holds %d vgpud instances that stay; destroy them before changing its MIG mode",
 				c, g.PCI, g.Model, len(stay))
+		case c.Op == OpSetMIGMode && c.MIG != nil && !*c.MIG:
+			if gis := foreignGIs(g, h.insts); len(gis) > 0 {
+				pr.add(manager.ErrBusy, "%s: GPU %s (%s) holds %s vgpud did not create (%s), and the driver keeps MIG on while a GPU instance is there; "+
+					"apply never touches them: destroy them with nvidia-smi mig -dci and -dgi first, or leave mig out of the layout",
+					c, g.PCI, g.Model, plural(len(gis), "GPU instance"), strings.Join(gis, ", "))
+			}
 		}
 	}
+}
+
+// foreignGIs names the GPU instances on g that no vgpud record explains
+// ("GI 3 (3g.40gb) at slices 0-3"): the driver holds MIG on while they
+// exist.
+func foreignGIs(g manager.GPUView, insts []manager.InstanceView) []string {
+	owned := map[[2]int]bool{}
+	for _, in := range insts {
+		if in.GPUUUID == g.UUID {
+			owned[[2]int{in.GIStart, in.GIProfileID}] = true
+		}
+	}
+	var out []string
+	for _, gi := range g.MIG.Instances {
+		if owned[[2]int{gi.Placement.Start, gi.ProfileID}] {
+			continue
+		}
+		name := gi.Profile
+		if name == "" {
+			name = fmt.Sprintf("profile id %d", gi.ProfileID)
+		}
+		out = append(out, fmt.Sprintf("GI %d (%s) at slices %d-%d", gi.ID, name, gi.Placement.Start, gi.Placement.End()-1))
+	}
+	return out
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,29 +21,37 @@ type SchedulerSpec struct {
 	Timeslice string `json:"timeslice,omitempty"`
 }
 
-// request is the manager's request for s, checked.
+// request is the manager's request for s, checked: every value the
+// set-scheduler step sends to the driver, so that Parse, the dry run and
+// the pre-flight refuse what the driver would. Its errors say what is
+// wrong and carry no sentinel: each caller names the refusal
+// (ErrInvalidArgument) once, where it reports it.
 func (s SchedulerSpec) request() (manager.SchedulerRequest, error) {
 	r := manager.SchedulerRequest{Mode: s.Mode}
 	switch s.Mode {
 	case "", manager.SchedPinned, manager.SchedAdaptive:
 	default:
-		return r, fmt.Errorf("%w: mode %q: want pinned or adaptive", manager.ErrInvalidArgument, s.Mode)
+		return r, fmt.Errorf("mode %q: want pinned or adaptive", s.Mode)
 	}
 	if s.Mode == manager.SchedAdaptive {
 		if s.Policy != "" || s.Timeslice != "" {
-			return r, fmt.Errorf("%w: the adaptive mode lets the share loop choose: give neither policy nor timeslice", manager.ErrInvalidArgument)
+			return r, errors.New("the adaptive mode lets the share loop choose: give neither policy nor timeslice")
 		}
 		return r, nil
 	}
 	p, err := gpu.ParseSchedPolicy(s.Policy)
 	if err != nil {
-		return r, fmt.Errorf("%w: %v", manager.ErrInvalidArgument, err)
+		return r, err
 	}
 	r.Mode, r.Policy = manager.SchedPinned, p
 	if s.Timeslice != "" {
 		d, err := time.ParseDuration(s.Timeslice)
 		if err != nil || d <= 0 {
-			return r, fmt.Errorf("%w: timeslice %q: want a duration such as 2ms", manager.ErrInvalidArgument, s.Timeslice)
+			return r, fmt.Errorf("timeslice %q: want a duration such as 2ms (%v..%v), or leave it out for the driver's default",
+				s.Timeslice, gpu.MinTimeslice, gpu.MaxTimeslice)
+		}
+		if err := gpu.ValidateTimeslice(d); err != nil {
+			return r, fmt.Errorf("timeslice %q: %w", s.Timeslice, err)
 		}
 		r.Timeslice = d
 	}
@@ -75,7 +84,7 @@ func (gd *gpuDiff) scheduler(mig bool) error {
 	field := gd.e.Source + ".scheduler"
 	r, err := spec.request()
 	if err != nil {
-		return gd.df.fail(manager.ErrInvalidArgument, field, err, "%v", err)
+		return gd.df.fail(manager.ErrInvalidArgument, field, nil, "%v", err)
 	}
 	g := gd.g
 	if mig || g.VGPU.Flavour == "" || g.VGPU.Flavour == gpu.FlavourNone {

@@ -63,6 +63,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	if err != nil {
 		return store.Instance{}, err
 	}
+	req.Profile = canonicalProfile(req.Profile, offers) // "01c.3g.40gb" is recorded as "1c.3g.40gb"
 	claim, err := m.fleetBegin(ctx, &req, offers)
 	if err != nil {
 		return store.Instance{}, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,7 +106,7 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 	if !g.MIG.Capable {
 		return fail(ErrInvalidArgument, nil, "GPU %s (%s) has no MIG", g.PCI, g.Model)
 	}
-	l, err := m.admitModeChange(&g)
+	l, err := m.admitModeChange(&g, on)
 	if err != nil {
 		return err
 	}
@@ -129,9 +130,10 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 }
 
 // admitModeChange decides, under the admission lock, that g's MIG mode
-// may change (no vgpud instance on it, no other change in progress), marks
-// it switching and returns its lock, held.
-func (m *Manager) admitModeChange(g *gpu.GPU) (*sync.Mutex, error) {
+// may change to on (no vgpud instance on it, for MIG off no GPU instance
+// at all, no other change in progress), marks it switching and returns
+// its lock, held.
+func (m *Manager) admitModeChange(g *gpu.GPU, on bool) (*sync.Mutex, error) {
 	m.admit.Lock()
 	defer m.admit.Unlock()
 	var n int
@@ -144,6 +146,20 @@ func (m *Manager) admitModeChange(g *gpu.GPU) (*sync.Mutex, error) {
 	}
 	if n > 0 {
 		return nil, fail(ErrBusy, nil, "GPU %s holds %d vgpud instances; destroy them before changing its MIG mode", g.PCI, n)
+	}
+	if !on && len(g.MIG.Instances) > 0 {
+		// No record explains them: another tool's. The driver keeps MIG
+		// on while they exist (IN_USE), and vgpud never touches them.
+		var gis []string
+		for _, gi := range g.MIG.Instances {
+			name := gi.Profile
+			if name == "" {
+				name = fmt.Sprintf("profile id %d", gi.ProfileID)
+			}
+			gis = append(gis, fmt.Sprintf("GI %d (%s, %d compute instances)", gi.ID, name, len(gi.Compute)))
+		}
+		return nil, fail(ErrBusy, nil, "GPU %s holds GPU instances vgpud did not create: %s; the driver keeps MIG on while they exist: "+
+			"destroy them (nvidia-smi mig -i %d -dci, then -dgi) before disabling MIG", g.PCI, strings.Join(gis, ", "), g.Index)
 	}
 	m.invMu.Lock()
 	busy := m.switching[g.UUID]

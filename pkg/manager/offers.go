@@ -198,6 +198,14 @@ type ProfileInfo struct {
 	ComputeMilli uint64 `json:"computeMilli"`
 	MaxPerGPU    int    `json:"maxPerGPU"`
 	Flows        string `json:"flows,omitempty"`
+	// GPUInstance is, for a compute instance narrower than its GPU
+	// instance ("1c.3g.40gb"), the GPU-instance profile it is carved in
+	// ("3g.40gb"), and PerGPUInstance how many of it one GPU instance
+	// holds. ComputeSlices are a MIG profile's compute slices (the
+	// compute instance's own for one).
+	GPUInstance    string `json:"gpuInstance,omitempty"`
+	PerGPUInstance int    `json:"perGPUInstance,omitempty"`
+	ComputeSlices  int    `json:"computeSlices,omitempty"`
 }
 
 // Profiles lists every profile of the catalog models present on this host
@@ -239,8 +247,12 @@ func (m *Manager) Profiles() []ProfileInfo {
 				p.Flows = strings.Join(flowsOf(md, o.typ), ",")
 			case o.ci != nil:
 				p.MaxPerGPU = o.gi.MaxInstances * o.ci.MaxInstances
+				p.GPUInstance, p.PerGPUInstance, p.ComputeSlices = o.gi.Name, o.ci.MaxInstances, o.ci.Slices
 			case o.gi != nil:
 				p.MaxPerGPU = o.gi.MaxInstances
+				if o.kind == store.KindMIG {
+					p.ComputeSlices = o.gi.ComputeSlices
+				}
 			}
 			out = append(out, p)
 		}

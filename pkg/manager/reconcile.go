@@ -105,6 +105,9 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	if err := m.loadGPUState(); err != nil {
 		return rep, err
 	}
+	if err := m.canonicalRecords(); err != nil {
+		return rep, err
+	}
 	if err := m.Refresh(ctx); err != nil {
 		return rep, err
 	}
