@@ -6,8 +6,10 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vgpud/vgpud/pkg/apply"
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -319,6 +321,21 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("version: v1\nmig-configs: {c: [{devices: [0, 1], device-filter: '0x233010DE', mig-enabled: true, mig-devices: {1g.10gb: 1}}]}"), "c")
 	f.Add([]byte("version: v1\nvgpu-configs: {c: [{devices: all, vgpu-devices: {A100-1-5CME: 1}}]}"), "c@x")
 	f.Add([]byte("{"), "")
+	// Scheduler values: in the range, at its bounds, out of it, and not
+	// durations at all.
+	for _, ts := range []string{"1ns", "999us", "1ms", "1.5ms", "2ms", "30ms", "30000001ns", "31ms", "2562047h", "2562048h", "-1ms", "0s", "0", "soon", "1e3ms", `""`} {
+		f.Add([]byte("version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: "+ts+"}}]"), "")
+	}
+	for _, sch := range []string{"{mode: adaptive}", "{mode: pinned, policy: best-effort}", "{policy: equalshare, timeslice: 5ms}", "{mode: adaptive, timeslice: 2ms}", "{policy: round_robin}", "{}"} {
+		f.Add([]byte("version: v1\nlayout: [{model: L4-24GB, scheduler: "+sch+"}]"), "")
+	}
+	// Compute-instance names in every spelling, in vgpud's format and
+	// mig-parted's.
+	for _, ci := range []string{"1c.3g.40gb", "01c.3g.40gb", "0001c.3g.40gb", "3c.3g.40gb", "03c.3g.40gb", "MIG 1c.3g.40gb", "H100-1c.3g.40gb",
+		"H100-SXM5-80GB/01c.3g.40gb", "H100-3c.3g.40gb", "1c.1g.10gb+me", "0c.3g.40gb", "4c.3g.40gb", "99999999999999999999c.3g.40gb", "1C.3G.40GB"} {
+		f.Add([]byte("version: v1\nlayout: [{gpu: '0000:41:00.0', instances: [{profile: '"+ci+"', tenant: a, count: 7}]}]"), "")
+		f.Add([]byte("version: v1\nmig-configs: {c: [{devices: all, mig-enabled: true, mig-devices: {'"+ci+"': 7, 1c.3g.40gb: 1}}]}"), "c")
+	}
 	f.Fuzz(func(t *testing.T, data []byte, cfg string) {
 		d, err := apply.Parse("fuzz.yaml", data, cfg)
 		if err != nil {
@@ -326,6 +343,16 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("error without ErrInvalidArgument: %v", err)
 			}
 			return
+		}
+		// A scheduler that parses sends the driver only what it takes.
+		for _, e := range d.Layout {
+			if e.Scheduler == nil || e.Scheduler.Timeslice == "" {
+				continue
+			}
+			ts, err := time.ParseDuration(e.Scheduler.Timeslice)
+			if err != nil || gpu.CheckTimeslice(ts) != nil || ts == 0 {
+				t.Fatalf("%s: time slice %q accepted (%v)", e.Source, e.Scheduler.Timeslice, err)
+			}
 		}
 		// What parses converts to the vgpud format and parses again.
 		y, err := d.VgpudYAML()

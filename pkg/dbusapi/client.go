@@ -2,6 +2,7 @@ package dbusapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -511,6 +512,9 @@ func (c *Client) UndefineTenant(ctx context.Context, name string, force bool) er
 }
 
 // Apply applies (or with dryRun only diffs) a declarative configuration.
+// Cancelling ctx asks vgpud to stop the apply between changes; the
+// changes it has done stay (an apply is a series of operations, each
+// finished or undone on its own, not one that is undone as a whole).
 func (c *Client) Apply(ctx context.Context, name string, data []byte, sel string, dryRun bool) (ApplyResult, error) {
 	o := map[string]dbus.Variant{}
 	if name != "" {
@@ -518,6 +522,14 @@ func (c *Client) Apply(ctx context.Context, name string, data []byte, sel string
 	}
 	var changes, result, summary string
 	if err := c.long(ctx, "apply "+name, "Apply", []any{string(data), sel, dryRun}, o, &changes, &result, &summary); err != nil {
+		var e *Error
+		if !dryRun && errors.Is(ctx.Err(), context.Canceled) && errors.As(err, &e) && e.Name == NameTimeout {
+			// fromDBus's words for a cancelled operation promise an undo
+			// that an apply does not make.
+			return ApplyResult{}, &Error{Name: NameTimeout, Message: "apply " + name + ": cancelled; vgpud was asked to stop the apply: it begins no further change, " +
+				"a change under way finishes or is undone on its own, and the changes already done stay (an apply is not undone as a whole); " +
+				"run `vgpuctl apply --dry-run` with the same file to see what is left"}
+		}
 		return ApplyResult{}, err
 	}
 	return ApplyResult{DryRun: dryRun, Changes: []byte(changes), Result: []byte(result), Summary: summary}, nil

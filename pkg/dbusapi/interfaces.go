@@ -92,7 +92,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 			// (and a polkit-only caller, who may not read, gets no diff).
 			{name: "Apply", access: accessManage, fn: s.apply,
 				readIf: func(args []any) bool { dry, _ := args[2].(bool); return dry }, readIfDoc: "dry_run",
-				doc: "Make the host match a declarative configuration (vgpud's own format, or NVIDIA mig-parted and vgpu-device-manager files). Options: name (s), the file name, for format detection and messages.",
+				doc: "Make the host match a declarative configuration (vgpud's own format, or NVIDIA mig-parted and vgpu-device-manager files). Options: name (s), the file name, for format detection and messages. Cancelled (the caller's timeout, Cancel, the caller leaving), it begins no further change and the changes it made stay: an apply is a series of operations, each finished or undone on its own, not undone as a whole.",
 				in:  []arg{{name: "data", doc: "The configuration file's content (at most 4 MiB).", max: maxDocument}, {name: "select", doc: "Which named configuration of the file to apply; empty for the file's default."}, {name: "dry_run", doc: "Only compute the changes."}, optsArg},
 				out: []arg{{name: "changes", doc: "The change set as JSON (docs/dbus-api.md)."}, {name: "result", doc: "What was done, as JSON; \"null\" for a dry run."}, {name: "summary", doc: "The changes as text, one per line."}}},
 			{name: "Reconcile", access: accessManage, fn: s.reconcile,

@@ -206,6 +206,24 @@ func cancelled(ctx context.Context, err error) error {
 	return &dbus.Error{Name: de.Name, Body: []any{fmt.Sprintf("%s (the operation was %s; what it did is undone)", msg, why)}}
 }
 
+// applyCancelled words an apply that the caller's timeout, Cancel or
+// vgpud's stop ended: unlike the other operations, what it did stays.
+func applyCancelled(ctx context.Context, err error) error {
+	de := toDBusError(err)
+	msg, _ := de.Body[0].(string)
+	name, why := de.Name, "cancelled"
+	switch {
+	case errors.Is(context.Cause(ctx), errStopping):
+		name, why = ErrorPrefix+NameBusy, "cancelled because vgpud is stopping"
+	case ctx.Err() == context.DeadlineExceeded:
+		why = "stopped at the caller's timeout"
+	}
+	// Execute stops between changes, and each change is a manager
+	// operation that finishes or undoes itself on its own.
+	return &dbus.Error{Name: name, Body: []any{fmt.Sprintf("%s (the apply was %s: it began no further change, a change under way finished or was undone on its own, "+
+		"and the changes already done stay: an apply is not undone as a whole)", msg, why)}}
+}
+
 func (s *Service) destroy(c *call, id string, options map[string]dbus.Variant) error {
 	o := newOpts(c.member, options)
 	detach := o.boolean("detach")
@@ -347,6 +365,9 @@ func (s *Service) apply(c *call, data, sel string, dryRun bool, options map[stri
 	out, err := s.opts.Apply.Apply(ctx, ApplyRequest{Name: name, Data: []byte(data), Select: sel, DryRun: dryRun})
 	if !dryRun {
 		s.sync()
+	}
+	if err != nil && ctx.Err() != nil && !dryRun {
+		return "", "", "", applyCancelled(ctx, err)
 	}
 	if err != nil {
 		return "", "", "", cancelled(ctx, err)

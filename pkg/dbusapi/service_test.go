@@ -830,3 +830,82 @@ func TestDBusSetGPUScheduler(t *testing.T) {
 		t.Fatalf("bad policy: %v, want InvalidArgument", err)
 	}
 }
+
+// TestDBusApplyCancelSaysWhatStays: a cancelled apply stops between
+// changes and keeps the changes it did; neither the daemon's reply nor
+// the client's own message may promise that they are undone.
+func TestDBusApplyCancelSaysWhatStays(t *testing.T) {
+	layout := "version: v1\ntenants:\n  - name: gamma\nlayout:\n  - gpu: \"" + sim.DefaultH100MIG + "\"\n    instances:\n      - {profile: 1g.10gb, tenant: gamma, count: 3}\n"
+	// setup is a daemon whose second GPU-instance creation stalls.
+	setup := func(t *testing.T) *env {
+		e := newEnv(t, testbus.Options{}, func(e *env, o *Options) { o.Apply = NewApplier(e.m, apply.Limits{}) })
+		if err := e.sim.AddFault(sim.Fault{Op: "CreateGpuInstanceWithPlacement", Delay: "3s", Skip: 1, Count: 1}); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	// ready counts gamma's ready instances and all of them.
+	ready := func(e *env) (int, int) {
+		insts, _ := e.m.TenantInstances("gamma")
+		n := 0
+		for _, in := range insts {
+			if in.State == "ready" {
+				n++
+			}
+		}
+		return n, len(insts)
+	}
+	waitFor := func(t *testing.T, what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s within 20s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	check := func(t *testing.T, e *env, err error) {
+		t.Helper()
+		if err == nil {
+			t.Fatal("a cancelled apply succeeded")
+		}
+		for _, bad := range []string{"what it did is undone", "undoes what it started"} {
+			if strings.Contains(err.Error(), bad) {
+				t.Errorf("cancelled apply: %q promises an undo (%q)", err, bad)
+			}
+		}
+		if !strings.Contains(err.Error(), "the changes already done stay") {
+			t.Errorf("cancelled apply: %q does not say the changes done stay", err)
+		}
+		// The first create stays, as the message says; the third never began.
+		waitFor(t, "settled apply", func() bool { r, all := ready(e); return r >= 1 && r == all && all < 3 })
+	}
+	t.Run("daemon", func(t *testing.T) {
+		e := setup(t)
+		done := make(chan error, 1)
+		go func() {
+			o := map[string]dbus.Variant{OptOperationID: dbus.MakeVariant("apply-1")}
+			var changes, result, summary string
+			done <- e.client.call(context.Background(), "apply", "Apply", []any{layout, "", false, o}, &changes, &result, &summary)
+		}()
+		waitFor(t, "first create", func() bool { r, _ := ready(e); return r >= 1 })
+		if err := e.dial().Cancel(ctxT(t), "apply-1"); err != nil {
+			t.Fatalf("Cancel: %v", err)
+		}
+		check(t, e, <-done)
+	})
+	t.Run("client", func(t *testing.T) {
+		e := setup(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.client.Apply(ctx, "layout.yaml", []byte(layout), "", false)
+			done <- err
+		}()
+		waitFor(t, "first create", func() bool { r, _ := ready(e); return r >= 1 })
+		cancel() // Ctrl-C
+		check(t, e, <-done)
+	})
+}
