@@ -151,9 +151,11 @@ func loadMetricsWeb(path string) (*metricsWeb, error) {
 	return w, nil
 }
 
-// readSmallFile reads a regular file of at most limit bytes.
+// readSmallFile reads a regular file of at most limit bytes. It opens
+// without blocking, so a FIFO put at the path is refused rather than
+// waited on, and checks what it opened, so a device (/dev/zero) is too.
 func readSmallFile(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
