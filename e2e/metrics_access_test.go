@@ -251,8 +251,10 @@ scrape_configs:
 }
 
 // TestMetricsUnixSocket runs vgpud with its endpoint on a Unix socket of
-// mode 0660 and group 65534: a member of that group scrapes it, another
-// unprivileged user cannot connect, and the socket goes when vgpud stops.
+// mode 0660 and group 65534, in a set-group-ID directory of that group as
+// the unit's /run/vgpud is, without CAP_CHOWN as under the unit: a member
+// of that group scrapes it, another unprivileged user cannot connect, and
+// the socket goes when vgpud stops.
 func TestMetricsUnixSocket(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root to give the socket a group and to scrape as other users")
@@ -269,9 +271,21 @@ func TestMetricsUnixSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	// As tmpfiles.d makes /run/vgpud, with group 65534 for vgpud (and
+	// others allowed to traverse, so that the socket's own mode is what
+	// refuses them): set-group-ID, so the socket has the group without a
+	// chown. vgpud runs without CAP_CHOWN, as under its unit.
+	sockDir := filepath.Join(dir, "run")
+	if err := os.Mkdir(sockDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	os.Chmod(dir, 0o755)
-	sock := filepath.Join(dir, "metrics.sock")
-	vgpud := startMetricsProc(t, "vgpud", filepath.Join(dir, "vgpud.log"), bus.Env(), vgpudBin,
+	os.Chown(sockDir, 0, 65534)
+	if err := os.Chmod(sockDir, 0o755|os.ModeSetgid); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(sockDir, "metrics.sock")
+	vgpud := startMetricsProc(t, "vgpud", filepath.Join(dir, "vgpud.log"), bus.Env(), "setpriv", "--bounding-set=-chown", vgpudBin,
 		"--sim", "--state-dir", filepath.Join(dir, "state"), "--metrics-listen", "unix:"+sock,
 		"--metrics-socket-mode", "0660", "--metrics-socket-group", "65534",
 		"--bus-address", bus.Address(), "--libvirt-socket", "", "--log-level", "info")
