@@ -283,6 +283,10 @@ func TestSystemdHardeningCoversDaemonWrites(t *testing.T) {
 	if sd := u.words("StateDirectory"); len(sd) != 1 || "/var/lib/"+sd[0] != "/var/lib/vgpud" || model.access("/var/lib/vgpud/state.db") != "rw" {
 		t.Errorf("StateDirectory=%v does not give /var/lib/vgpud (the default stateDir) write access", sd)
 	}
+	// The metrics endpoint's documented Unix socket is made there.
+	if model.access("/run/vgpud/metrics.sock") != "rw" {
+		t.Errorf("/run/vgpud is %s under the unit: metricsListen unix:/run/vgpud/metrics.sock cannot be made", model.access("/run/vgpud/metrics.sock"))
+	}
 	// Sockets: connect(2) needs the path to be reachable, not writable.
 	for _, s := range []string{"/run/libvirt/libvirt-sock", "/run/dbus/system_bus_socket", "/run/nvidia-persistenced/socket"} {
 		if model.access(s) == "none" {

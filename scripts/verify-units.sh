@@ -65,10 +65,15 @@ touch "$sys/etc/passwd" "$sys/etc/group"
 systemd-sysusers --root="$sys" "$dest/usr/lib/sysusers.d/vgpud.conf"
 grep -q '^vgpud:' "$sys/etc/group" || { echo "verify-units: sysusers.d did not create group vgpud" >&2; exit 1; }
 systemd-tmpfiles --root="$sys" --create "$dest/usr/lib/tmpfiles.d/vgpud.conf"
-for d in var/lib/vgpud etc/vgpud/profiles.d; do
+for d in var/lib/vgpud etc/vgpud/profiles.d run/vgpud; do
   [ -d "$sys/$d" ] || { echo "verify-units: tmpfiles.d did not create /$d" >&2; exit 1; }
 done
-echo "ok: group $(grep '^vgpud:' "$sys/etc/group"), /var/lib/vgpud mode $(stat -c %a "$sys/var/lib/vgpud")"
+# The metrics socket's directory: group vgpud, set-group-ID, so the
+# socket made there is the group's without a chown (the unit allows none).
+run_mode=$(stat -c '%a %g' "$sys/run/vgpud")
+want_run="2750 $(grep '^vgpud:' "$sys/etc/group" | cut -d: -f3)"
+[ "$run_mode" = "$want_run" ] || { echo "verify-units: /run/vgpud is $run_mode (mode gid), want $want_run" >&2; exit 1; }
+echo "ok: group $(grep '^vgpud:' "$sys/etc/group"), /var/lib/vgpud mode $(stat -c %a "$sys/var/lib/vgpud"), /run/vgpud $run_mode"
 
 echo "== D-Bus and polkit files"
 xml=$(find "$dest/usr/share/dbus-1/system.d" "$dest/usr/share/polkit-1" -type f \( -name '*.conf' -o -name '*.policy' \) 2>/dev/null | sort)

@@ -151,9 +151,11 @@ func loadMetricsWeb(path string) (*metricsWeb, error) {
 	return w, nil
 }
 
-// readSmallFile reads a regular file of at most limit bytes.
+// readSmallFile reads a regular file of at most limit bytes. It opens
+// without blocking, so a FIFO put at the path is refused rather than
+// waited on, and checks what it opened, so a device (/dev/zero) is too.
 func readSmallFile(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -329,9 +331,15 @@ func listenUnixSocket(path string, mode fs.FileMode, group string) (net.Listener
 		os.Remove(tmp)
 		return nil, err
 	}
-	if gid >= 0 {
+	// A socket made in a set-group-ID directory has the directory's group
+	// already: /run/vgpud, which tmpfiles.d makes root:vgpud 2750. Then
+	// no chown is needed, which the unit could not do (no CAP_CHOWN, and
+	// @chown is among the system calls it filters).
+	if st, err := os.Lstat(tmp); err != nil {
+		return undo(err)
+	} else if sys, ok := st.Sys().(*syscall.Stat_t); gid >= 0 && (!ok || int(sys.Gid) != gid) {
 		if err := os.Chown(tmp, -1, gid); err != nil {
-			return undo(fmt.Errorf("%w: metricsSocketGroup %q: %v (under systemd the unit needs SupplementaryGroups=%s: it has no CAP_CHOWN)", errMetricsWeb, group, err, group))
+			return undo(fmt.Errorf("%w: metricsSocketGroup %q: %v (vgpud under its unit cannot change a file's group: put the socket in /run/vgpud, whose group is vgpud)", errMetricsWeb, group, err))
 		}
 	}
 	if err := os.Chmod(tmp, mode); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -93,7 +94,9 @@ func (d *daemon) start(ctx context.Context) error {
 			return usageError{err}
 		}
 		ln, err := listenMetrics(cfg)
-		if err != nil {
+		if errors.Is(err, errMetricsWeb) {
+			return usageError{err} // the socket's group or path as configured
+		} else if err != nil {
 			return err
 		}
 		d.metricsLn, d.metricsWeb = ln, web
