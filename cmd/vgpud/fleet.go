@@ -81,6 +81,10 @@ type fleetRunner struct {
 	// metrics and reg outlive syncers, so counters survive a reload.
 	metrics *fleet.Metrics
 	reg     *prometheus.Registry
+	// early is a syncer made for the start-up reconcile (prepare), not
+	// running yet; apply starts it when its configuration is still cfg.
+	early    *fleet.Syncer
+	earlyCfg *FleetConfig
 }
 
 func newFleetRunner() *fleetRunner {
@@ -91,6 +95,25 @@ func newFleetRunner() *fleetRunner {
 	return r
 }
 
+// prepare gives the manager, before the start-up reconcile, the syncer
+// for cfg without starting it: the reconcile asks it whether a fleet
+// scheduler's create a crash cut off is still the scheduler's (its
+// allocation still names it), and finishes it only then. A syncer that
+// cannot be made is left to apply, which reports it.
+func (r *fleetRunner) prepare(d *daemon, cfg *FleetConfig) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cfg == nil || cfg.Endpoint == "" {
+		return
+	}
+	s, _, err := r.build(d, cfg)
+	if err != nil {
+		return
+	}
+	d.mgr.SetFleet(s)
+	r.early, r.earlyCfg = s, cfg
+}
+
 // apply starts, restarts or stops the syncer for cfg (nil: none).
 func (r *fleetRunner) apply(ctx context.Context, d *daemon, cfg *FleetConfig) error {
 	r.mu.Lock()
@@ -98,10 +121,24 @@ func (r *fleetRunner) apply(ctx context.Context, d *daemon, cfg *FleetConfig) er
 	if reflect.DeepEqual(cfg, r.cfg) && (cfg == nil || r.cancel != nil) {
 		return nil
 	}
+	early, earlyCfg := r.early, r.earlyCfg
+	r.early, r.earlyCfg = nil, nil
 	r.stopLocked(d)
+	if early != nil && !reflect.DeepEqual(cfg, earlyCfg) {
+		d.mgr.SetFleet(nil)
+		early = nil
+	}
 	if cfg == nil || cfg.Endpoint == "" {
 		r.cfg = cfg
 		return nil
+	}
+	s, c, err := early, (*placementapi.Client)(nil), error(nil)
+	if s == nil {
+		if s, c, err = r.build(d, cfg); err != nil {
+			return err
+		}
+	} else {
+		c = r.earlyClient
 	}
 	token := ""
 	if cfg.TokenFile != "" {
