@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -72,8 +74,11 @@ func (f *FleetConfig) validate() error {
 
 // fleetRunner is the running syncer; reload replaces it.
 type fleetRunner struct {
-	mu     sync.Mutex
-	cfg    *FleetConfig
+	mu  sync.Mutex
+	cfg *FleetConfig
+	// token is the token the running syncer's client sends: a reload with
+	// the same settings but a rotated token file restarts the syncer.
+	token  string
 	cancel context.CancelFunc
 	done   chan struct{}
 	// syncer is the running syncer (nil: none), for fleet status.
@@ -82,9 +87,17 @@ type fleetRunner struct {
 	metrics *fleet.Metrics
 	reg     *prometheus.Registry
 	// early is a syncer made for the start-up reconcile (prepare), not
-	// running yet; apply starts it when its configuration is still cfg.
-	early    *fleet.Syncer
-	earlyCfg *FleetConfig
+	// running yet; apply starts it while its settings are still in force.
+	early *builtFleet
+}
+
+// builtFleet is a syncer made for a configuration, not running yet.
+type builtFleet struct {
+	cfg   *FleetConfig
+	token string
+	host  string
+	c     *placementapi.Client
+	s     *fleet.Syncer
 }
 
 func newFleetRunner() *fleetRunner {
@@ -93,6 +106,33 @@ func newFleetRunner() *fleetRunner {
 		panic(err) // a fresh registry: only a programming error fails
 	}
 	return r
+}
+
+// build reads the token file and makes the client and the syncer for cfg
+// (an endpoint set); nothing runs yet.
+func (r *fleetRunner) build(d *daemon, cfg *FleetConfig) (*builtFleet, error) {
+	token, err := readTokenFile(cfg.TokenFile)
+	if err != nil {
+		return nil, err
+	}
+	c, err := placementapi.New(placementapi.Config{Endpoint: cfg.Endpoint, Token: token, Timeout: cfg.Timeout.Duration})
+	if err != nil {
+		return nil, err
+	}
+	host := cfg.Host
+	if host == "" {
+		if host, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("fleet host name: %w", err)
+		}
+	}
+	s, err := fleet.New(fleet.Config{Host: host, RootUUID: cfg.RootUUID, ParentUUID: cfg.ParentUUID,
+		Interval: cfg.SyncInterval.Duration, Grace: cfg.Grace.Duration, ClaimTimeout: cfg.ClaimTimeout.Duration,
+		Crash: d.crash},
+		c, d.mgr, d.log.With("component", "fleet"), r.metrics)
+	if err != nil {
+		return nil, err
+	}
+	return &builtFleet{cfg: cfg, token: token, host: host, c: c, s: s}, nil
 }
 
 // prepare gives the manager, before the start-up reconcile, the syncer
@@ -106,79 +146,59 @@ func (r *fleetRunner) prepare(d *daemon, cfg *FleetConfig) {
 	if cfg == nil || cfg.Endpoint == "" {
 		return
 	}
-	s, _, err := r.build(d, cfg)
+	b, err := r.build(d, cfg)
 	if err != nil {
 		return
 	}
-	d.mgr.SetFleet(s)
-	r.early, r.earlyCfg = s, cfg
+	d.mgr.SetFleet(b.s)
+	r.early = b
 }
 
-// apply starts, restarts or stops the syncer for cfg (nil: none).
+// apply starts, restarts or stops the syncer for cfg (nil: none). The new
+// settings (and the token file) are read in full before the running
+// syncer is touched: settings that cannot be used are refused with the
+// running syncer kept as it is.
 func (r *fleetRunner) apply(ctx context.Context, d *daemon, cfg *FleetConfig) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if reflect.DeepEqual(cfg, r.cfg) && (cfg == nil || r.cancel != nil) {
-		return nil
-	}
-	early, earlyCfg := r.early, r.earlyCfg
-	r.early, r.earlyCfg = nil, nil
-	r.stopLocked(d)
-	if early != nil && !reflect.DeepEqual(cfg, earlyCfg) {
-		d.mgr.SetFleet(nil)
-		early = nil
-	}
+	early := r.early
+	r.early = nil
 	if cfg == nil || cfg.Endpoint == "" {
-		r.cfg = cfg
+		if early != nil {
+			d.mgr.SetFleet(nil)
+		}
+		r.stopLocked(d)
+		r.cfg, r.token = cfg, ""
 		return nil
 	}
-	s, c, err := early, (*placementapi.Client)(nil), error(nil)
-	if s == nil {
-		if s, c, err = r.build(d, cfg); err != nil {
+	b := early
+	if b == nil || !reflect.DeepEqual(b.cfg, cfg) {
+		if early != nil {
+			d.mgr.SetFleet(nil)
+		}
+		var err error
+		if b, err = r.build(d, cfg); err != nil {
 			return err
 		}
-	} else {
-		c = r.earlyClient
 	}
-	token := ""
-	if cfg.TokenFile != "" {
-		b, err := os.ReadFile(cfg.TokenFile)
-		if err != nil {
-			return fmt.Errorf("fleet token file: %w", err)
-		}
-		token = strings.TrimSpace(string(b))
+	if r.cancel != nil && reflect.DeepEqual(cfg, r.cfg) && b.token == r.token {
+		return nil // nothing changed: the running syncer goes on
 	}
-	c, err := placementapi.New(placementapi.Config{Endpoint: cfg.Endpoint, Token: token, Timeout: cfg.Timeout.Duration})
-	if err != nil {
-		return err
-	}
-	host := cfg.Host
-	if host == "" {
-		if host, err = os.Hostname(); err != nil {
-			return fmt.Errorf("fleet host name: %w", err)
-		}
-	}
-	s, err := fleet.New(fleet.Config{Host: host, RootUUID: cfg.RootUUID, ParentUUID: cfg.ParentUUID,
-		Interval: cfg.SyncInterval.Duration, Grace: cfg.Grace.Duration, ClaimTimeout: cfg.ClaimTimeout.Duration,
-		Crash: d.crash},
-		c, d.mgr, d.log.With("component", "fleet"), r.metrics)
-	if err != nil {
-		return err
-	}
+	r.stopLocked(d)
 	// The version check is informative: a Placement that is down now is
 	// synced with when it answers.
 	vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if v, err := c.CheckVersion(vctx); err != nil {
-		d.log.Warn("placement not usable yet; the sync retries", "endpoint", cfg.Endpoint, "err", err, "kind", placementapi.Kind(err))
+	if v, err := b.c.CheckVersion(vctx); err != nil {
+		d.log.Warn("placement not usable yet; the sync retries", "endpoint", b.c.Endpoint(), "err", err, "kind", placementapi.Kind(err))
 	} else {
-		d.log.Info("placement", "endpoint", cfg.Endpoint, "maxVersion", v, "using", placementapi.Version, "host", host)
+		d.log.Info("placement", "endpoint", b.c.Endpoint(), "maxVersion", v, "using", placementapi.Version, "host", b.host)
 	}
 	cancel()
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); s.Run(rctx) }()
-	d.mgr.SetFleet(s)
-	r.cfg, r.cancel, r.done, r.syncer = cfg, stop, done, s
+	go func() { defer close(done); b.s.Run(rctx) }()
+	d.mgr.SetFleet(b.s)
+	r.cfg, r.token, r.cancel, r.done, r.syncer = cfg, b.token, stop, done, b.s
 	return nil
 }
 
@@ -197,4 +217,57 @@ func (r *fleetRunner) stop(d *daemon) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stopLocked(d)
+}
+
+// The token file's refusals.
+var (
+	// errTokenFileKind: not a regular file (a FIFO would block the read,
+	// a device or directory is a mistake).
+	errTokenFileKind = errors.New("fleet token file is not a regular file")
+	// errTokenFileMode: readable or writable by others, as ssh refuses a
+	// private key that is.
+	errTokenFileMode = errors.New("fleet token file is accessible to other users")
+	// errTokenFileSize: empty, or larger than any keystone token.
+	errTokenFileSize = errors.New("fleet token file has no usable size")
+)
+
+// maxTokenFile bounds what is read of the token file: keystone's Fernet
+// tokens are under 300 bytes, PKI ones a few KiB.
+const maxTokenFile = 64 << 10
+
+// readTokenFile reads the keystone token ("" for no file: noauth2). Only a
+// regular file is read, never past maxTokenFile, and one that others may
+// read or write is refused: it is a credential. It is opened without
+// blocking, so a FIFO is refused at once rather than holding the reload
+// (and with it the daemon's shutdown).
+func readTokenFile(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("fleet token file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("fleet token file: %w", err)
+	}
+	switch {
+	case !fi.Mode().IsRegular():
+		return "", fmt.Errorf("%s (%s): %w; point fleet.tokenFile at a plain file", path, fi.Mode().Type(), errTokenFileKind)
+	case fi.Mode().Perm()&0o007 != 0:
+		return "", fmt.Errorf("%s has mode %04o: %w; run chmod 600 %s (or 640 with group vgpud)", path, fi.Mode().Perm(), errTokenFileMode, path)
+	case fi.Size() > maxTokenFile:
+		return "", fmt.Errorf("%s is %d bytes, more than %d: %w", path, fi.Size(), maxTokenFile, errTokenFileSize)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxTokenFile+1))
+	if err != nil {
+		return "", fmt.Errorf("fleet token file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if token == "" || len(b) > maxTokenFile {
+		return "", fmt.Errorf("%s holds %d bytes and no token: %w", path, len(b), errTokenFileSize)
+	}
+	return token, nil
 }
