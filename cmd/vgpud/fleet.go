@@ -184,7 +184,53 @@ func (r *fleetRunner) apply(ctx context.Context, d *daemon, cfg *FleetConfig) er
 	if r.cancel != nil && reflect.DeepEqual(cfg, r.cfg) && b.token == r.token {
 		return nil // nothing changed: the running syncer goes on
 	}
+	if old := r.syncer; old != nil && old.Top() != b.s.Top() {
+		if err := r.retireLocked(ctx, d, old); err != nil {
+			return err
+		}
+	}
 	r.stopLocked(d)
+	r.startLocked(ctx, d, b)
+	return nil
+}
+
+// errFleetTreeInUse: new settings would move the host's providers to
+// another tree while instances hold allocations in the running one.
+var errFleetTreeInUse = errors.New("fleet: the provider tree cannot change while instances hold allocations in it")
+
+// retireLocked removes the running syncer's provider tree from Placement
+// before settings that publish the host under another one (fleet.host,
+// rootUUID or parentUUID changed) take over, so that Placement does not
+// keep advertising the old tree's room. Refused while the host has
+// instances: their allocations (a scheduler's among them) name the old
+// providers, and moving them behind the schedulers' backs is not
+// vgpud's to do. On a refusal or a failure the running settings are kept.
+func (r *fleetRunner) retireLocked(ctx context.Context, d *daemon, old *fleet.Syncer) error {
+	views, err := d.mgr.AllInstances()
+	if err != nil {
+		return fmt.Errorf("fleet: count the instances before the provider tree changes: %w", err)
+	}
+	if len(views) > 0 {
+		return fmt.Errorf("%w: %d instances on this host; destroy them first, or keep fleet.host, rootUUID and parentUUID as they are", errFleetTreeInUse, len(views))
+	}
+	r.stopLocked(d)
+	rctx, cancel := context.WithTimeout(ctx, retireTimeout)
+	err = old.Retire(rctx)
+	cancel()
+	if err == nil {
+		return nil
+	}
+	if b, berr := r.build(d, r.cfg); berr == nil {
+		r.startLocked(ctx, d, b)
+	}
+	return fmt.Errorf("fleet: the provider tree of the running settings could not be removed from Placement (%w); they stay in force, reload again once Placement answers", err)
+}
+
+// retireTimeout bounds the removal of the old provider tree.
+const retireTimeout = 30 * time.Second
+
+// startLocked runs syncer b and gives it to the manager.
+func (r *fleetRunner) startLocked(ctx context.Context, d *daemon, b *builtFleet) {
 	// The version check is informative: a Placement that is down now is
 	// synced with when it answers.
 	vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -198,8 +244,7 @@ func (r *fleetRunner) apply(ctx context.Context, d *daemon, cfg *FleetConfig) er
 	done := make(chan struct{})
 	go func() { defer close(done); b.s.Run(rctx) }()
 	d.mgr.SetFleet(b.s)
-	r.cfg, r.token, r.cancel, r.done, r.syncer = cfg, b.token, stop, done, b.s
-	return nil
+	r.cfg, r.token, r.cancel, r.done, r.syncer = b.cfg, b.token, stop, done, b.s
 }
 
 func (r *fleetRunner) stopLocked(d *daemon) {

@@ -18,7 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv"
+	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/fleet"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
 func TestConfigFleetSection(t *testing.T) {
@@ -141,4 +147,52 @@ func TestFleetTokenFile(t *testing.T) {
 	c := cfg()
 	c.TokenFile = big
 	kept("too large", r.apply(ctx, d, c), errTokenFileSize)
+}
+
+// TestFleetHostChangeRetiresOldTree: a reload that moves the host to
+// another provider tree (fleet.host changed) is refused while the host
+// has instances, the running sync kept; with none, the old tree is removed
+// from Placement before the new one is published, so one host never
+// advertises two trees.
+func TestFleetHostChangeRetiresOldTree(t *testing.T) {
+	srv := tplacement.Start(t)
+	c, err := placementapi.New(placementapi.Config{Endpoint: srv.URL(), Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := simhost.Start(t, simhost.Options{})
+	simhost.DefineTenant(t, h.Manager, "acme")
+	d := &daemon{mgr: h.Manager, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r := newFleetRunner()
+	t.Cleanup(func() { r.stop(d) })
+	ctx := context.Background()
+	cfg := func(host string) *FleetConfig {
+		return &FleetConfig{Endpoint: srv.URL(), Host: host, SyncInterval: Duration{time.Hour}}
+	}
+	treeOf := func(host string) int {
+		tree, err := c.Tree(ctx, fleet.RootUUID(host))
+		if err != nil {
+			return -1
+		}
+		return len(tree)
+	}
+	if err := r.apply(ctx, d, cfg("old-host")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "the old host's tree published", 30*time.Second, func() bool { return treeOf("old-host") == 5 })
+	inst := simhost.MustCreate(t, h.Manager, "acme", "L4-4Q", sim.DefaultL4)
+	running := r.syncer
+	if err := r.apply(ctx, d, cfg("new-host")); !errors.Is(err, errFleetTreeInUse) || r.syncer != running || r.cancel == nil {
+		t.Fatalf("host change with an instance = %v (syncer kept: %v)", err, r.syncer == running)
+	}
+	if err := h.Manager.Destroy(ctx, inst.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.apply(ctx, d, cfg("new-host")); err != nil {
+		t.Fatal(err)
+	}
+	if n := treeOf("old-host"); n != 0 {
+		t.Fatalf("the old tree holds %d providers after the host changed", n)
+	}
+	testenv.WaitFor(t, "the new host's tree published", 30*time.Second, func() bool { return treeOf("new-host") == 5 })
 }
