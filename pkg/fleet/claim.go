@@ -241,6 +241,22 @@ func schedulersToWrite(p *gpuProvider, consumer string, have map[string]map[stri
 	return false
 }
 
+// owner says whose an allocation is, for fleet status: the project, user
+// and consumer type Placement holds for consumer (a scheduler's claim shows
+// its tenant's project and user; Nova's, written at microversion 1.36,
+// have consumer_type "unknown"), "" when they cannot be read.
+func (s *Syncer) owner(ctx context.Context, consumer string) string {
+	cons, err := s.c.Consumer(ctx, consumer)
+	if err != nil || (cons.ProjectID == "" && cons.UserID == "") {
+		return ""
+	}
+	typ := cons.ConsumerType
+	if typ == "" {
+		typ = "unknown"
+	}
+	return fmt.Sprintf(" (project %s, user %s, consumer_type %s)", cons.ProjectID, cons.UserID, typ)
+}
+
 // Settle brings one GPU's provider up to date right after the manager
 // changed the GPU, before the operation returns: the allocation of an
 // instance just destroyed goes, and the GPU's inventories are published
