@@ -131,6 +131,8 @@ func (op *fleetOp) end(err error) error {
 // fragmented slots) the refusal's own words.
 func (m *Manager) roomTaken(gpuUUID, instance string, refusal error) string {
 	var out string
+	// A store that cannot be read leaves out empty: the refusal's own
+	// words are the message then, and the create is refused either way.
 	_ = m.db.View(func(tx *store.Tx) error {
 		s, err := m.snapshot(tx)
 		if err != nil {
