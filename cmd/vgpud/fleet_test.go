@@ -41,12 +41,16 @@ func TestConfigFleetSection(t *testing.T) {
 	}
 	for _, bad := range []string{
 		"fleet:\n  endpoint: placement:8778\n",
+		"fleet:\n  endpoint: http://admin:secret@p:8778\n",
+		"fleet:\n  endpoint: http://p:99999\n",
 		"fleet:\n  endpoint: http://p:8778\n  parentUUID: nope\n",
 		"fleet:\n  endpoint: http://p:8778\n  grace: -1s\n",
 		"fleet:\n  endpoint: http://p:8778\n  rootUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d2\n  parentUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d3\n",
 	} {
 		if _, err := loadWith(t, "version: v1\n"+bad); err == nil {
 			t.Errorf("accepted %q", bad)
+		} else if strings.Contains(err.Error(), "secret") {
+			t.Errorf("the refusal of %q shows the password: %v", bad, err)
 		}
 	}
 	if !reloadableKeys["fleet"] {
