@@ -92,6 +92,7 @@ const (
 	exitGPULost     = 9 // GPULost
 	exitUnavailable = 10
 	exitTimeout     = 11
+	exitStale       = 12 // StaleClaim: the fleet scheduler's allocation is stale; reschedule
 	exitInterrupted = 130
 )
 
@@ -107,6 +108,7 @@ var exitCodes = map[string]int{
 	dbusapi.NameUnavailable:     exitUnavailable,
 	dbusapi.NameTimeout:         exitTimeout,
 	dbusapi.NameBackendFailure:  exitFailure,
+	dbusapi.NameStaleClaim:      exitStale,
 }
 
 // usageError is a mistake on the command line.

@@ -287,6 +287,7 @@ func TestExitCodes(t *testing.T) {
 		{"busy", &dbusapi.Error{Name: dbusapi.NameBusy, Message: "retry"}, []string{"gpus"}, exitBusy, "Busy"},
 		{"conflict", &dbusapi.Error{Name: dbusapi.NameConflict, Message: "other VM"}, []string{"gpus"}, exitConflict, "Conflict"},
 		{"gpu lost", &dbusapi.Error{Name: dbusapi.NameGPULost, Message: "fell off"}, []string{"gpus"}, exitGPULost, "GPULost"},
+		{"stale claim", &dbusapi.Error{Name: dbusapi.NameStaleClaim, Message: "the fleet's allocation for x is stale"}, []string{"gpus"}, exitStale, "StaleClaim"},
 		{"invalid argument", &dbusapi.Error{Name: dbusapi.NameInvalidArgument, Message: "bad profile"}, []string{"gpus"}, exitUsage, "InvalidArgument"},
 		{"backend", &dbusapi.Error{Name: dbusapi.NameBackendFailure, Message: "driver"}, []string{"gpus"}, exitFailure, "BackendFailure: driver"},
 		{"unavailable", &dbusapi.Error{Name: dbusapi.NameUnavailable, Message: "vgpud is not running"}, []string{"gpus"}, exitUnavailable, "Unavailable"},

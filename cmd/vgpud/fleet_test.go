@@ -1,8 +1,30 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vgpud/vgpud/internal/testenv"
+	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/fleet"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
 func TestConfigFleetSection(t *testing.T) {
@@ -19,15 +41,162 @@ func TestConfigFleetSection(t *testing.T) {
 	}
 	for _, bad := range []string{
 		"fleet:\n  endpoint: placement:8778\n",
+		"fleet:\n  endpoint: http://admin:secret@p:8778\n",
+		"fleet:\n  endpoint: http://p:99999\n",
 		"fleet:\n  endpoint: http://p:8778\n  parentUUID: nope\n",
 		"fleet:\n  endpoint: http://p:8778\n  grace: -1s\n",
 		"fleet:\n  endpoint: http://p:8778\n  rootUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d2\n  parentUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d3\n",
 	} {
 		if _, err := loadWith(t, "version: v1\n"+bad); err == nil {
 			t.Errorf("accepted %q", bad)
+		} else if strings.Contains(err.Error(), "secret") {
+			t.Errorf("the refusal of %q shows the password: %v", bad, err)
 		}
 	}
 	if !reloadableKeys["fleet"] {
 		t.Fatal("fleet is not applied on SIGHUP")
 	}
+}
+
+// tokenServer is a Placement stand-in that records the token of each
+// request (the version check apply makes is enough here).
+type tokenServer struct {
+	mu     sync.Mutex
+	tokens []string
+}
+
+func (s *tokenServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.tokens = append(s.tokens, r.Header.Get("X-Auth-Token"))
+	s.mu.Unlock()
+	http.Error(w, "no", http.StatusServiceUnavailable)
+}
+
+func (s *tokenServer) saw(tok string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Contains(s.tokens, tok)
+}
+
+// TestFleetTokenFile: the token file is re-read on every apply (a rotated
+// token at the same path reaches Placement), one that cannot be used (gone,
+// a FIFO, open to other users) is refused at once by name with the running
+// syncer kept, and a FIFO does not hold the reload.
+func TestFleetTokenFile(t *testing.T) {
+	ts := &tokenServer{}
+	srv := httptest.NewServer(ts)
+	t.Cleanup(srv.Close)
+	h := simhost.Start(t, simhost.Options{})
+	d := &daemon{mgr: h.Manager, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r := newFleetRunner()
+	t.Cleanup(func() { r.stop(d) })
+	ctx := context.Background()
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	if err := os.WriteFile(tok, []byte("first\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := func() *FleetConfig {
+		return &FleetConfig{Endpoint: srv.URL, TokenFile: tok, Host: "hosta", SyncInterval: Duration{time.Hour}}
+	}
+	if err := r.apply(ctx, d, cfg()); err != nil || !ts.saw("first") {
+		t.Fatalf("apply = %v; Placement saw %v", err, ts.tokens)
+	}
+	// Rotated in place: the same settings, a new token.
+	if err := os.WriteFile(tok, []byte("second\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.apply(ctx, d, cfg()); err != nil || !ts.saw("second") || r.token != "second" {
+		t.Fatalf("apply after rotation = %v; Placement saw %v", err, ts.tokens)
+	}
+	running := r.syncer
+	kept := func(what string, err error, want error) {
+		t.Helper()
+		if !errors.Is(err, want) {
+			t.Fatalf("%s: apply = %v, want %v", what, err, want)
+		}
+		if r.syncer != running || r.cancel == nil || r.token != "second" {
+			t.Fatalf("%s: the running syncer was not kept", what)
+		}
+	}
+	for _, mode := range []os.FileMode{0o644, 0o602, 0o666} {
+		if err := os.Chmod(tok, mode); err != nil {
+			t.Fatal(err)
+		}
+		err := r.apply(ctx, d, cfg())
+		kept(fmt.Sprintf("mode %04o", mode), err, errTokenFileMode)
+		if !strings.Contains(err.Error(), "chmod 600") {
+			t.Fatalf("mode %04o: %v does not say which mode to set", mode, err)
+		}
+	}
+	if err := os.Remove(tok); err != nil {
+		t.Fatal(err)
+	}
+	kept("gone", r.apply(ctx, d, cfg()), fs.ErrNotExist)
+	if err := syscall.Mkfifo(tok, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.apply(ctx, d, cfg()) }()
+	select {
+	case err := <-done:
+		kept("fifo", err, errTokenFileKind)
+	case <-time.After(20 * time.Second):
+		t.Fatal("apply with a FIFO as token file did not return")
+	}
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, make([]byte, maxTokenFile+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := cfg()
+	c.TokenFile = big
+	kept("too large", r.apply(ctx, d, c), errTokenFileSize)
+}
+
+// TestFleetHostChangeRetiresOldTree: a reload that moves the host to
+// another provider tree (fleet.host changed) is refused while the host
+// has instances, the running sync kept; with none, the old tree is removed
+// from Placement before the new one is published, so one host never
+// advertises two trees.
+func TestFleetHostChangeRetiresOldTree(t *testing.T) {
+	srv := tplacement.Start(t)
+	c, err := placementapi.New(placementapi.Config{Endpoint: srv.URL(), Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := simhost.Start(t, simhost.Options{})
+	simhost.DefineTenant(t, h.Manager, "acme")
+	d := &daemon{mgr: h.Manager, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r := newFleetRunner()
+	t.Cleanup(func() { r.stop(d) })
+	ctx := context.Background()
+	cfg := func(host string) *FleetConfig {
+		return &FleetConfig{Endpoint: srv.URL(), Host: host, SyncInterval: Duration{time.Hour}}
+	}
+	treeOf := func(host string) int {
+		tree, err := c.Tree(ctx, fleet.RootUUID(host))
+		if err != nil {
+			return -1
+		}
+		return len(tree)
+	}
+	if err := r.apply(ctx, d, cfg("old-host")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "the old host's tree published", 30*time.Second, func() bool { return treeOf("old-host") == 5 })
+	inst := simhost.MustCreate(t, h.Manager, "acme", "L4-4Q", sim.DefaultL4)
+	running := r.syncer
+	if err := r.apply(ctx, d, cfg("new-host")); !errors.Is(err, errFleetTreeInUse) || r.syncer != running || r.cancel == nil {
+		t.Fatalf("host change with an instance = %v (syncer kept: %v)", err, r.syncer == running)
+	}
+	if err := h.Manager.Destroy(ctx, inst.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.apply(ctx, d, cfg("new-host")); err != nil {
+		t.Fatal(err)
+	}
+	if n := treeOf("old-host"); n != 0 {
+		t.Fatalf("the old tree holds %d providers after the host changed", n)
+	}
+	testenv.WaitFor(t, "the new host's tree published", 30*time.Second, func() bool { return treeOf("new-host") == 5 })
 }

@@ -62,9 +62,11 @@ func (d *daemon) reload(ctx context.Context) {
 		applied = append(applied, "catalog")
 	}
 	if err := d.fleet.apply(ctx, d, next.Fleet); err != nil {
-		d.log.Error("reload: fleet settings refused; Placement sync stopped", "err", err)
+		// The running sync (or none) goes on with the settings in force.
+		d.log.Error("reload: fleet settings refused; the running fleet settings are kept", "err", err)
+	} else {
+		d.cfg.Fleet = next.Fleet
 	}
-	d.cfg.Fleet = next.Fleet
 	d.cfg.MetricsWebConfigFile = next.MetricsWebConfigFile
 	if web != nil {
 		d.metricsGate.set(web)

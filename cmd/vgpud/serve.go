@@ -146,6 +146,12 @@ func (d *daemon) start(ctx context.Context) error {
 	})
 	if degraded == "" {
 		d.notify.Status("reconciling")
+		// A fleet scheduler's create a crash cut off is settled against
+		// its allocation (docs/fleet.md): the syncer is there, not running.
+		if d.fleet == nil {
+			d.fleet = newFleetRunner()
+		}
+		d.fleet.prepare(d, cfg.Fleet)
 		rep, err := d.mgr.Reconcile(ctx)
 		if err != nil {
 			return fmt.Errorf("reconcile at start: %w", err)

@@ -372,10 +372,12 @@ type noAutoStart struct{}
 // So does a caller whose change was the last one a stopping vgpud finished:
 // the read never activates vgpud again (that would start it while
 // `systemctl stop` runs, cancelling the stop job), and finding it gone
-// is no error.
+// is no error. Nor is an object another client removed between the reply
+// and the read (NotFound): the change succeeded, and reporting it failed
+// would have a script retry what was done.
 func readBack[T any](ctx context.Context, read func(context.Context) (T, error), fallback T) (T, error) {
 	v, err := read(context.WithValue(ctx, noAutoStart{}, true))
-	if n := ErrorName(err); n == NameAccessDenied || n == NameUnavailable {
+	if n := ErrorName(err); n == NameAccessDenied || n == NameUnavailable || n == NameNotFound {
 		return fallback, nil
 	}
 	return v, err

@@ -23,6 +23,11 @@ const (
 	NameConflict        = "Conflict"
 	NameGPULost         = "GPULost"
 	NameBackendFailure  = "BackendFailure"
+	// NameStaleClaim: a fleet scheduler's allocation (placement-consumer)
+	// names room the host no longer has, or was deleted while the create
+	// ran; the scheduler deletes its allocation and tries its next
+	// candidate.
+	NameStaleClaim = "StaleClaim"
 
 	// The client reports these two itself; the daemon sends Unavailable
 	// only from GetFleetStatus (no fleet configured, Placement down).
@@ -37,7 +42,7 @@ const (
 // ErrorNames lists the daemon's error names (without ErrorPrefix).
 var ErrorNames = []string{
 	NameQuotaExceeded, NameNoCapacity, NameNotFound, NameInvalidArgument, NameAccessDenied,
-	NameBusy, NameConflict, NameGPULost, NameBackendFailure,
+	NameBusy, NameConflict, NameGPULost, NameBackendFailure, NameStaleClaim,
 }
 
 // toDBusError is the one place an error becomes a D-Bus error: the name

@@ -11,7 +11,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 
 	mgr := &ifaceDef{
 		name: ManagerInterface,
-		doc:  "vgpud's manager: GPUs carved into MIG instances and vGPUs, attached to libvirt VMs, held to tenant quotas. Reads need root or group vgpud; changes need root, group vgpud or the polkit action dev.vgpud1.manage. Errors are dev.vgpud1.Error.{QuotaExceeded,NoCapacity,NotFound,InvalidArgument,AccessDenied,Busy,Conflict,GPULost,BackendFailure}, whose message says what to do next.",
+		doc:  "vgpud's manager: GPUs carved into MIG instances and vGPUs, attached to libvirt VMs, held to tenant quotas. Reads need root or group vgpud; changes need root, group vgpud or the polkit action dev.vgpud1.manage. Errors are dev.vgpud1.Error.{QuotaExceeded,NoCapacity,NotFound,InvalidArgument,AccessDenied,Busy,Conflict,GPULost,BackendFailure,StaleClaim}, whose message says what to do next.",
 		methods: []*methodDef{
 			{name: "ListGPUs", access: accessRead, fn: s.listGPUs,
 				doc: "The host's GPUs.",
@@ -50,7 +50,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 					{name: "free_after", doc: "Capacity left once it is placed, as GetCapacity."},
 				}},
 			{name: "CreateInstance", access: accessManage, fn: s.createInstance,
-				doc: "Admit (quota and capacity, atomically with other requests) and carve one instance. A compute-instance profile (`1c.3g.40gb`) goes into a GPU instance of the tenant's with room, else into a new one. A failure undoes every finished step. Options: gpu (s) pins the GPU; uuid (s) sets the instance's UUID, making retries idempotent; affinity (s): none, spread or pack; placement-consumer (s): the consumer UUID of a Placement allocation a fleet scheduler wrote, which the create honours or refuses (NotFound, InvalidArgument, NoCapacity when stale); it becomes the instance's UUID.",
+				doc: "Admit (quota and capacity, atomically with other requests) and carve one instance. A compute-instance profile (`1c.3g.40gb`) goes into a GPU instance of the tenant's with room, else into a new one. A failure undoes every finished step. Options: gpu (s) pins the GPU; uuid (s) sets the instance's UUID, making retries idempotent; affinity (s): none, spread or pack; placement-consumer (s): the consumer UUID of a Placement allocation a fleet scheduler wrote, which the create honours or refuses (NotFound: no allocation; InvalidArgument: another host, class or GPU than the gpu option; StaleClaim: the host no longer has that room, or the allocation was deleted while the create ran, and nothing is left on the host); it becomes the instance's UUID.",
 				in:  []arg{{name: "tenant", doc: "Tenant that holds it."}, {name: "profile", doc: "Profile: a MIG profile (3g.40gb, H100-3g.40gb, MODEL/3g.40gb), a vGPU type (L4-4Q) or passthrough."}, optsArg},
 				out: []arg{{name: "object", doc: "Object of the new instance."}, {name: "uuid", doc: "Its UUID."}}},
 			{name: "DestroyInstance", access: accessManage, fn: s.destroyInstance,

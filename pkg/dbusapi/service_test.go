@@ -230,6 +230,7 @@ func TestDBusErrorMapping(t *testing.T) {
 		manager.ErrQuotaExceeded: NameQuotaExceeded, manager.ErrNoCapacity: NameNoCapacity, manager.ErrNotFound: NameNotFound,
 		manager.ErrInvalidArgument: NameInvalidArgument, manager.ErrAccessDenied: NameAccessDenied, manager.ErrBusy: NameBusy,
 		manager.ErrConflict: NameConflict, manager.ErrGPULost: NameGPULost, manager.ErrBackendFailure: NameBackendFailure,
+		manager.ErrStaleClaim: NameStaleClaim,
 	}
 	if len(sentinels) != len(ErrorNames) {
 		t.Fatalf("%d sentinels, %d names", len(sentinels), len(ErrorNames))

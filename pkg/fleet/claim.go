@@ -223,6 +223,40 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 	return err
 }
 
+// schedulersToWrite reports whether consumer's allocation on p is a fleet
+// scheduler's to write, not the sync's: a create for the scheduler's
+// consumer still running (or cut off by a crash, until the start-up
+// reconcile settles it) whose allocation Placement does not hold. The
+// scheduler deleted it (it gave up, and may have placed the consumer
+// elsewhere): writing it back would hold an instance nobody owns.
+func schedulersToWrite(p *gpuProvider, consumer string, have map[string]map[string]int) bool {
+	if _, ok := have[consumer]; ok {
+		return false
+	}
+	for _, c := range p.gpu.Instances {
+		if c.Instance == consumer {
+			return c.Unconfirmed
+		}
+	}
+	return false
+}
+
+// owner says whose an allocation is, for fleet status: the project, user
+// and consumer type Placement holds for consumer (a scheduler's claim shows
+// its tenant's project and user; Nova's, written at microversion 1.36,
+// have consumer_type "unknown"), "" when they cannot be read.
+func (s *Syncer) owner(ctx context.Context, consumer string) string {
+	cons, err := s.c.Consumer(ctx, consumer)
+	if err != nil || (cons.ProjectID == "" && cons.UserID == "") {
+		return ""
+	}
+	typ := cons.ConsumerType
+	if typ == "" {
+		typ = "unknown"
+	}
+	return fmt.Sprintf(" (project %s, user %s, consumer_type %s)", cons.ProjectID, cons.UserID, typ)
+}
+
 // Settle brings one GPU's provider up to date right after the manager
 // changed the GPU, before the operation returns: the allocation of an
 // instance just destroyed goes, and the GPU's inventories are published

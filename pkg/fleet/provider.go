@@ -134,7 +134,7 @@ func (s *Syncer) syncAllocations(ctx context.Context, p *gpuProvider) error {
 	}
 	var errs []error
 	for consumer, want := range p.allocs {
-		if sameResources(have[consumer], want) {
+		if sameResources(have[consumer], want) || schedulersToWrite(p, consumer, have) {
 			continue
 		}
 		if !s.src.HasInstance(consumer) {

@@ -159,12 +159,12 @@ func (s *Syncer) compareProvider(ctx context.Context, p *gpuProvider, inTree map
 		case !ok:
 			diffs = append(diffs, Difference{Kind: DiffAllocationMissing, Provider: p.name, Subject: consumer, Host: resString(p.allocs[consumer]), Placement: "none"})
 		case !sameResources(got, p.allocs[consumer]):
-			diffs = append(diffs, Difference{Kind: DiffAllocationDiffers, Provider: p.name, Subject: consumer, Host: resString(p.allocs[consumer]), Placement: resString(got)})
+			diffs = append(diffs, Difference{Kind: DiffAllocationDiffers, Provider: p.name, Subject: consumer, Host: resString(p.allocs[consumer]), Placement: resString(got) + s.owner(ctx, consumer)})
 		}
 	}
 	for _, consumer := range sortedKeys(allocs) {
 		if _, ok := p.allocs[consumer]; !ok {
-			diffs = append(diffs, Difference{Kind: DiffAllocationStale, Provider: p.name, Subject: consumer, Host: "no instance", Placement: resString(allocs[consumer])})
+			diffs = append(diffs, Difference{Kind: DiffAllocationStale, Provider: p.name, Subject: consumer, Host: "no instance", Placement: resString(allocs[consumer]) + s.owner(ctx, consumer)})
 		}
 	}
 	return ps, diffs, nil

@@ -77,6 +77,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	}
 	m.crash(CrashCreateIntent)
 	rec, err = m.carve(ctx, rec, intent, started)
+	if err == nil && claim != nil && claim.adopted {
+		if err := m.fleetKeep(ctx, rec); err != nil {
+			return store.Instance{}, err
+		}
+	}
 	if err == nil {
 		// A scheduler's next look at the fleet sees the room this took.
 		m.fleetSettle(ctx, rec.GPUUUID, "")
@@ -184,6 +189,7 @@ func (m *Manager) record(req CreateRequest, d decision) store.Instance {
 		GIProfileID: -1, GIStart: -1, GIID: -1, CIProfileID: -1, CIID: -1,
 		VRAMBytes: d.o.vram(), ComputeMilli: d.o.compute(), State: store.StateCreating,
 		Reason: d.reason, Created: m.now(), Updated: m.now(),
+		FleetConsumer: req.PlacementConsumer != "",
 	}
 	if d.o.gi != nil {
 		r.GIProfileID, r.GISize = d.o.gi.ID, d.o.gi.Size

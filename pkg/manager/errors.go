@@ -27,12 +27,21 @@ var (
 	ErrConflict        = errors.New("conflict")
 	ErrGPULost         = errors.New("GPU lost")
 	ErrBackendFailure  = errors.New("backend failure")
+	// ErrStaleClaim: a fleet scheduler's allocation (placement-consumer)
+	// names room this host no longer has, or was deleted while its create
+	// ran. The scheduler deletes its allocation and tries its next
+	// candidate. Errors wrapping it usually wrap ErrNoCapacity too; Name
+	// reports StaleClaim.
+	ErrStaleClaim = errors.New("stale claim")
 )
 
 // Name returns the sentinel's short name ("QuotaExceeded"), the suffix of
 // the D-Bus error name; "BackendFailure" for anything else.
 func Name(err error) string {
 	switch {
+	case errors.Is(err, ErrStaleClaim):
+		// Before NotFound and NoCapacity, which a stale claim may wrap.
+		return "StaleClaim"
 	case errors.Is(err, ErrNotFound):
 		return "NotFound"
 	case errors.Is(err, ErrInvalidArgument):

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/google/uuid"
@@ -68,6 +69,11 @@ type FleetClaim struct {
 	// Incomplete marks an adopted allocation that lacks the shared units
 	// above (see Fleet.Complete).
 	Incomplete bool
+	// Unconfirmed marks the create of a fleet scheduler's consumer that has
+	// not finished: its allocation is the scheduler's to write or delete,
+	// and the fleet never writes it back (a scheduler that gave up deleted
+	// it on purpose).
+	Unconfirmed bool
 }
 
 type fleetHolder struct{ f Fleet }
@@ -95,10 +101,16 @@ type fleetOp struct {
 	instance string
 	claimed  bool // a claim this create wrote (dropped when it fails)
 	adopted  bool // a scheduler's allocation (never dropped here)
+	// For an adopted create: the manager, the GPU and the profile the
+	// allocation names, which a stale refusal reports.
+	m       *Manager
+	gpu     gpu.GPU
+	profile string
 }
 
 // end drops a claim the failed create wrote and names a refused adopted
-// create as stale. A nil op passes err through.
+// create as stale (ErrStaleClaim), with this host's GPU and what took the
+// room there. A nil op passes err through.
 func (op *fleetOp) end(err error) error {
 	if op == nil || err == nil {
 		return err
@@ -107,9 +119,54 @@ func (op *fleetOp) end(err error) error {
 		op.f.Unclaim(op.instance)
 	}
 	if op.adopted && errors.Is(err, ErrNoCapacity) {
-		return fmt.Errorf("the fleet's allocation for %s is stale (the host no longer has that room; delete the allocation and try another candidate): %w", op.instance, err)
+		return fail(ErrStaleClaim, err, "the fleet's allocation for %s is stale: GPU %s (%s) no longer has room for %s: %s; delete the allocation and try another candidate",
+			op.instance, op.gpu.PCI, op.gpu.Model, op.profile, op.m.roomTaken(op.gpu.UUID, op.instance, err))
 	}
 	return err
+}
+
+// roomTaken says what holds GPU gpuUUID now, for a stale claim's message:
+// the GPU's state when it is unavailable, else the instances carved there
+// (other than instance), else (a claim Placement holds, not carved yet;
+// fragmented slots) the refusal's own words.
+func (m *Manager) roomTaken(gpuUUID, instance string, refusal error) string {
+	var out string
+	// A store that cannot be read leaves out empty: the refusal's own
+	// words are the message then, and the create is refused either way.
+	_ = m.db.View(func(tx *store.Tx) error {
+		s, err := m.snapshot(tx)
+		if err != nil {
+			return err
+		}
+		g := m.gpuOf(s, gpuUUID)
+		if g == nil {
+			out = "the GPU is gone"
+			return nil
+		}
+		if why := s.unavailable(g); why != "" {
+			out = "the GPU is " + why
+			return nil
+		}
+		var held []string
+		for _, r := range s.byGPU[gpuUUID] {
+			if r.UUID != instance {
+				held = append(held, fmt.Sprintf("%s %s (tenant %s)", r.Profile, r.UUID, r.Tenant))
+			}
+		}
+		sort.Strings(held)
+		const most = 4
+		if n := len(held); n > most {
+			held = append(held[:most], fmt.Sprintf("%d more", n-most))
+		}
+		if len(held) > 0 {
+			out = "it holds " + strings.Join(held, ", ")
+		}
+		return nil
+	})
+	if out == "" {
+		out = Message(refusal)
+	}
+	return out
 }
 
 // fleetBegin adopts the scheduler's allocation of a request that names
@@ -178,6 +235,18 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 	if err != nil {
 		return nil, fail(ErrInvalidArgument, err, "the allocation of consumer %s names GPU %s, which this host does not have", req.UUID, c.GPU)
 	}
+	if req.GPU != "" {
+		// An explicit GPU and the scheduler's allocation must agree: the
+		// allocation is what Placement counts, so carving elsewhere would
+		// leave the two apart.
+		pinned, err := m.gpuByAnyID(req.GPU)
+		if err != nil {
+			return nil, err
+		}
+		if pinned.UUID != g.UUID {
+			return nil, fail(ErrInvalidArgument, nil, "the allocation of consumer %s is on GPU %s (%s), not on the requested GPU %s (%s); drop --gpu or claim that GPU", req.UUID, g.PCI, g.Model, pinned.PCI, pinned.Model)
+		}
+	}
 	ok := false
 	for _, o := range offers {
 		if o.model.Name == g.Model && o.name() == c.Profile && o.kind == c.Kind && m.fleetSlices(&g, o) == c.Slices {
@@ -188,7 +257,7 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 		return nil, fail(ErrInvalidArgument, nil, "the allocation of consumer %s is for %s (%d slices) on GPU %s; the request asks %s", req.UUID, c.Profile, c.Slices, g.PCI, req.Profile)
 	}
 	req.GPU = g.UUID
-	op := &fleetOp{f: f, instance: req.UUID, adopted: true}
+	op := &fleetOp{f: f, instance: req.UUID, adopted: true, m: m, gpu: g, profile: c.Profile}
 	if !c.Incomplete {
 		return op, nil
 	}
@@ -205,6 +274,49 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 		return nil, op.end(classify(err, "complete the allocation of consumer %s", req.UUID))
 	}
 	return op, nil
+}
+
+// fleetConfirms says why a fleet scheduler's create must not be kept
+// ("" when it may): the scheduler's allocation is the truth, and a
+// scheduler that saw the create fail or time out may have deleted it and
+// placed the same consumer elsewhere. Only an allocation that still names
+// the record's GPU and profile confirms it. unknown says the fleet could
+// not be asked (none configured, Placement not answering).
+func (m *Manager) fleetConfirms(ctx context.Context, rec *store.Instance) (why string, unknown bool) {
+	f := m.fleetOf()
+	if f == nil {
+		return "no fleet is configured to confirm the scheduler's allocation", true
+	}
+	want, ok := m.claimOf(rec)
+	if !ok {
+		return "the record names no profile the fleet publishes", false
+	}
+	c, err := f.Adopt(ctx, rec.UUID)
+	if err != nil {
+		return Message(err), !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalidArgument)
+	}
+	if c.GPU != rec.GPUUUID || c.Profile != want.Profile || c.Kind != want.Kind {
+		return fmt.Sprintf("the allocation now names %s on GPU %s, not %s on GPU %s", c.Profile, c.GPU, want.Profile, rec.GPUPCI), false
+	}
+	return "", false
+}
+
+// fleetKeep checks, once a fleet scheduler's create has carved, that the
+// scheduler still holds its allocation here: one that gave up meanwhile
+// (deleted it, maybe placed the consumer elsewhere) gets the instance
+// undone and the create refused, so that no instance nobody owns is left
+// on the host. A fleet that does not answer keeps the instance (the
+// allocation was read at the create's start).
+func (m *Manager) fleetKeep(ctx context.Context, rec store.Instance) error {
+	why, unknown := m.fleetConfirms(ctx, &rec)
+	if why == "" || unknown {
+		return nil
+	}
+	m.log.Warn("a fleet create is undone: its scheduler's allocation was deleted or moved while it ran", "instance", rec.UUID, "gpu", rec.GPUPCI, "why", why)
+	if err := m.Destroy(ctx, rec.UUID, DestroyOptions{}); err != nil && !errors.Is(err, ErrNotFound) {
+		return fail(ErrStaleClaim, err, "the fleet's allocation for %s went while the create ran (%s), and undoing the instance failed", rec.UUID, why)
+	}
+	return fail(ErrStaleClaim, nil, "the fleet's allocation for %s went while the create ran (%s); the instance was undone on GPU %s (%s): place it again", rec.UUID, why, rec.GPUPCI, rec.Model)
 }
 
 // fleetSettle tells the fleet, if there is one, that an operation changed
@@ -531,7 +643,7 @@ func (m *Manager) passthroughClass(s *snapshot, fg *FleetGPU) {
 // many share it. A whole GPU's slices are filled in by fleetView, which
 // knows whether the GPU is in MIG mode.
 func (m *Manager) claimOf(r *store.Instance) (FleetClaim, bool) {
-	c := FleetClaim{Instance: r.UUID, GPU: r.GPUUUID, Kind: r.Kind}
+	c := FleetClaim{Instance: r.UUID, GPU: r.GPUUUID, Kind: r.Kind, Unconfirmed: r.FleetConsumer && r.State == store.StateCreating}
 	switch r.Kind {
 	case store.KindMIG:
 		if r.CISlices > 0 {

@@ -56,8 +56,9 @@ func (m *Manager) dropIntent(id string) error {
 	return m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(id) })
 }
 
-// resolveCreate commits a create whose parts are all on the host, and
-// otherwise releases the parts it finds (by placement and device: a crash
+// resolveCreate commits a create whose parts are all on the host (for a
+// fleet scheduler's consumer, only while its allocation still names it:
+// fleetConfirms), and otherwise releases the parts it finds (by placement and device: a crash
 // can fall between a driver call and its record) and drops the record.
 func (m *Manager) resolveCreate(ctx context.Context, it store.Intent, rec store.Instance, missing bool, rep *ReconcileReport) error {
 	if missing {
@@ -67,7 +68,14 @@ func (m *Manager) resolveCreate(ctx context.Context, it store.Intent, rec store.
 	// An mdev with the record's UUID that the create never wrote is
 	// another's: it neither completes the record nor is released with it.
 	vg = vg && mdevMayBeOurs(&rec, intentWrote(it), nil)
-	if complete(&rec, gi, ci, vg) {
+	done := complete(&rec, gi, ci, vg)
+	if done && rec.FleetConsumer {
+		if why, _ := m.fleetConfirms(ctx, &rec); why != "" {
+			m.log.Warn("a fleet create cut off is undone: its scheduler's allocation does not confirm it", "instance", rec.UUID, "gpu", rec.GPUPCI, "why", why)
+			done = false
+		}
+	}
+	if done {
 		rec.State, rec.Updated = store.StateReady, m.now()
 		if err := m.db.Update(func(tx *store.Tx) error {
 			if err := tx.PutInstance(&rec); err != nil {

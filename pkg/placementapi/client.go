@@ -92,7 +92,17 @@ type Client struct {
 func New(cfg Config) (*Client, error) {
 	u, err := url.Parse(strings.TrimRight(cfg.Endpoint, "/"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("placement endpoint %q is not an http(s) URL: %w", cfg.Endpoint, ErrBadRequest)
+		return nil, fmt.Errorf("placement endpoint %q is not an http(s) URL: %w", redact(cfg.Endpoint), ErrBadRequest)
+	}
+	if u.User != nil {
+		// A password there would be shown wherever the endpoint is (fleet
+		// status, the log); the credential belongs in the token file.
+		return nil, fmt.Errorf("placement endpoint %s carries user information; put the credential in fleet.tokenFile and leave it out of the URL: %w", redact(cfg.Endpoint), ErrBadRequest)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("placement endpoint %s: port %s is not 1 to 65535: %w", redact(cfg.Endpoint), p, ErrBadRequest)
+		}
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
@@ -115,6 +125,27 @@ func New(cfg Config) (*Client, error) {
 		},
 	}
 	return &Client{cfg: cfg, base: u, http: hc}, nil
+}
+
+// redact hides the user information of an endpoint that may not parse as a
+// URL at all: everything between "//" and the last "@" before the path.
+func redact(endpoint string) string {
+	rest, ok := strings.CutPrefix(endpoint, "//")
+	scheme := ""
+	if i := strings.Index(endpoint, "://"); i >= 0 {
+		scheme, rest, ok = endpoint[:i+3], endpoint[i+3:], true
+	}
+	if !ok {
+		return endpoint
+	}
+	auth, path := rest, ""
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		auth, path = rest[:i], rest[i:]
+	}
+	if i := strings.LastIndex(auth, "@"); i >= 0 {
+		return scheme + "xxxxx@" + auth[i+1:] + path
+	}
+	return endpoint
 }
 
 // Requests is how many HTTP exchanges the client has made.

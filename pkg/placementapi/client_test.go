@@ -30,6 +30,28 @@ func TestNewRefusesBadEndpoints(t *testing.T) {
 	}
 }
 
+// TestNewRefusesCredentialsAndBadPorts: a password in the URL is refused
+// (it would be shown in fleet status and the log) without being echoed,
+// and so is a port outside 1-65535.
+func TestNewRefusesCredentialsAndBadPorts(t *testing.T) {
+	for _, ep := range []string{"http://admin:s3cret@placement:8778", "http://s3cret@placement:8778/x", "http://u:s3cret@placement:99999", "http://u:s3cret@[::1"} {
+		_, err := New(Config{Endpoint: ep})
+		if !errors.Is(err, ErrBadRequest) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("New(%q) = %v, want ErrBadRequest without the password", ep, err)
+		}
+	}
+	for _, ep := range []string{"http://placement:99999", "http://placement:0", "https://placement:65536/"} {
+		if _, err := New(Config{Endpoint: ep}); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "port") {
+			t.Errorf("New(%q) = %v, want ErrBadRequest naming the port", ep, err)
+		}
+	}
+	for _, ep := range []string{"http://placement:8778", "https://placement", "http://[::1]:65535/placement"} {
+		if _, err := New(Config{Endpoint: ep}); err != nil {
+			t.Errorf("New(%q) = %v", ep, err)
+		}
+	}
+}
+
 // TestHeaders: every request names the microversion and the token.
 func TestHeaders(t *testing.T) {
 	c := serve(t, func(w http.ResponseWriter, r *http.Request) {

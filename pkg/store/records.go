@@ -81,6 +81,13 @@ type Instance struct {
 	VRAMBytes    uint64 `json:"vramBytes"`
 	ComputeMilli uint64 `json:"computeMilli"`
 
+	// FleetConsumer marks an instance created for a fleet scheduler's
+	// Placement consumer (placement-consumer): its allocation is the
+	// scheduler's, so a create of it cut off by a crash is finished only
+	// while that allocation still names it, and the sync never writes the
+	// allocation of such a create before it finishes.
+	FleetConsumer bool `json:"fleetConsumer,omitempty"`
+
 	State   InstanceState `json:"state"`
 	Reason  string        `json:"reason,omitempty"`
 	Created time.Time     `json:"created"`

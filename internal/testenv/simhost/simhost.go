@@ -54,6 +54,10 @@ type Options struct {
 	// NoReconcile leaves the manager as New made it, for a caller that
 	// refreshes or reconciles itself.
 	NoReconcile bool
+	// BeforeReconcile, when set, is given each new manager before its
+	// start-up reconcile, as the daemon sets the fleet there (a fleet
+	// scheduler's create cut off by a crash is settled against it).
+	BeforeReconcile func(*manager.Manager)
 }
 
 // Host is the simulated host and the manager over it.
@@ -137,6 +141,9 @@ func (h *Host) start(ctx context.Context) error {
 	}
 	h.Manager = manager.New(c)
 	h.Report = manager.ReconcileReport{}
+	if h.opts.BeforeReconcile != nil {
+		h.opts.BeforeReconcile(h.Manager)
+	}
 	if h.opts.NoReconcile {
 		return nil
 	}
