@@ -64,9 +64,11 @@ type fleetDaemon struct {
 	name   string
 	args   []string
 	client *dbusapi.Client
-	// root is its root provider, providers its GPU providers.
+	// root is its root provider (or the parent it publishes under),
+	// providers its GPU providers, gpus their GPUs' PCI addresses.
 	root      string
 	providers map[string]bool
+	gpus      map[string]string
 
 	mu sync.Mutex
 	// acked are the instances it acknowledged (created, not destroyed);
@@ -79,11 +81,18 @@ type fleetDaemon struct {
 // (a duration of vgpud.yaml, e.g. "2s").
 func startFleetDaemon(t *testing.T, name, spec, endpoint, interval string) *fleetDaemon {
 	t.Helper()
+	return startFleetDaemonWith(t, name, spec, endpoint, interval, "")
+}
+
+// startFleetDaemonWith starts a daemon whose fleet section also has extra
+// (lines of YAML indented under fleet:, e.g. "  parentUUID: ...\n").
+func startFleetDaemonWith(t *testing.T, name, spec, endpoint, interval, extra string) *fleetDaemon {
+	t.Helper()
 	dir := t.TempDir()
 	specPath, cfgPath := filepath.Join(dir, "host.yaml"), filepath.Join(dir, "vgpud.yaml")
 	// A short sync interval and grace keep the test short; convergence is
 	// still event-driven for every create and destroy.
-	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: %s\n  grace: 3s\n  timeout: 5s\n", endpoint, name, interval)
+	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: %s\n  grace: 3s\n  timeout: 5s\n%s", endpoint, name, interval, extra)
 	for p, s := range map[string]string{specPath: spec, cfgPath: cfg} {
 		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
 			t.Fatal(err)
@@ -172,6 +181,12 @@ func (d *fleetDaemon) Create(ctx context.Context, consumer, profile string) erro
 	return d.create(ctx, dbusapi.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer})
 }
 
+// CreateOn is the create as nova-compute would ask it: the consumer and
+// the GPU of the provider the scheduler chose (tplacement.NovaHost).
+func (d *fleetDaemon) CreateOn(ctx context.Context, consumer, profile, provider string) error {
+	return d.create(ctx, dbusapi.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer, GPU: d.gpus[provider]})
+}
+
 func (d *fleetDaemon) Destroy(ctx context.Context, id string) error {
 	err := d.client.Destroy(ctx, id, false)
 	d.mu.Lock()
@@ -237,9 +252,10 @@ func (d *fleetDaemon) learnProviders(t *testing.T) {
 	for {
 		st, err := d.client.FleetStatus(ctxFleet(t))
 		if err == nil && st.LastSync != nil && len(st.Providers) > 0 {
-			d.root, d.providers = st.Root, map[string]bool{}
+			d.root, d.providers, d.gpus = st.Root, map[string]bool{}, map[string]string{}
 			for _, p := range st.Providers {
 				d.providers[p.UUID] = true
+				d.gpus[p.UUID] = p.GPU
 			}
 			return
 		}
