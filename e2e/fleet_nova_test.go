@@ -164,7 +164,7 @@ func TestFleetNovaFlavors(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := startFleetDaemon(t, "fleet-nova", novaHostSpec, srv.URL(), "5s")
-	under := startFleetDaemonWith(t, "compute-17", novaComputeSpec, srv.URL(), "5s", "  parentUUID: "+computeNode+"\n")
+	under := startFleetDaemonWith(t, "compute-17", novaComputeSpec, srv.URL(), "5s", "3s", "  parentUUID: "+computeNode+"\n")
 	hosts := []*fleetDaemon{own, under}
 	for _, d := range hosts {
 		d.learnProviders(t)

@@ -81,18 +81,19 @@ type fleetDaemon struct {
 // (a duration of vgpud.yaml, e.g. "2s").
 func startFleetDaemon(t *testing.T, name, spec, endpoint, interval string) *fleetDaemon {
 	t.Helper()
-	return startFleetDaemonWith(t, name, spec, endpoint, interval, "")
+	return startFleetDaemonWith(t, name, spec, endpoint, interval, "3s", "")
 }
 
-// startFleetDaemonWith starts a daemon whose fleet section also has extra
-// (lines of YAML indented under fleet:, e.g. "  parentUUID: ...\n").
-func startFleetDaemonWith(t *testing.T, name, spec, endpoint, interval, extra string) *fleetDaemon {
+// startFleetDaemonWith starts a daemon with its own grace period, whose
+// fleet section also has extra (lines of YAML indented under fleet:, e.g.
+// "  parentUUID: ...\n").
+func startFleetDaemonWith(t *testing.T, name, spec, endpoint, interval, grace, extra string) *fleetDaemon {
 	t.Helper()
 	dir := t.TempDir()
 	specPath, cfgPath := filepath.Join(dir, "host.yaml"), filepath.Join(dir, "vgpud.yaml")
 	// A short sync interval and grace keep the test short; convergence is
 	// still event-driven for every create and destroy.
-	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: %s\n  grace: 3s\n  timeout: 5s\n%s", endpoint, name, interval, extra)
+	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: %s\n  grace: %s\n  timeout: 5s\n%s", endpoint, name, interval, grace, extra)
 	for p, s := range map[string]string{specPath: spec, cfgPath: cfg} {
 		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
 			t.Fatal(err)
@@ -290,7 +291,8 @@ func placementHolds(ctx context.Context, c *placementapi.Client) (map[string]map
 // the hosts' truth ("" when it does): Placement has exactly the hosts'
 // roots and GPU providers; every consumer in Placement is an instance of
 // the host whose provider holds it, and every instance has one
-// allocation; and each host's own comparison (vgpuctl fleet status, which
+// allocation; no consumer is allocated on, and no instance lives on, two
+// hosts; and each host's own comparison (vgpuctl fleet status, which
 // also compares inventories and traits) names no difference.
 func fleetDiffers(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon) string {
 	t.Helper()
@@ -301,6 +303,9 @@ func fleetDiffers(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon) st
 	}
 	var msg []string
 	want := map[string]bool{}
+	// Where each consumer is allocated and each instance lives: never on
+	// two hosts.
+	allocatedOn, livesOn := map[string][]string{}, map[string][]string{}
 	for _, h := range hosts {
 		want[h.root] = true
 		for p := range h.providers {
@@ -320,7 +325,11 @@ func fleetDiffers(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon) st
 				placed[consumer]++
 			}
 		}
+		for id := range placed {
+			allocatedOn[id] = append(allocatedOn[id], h.name)
+		}
 		for id := range host {
+			livesOn[id] = append(livesOn[id], h.name)
 			if placed[id] != 1 {
 				msg = append(msg, fmt.Sprintf("%s: instance %s has %d allocations in Placement", h.name, id, placed[id]))
 			}
@@ -336,6 +345,16 @@ func fleetDiffers(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon) st
 		}
 		for _, d := range st.Differences {
 			msg = append(msg, fmt.Sprintf("%s: vgpuctl fleet status: %s %s %s (host %s, placement %s)", h.name, d.Kind, d.Provider, d.Subject, d.Host, d.Placement))
+		}
+	}
+	for id, on := range allocatedOn {
+		if len(on) > 1 {
+			msg = append(msg, fmt.Sprintf("consumer %s is allocated on %d hosts: %v", id, len(on), on))
+		}
+	}
+	for id, on := range livesOn {
+		if len(on) > 1 {
+			msg = append(msg, fmt.Sprintf("instance %s lives on %d hosts: %v", id, len(on), on))
 		}
 	}
 	for p := range holds {

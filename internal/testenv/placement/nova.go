@@ -136,7 +136,9 @@ func StartNova(t testing.TB, endpoint string) *Nova {
 		skip(t, "python3-nova is not installed (apt-get install python3-nova)")
 	}
 	dir := t.TempDir()
-	conf := fmt.Sprintf("[DEFAULT]\nuse_stderr = true\n[placement]\nauth_type = admin_token\nendpoint = %s\ntoken = admin\nregion_name = RegionOne\n", endpoint)
+	// timeout: a Placement that stopped answering must not hang a
+	// scheduler (keystoneauth has none by default).
+	conf := fmt.Sprintf("[DEFAULT]\nuse_stderr = true\n[placement]\nauth_type = admin_token\nendpoint = %s\ntoken = admin\nregion_name = RegionOne\ntimeout = 10\n", endpoint)
 	confPath, script := filepath.Join(dir, "nova.conf"), filepath.Join(dir, "novasched.py")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -324,9 +326,9 @@ type NovaScheduler struct {
 	// Reschedule reports whether a host's refusal is one Nova retries
 	// elsewhere (a stale claim).
 	Reschedule func(error) bool
-	// OnClaimed, when set, is called after a claim succeeded and before the
-	// host is asked (a test's hook to kill a host in between).
-	OnClaimed func(consumer string, h NovaHost)
+	// First, when set, is tried before the other hosts (a test's choice of
+	// where the first attempt goes).
+	First NovaHost
 	// Counters.
 	Placed, NoCandidate, ClaimLost, Rescheduled, Refused atomic.Int64
 }
@@ -360,6 +362,13 @@ func (s *NovaScheduler) Place(ctx context.Context, f Flavor, profile, consumer s
 	if rnd != nil {
 		rnd.Shuffle(len(choices), func(i, j int) { choices[i], choices[j] = choices[j], choices[i] })
 	}
+	if s.First != nil {
+		for i, c := range choices {
+			if c.h == s.First {
+				choices[0], choices[i] = choices[i], choices[0]
+			}
+		}
+	}
 	attempts := 0
 	var last error
 	for _, c := range choices {
@@ -375,9 +384,6 @@ func (s *NovaScheduler) Place(ctx context.Context, f Flavor, profile, consumer s
 			continue
 		}
 		attempts++
-		if s.OnClaimed != nil {
-			s.OnClaimed(consumer, c.h)
-		}
 		err = c.h.CreateOn(ctx, consumer, profile, c.gpu)
 		if err == nil {
 			s.Placed.Add(1)
