@@ -120,6 +120,56 @@ func (f *novaFleet) place(t *testing.T, i int, first *fleetDaemon) (string, *fle
 	return id, h.(*fleetDaemon)
 }
 
+// reset brings the fleet back to a known state before a fault, whatever
+// an earlier one left (so that each subtest stands alone): Placement up
+// and reachable, every daemon running without a crash point, no instance
+// and no allocation on the hosts, and the fleet converged.
+func (f *novaFleet) reset(t *testing.T) {
+	t.Helper()
+	ctx := ctxFleet(t)
+	f.proxy.Release()
+	f.proxy.Restore(t)
+	if !f.srv.Running() {
+		if err := f.srv.Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range f.hosts {
+		select {
+		case <-d.done:
+			d.restart(t, "")
+		default:
+			if d.env != nil {
+				d.stop(t)
+				d.restart(t, "")
+			}
+		}
+		insts, err := d.client.Instances(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range insts {
+			if err := d.Destroy(ctx, in.UUID); err != nil {
+				t.Fatalf("%s: destroy %s: %v", d.name, in.UUID, err)
+			}
+		}
+	}
+	holds, err := placementHolds(ctx, f.pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range f.hosts {
+		for p := range d.providers {
+			for consumer := range holds[p] {
+				if err := f.pc.PutConsumer(ctx, consumer, placementapi.Consumer{}); err != nil && !errors.Is(err, placementapi.ErrNotFound) {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	awaitFleet(t, f.pc, f.hosts, 30*time.Second)
+}
+
 // converged waits until the fleet converges, within one sync interval
 // (and the margin) from now.
 func (f *novaFleet) converged(t *testing.T, what string) {
@@ -139,11 +189,12 @@ func (f *novaFleet) converged(t *testing.T, what string) {
 // came (the stall), bounded by grace plus one interval.
 func TestFleetNovaFaults(t *testing.T) {
 	f := startNovaFleet(t)
-	t.Run("stall", func(t *testing.T) { novaStall(t, f) })
+	t.Run("stall", func(t *testing.T) { f.reset(t); novaStall(t, f) })
 	t.Run("crash-create", func(t *testing.T) { novaCrashCreate(t, f) })
-	t.Run("restart-window", func(t *testing.T) { novaRestartWindow(t, f) })
-	t.Run("placement-down", func(t *testing.T) { novaPlacementDown(t, f) })
-	t.Run("placement-wiped", func(t *testing.T) { novaPlacementWiped(t, f) })
+	t.Run("restart-window", func(t *testing.T) { f.reset(t); novaRestartWindow(t, f) })
+	t.Run("placement-down", func(t *testing.T) { f.reset(t); novaPlacementDown(t, f) })
+	t.Run("placement-wiped", func(t *testing.T) { f.reset(t); novaPlacementWiped(t, f) })
+	f.reset(t)
 	for _, h := range f.hosts {
 		h.stopAndCheck(t)
 	}
@@ -277,11 +328,19 @@ func allocatedOnHost(t *testing.T, pc *placementapi.Client, d *fleetDaemon, cons
 // and the fleet converges within one interval.
 func novaCrashCreate(t *testing.T, f *novaFleet) {
 	a := f.host("fleet-a")
-	// A MIG-backed vGPU goes through every step: GPU instance, compute
-	// instance, the VF's vGPU type, the record.
-	const flavor = 4 // H100XM-2-20C
-	for _, point := range []string{manager.CrashCreateIntent, manager.CrashCreateGI, manager.CrashCreateCI, manager.CrashCreateVGPU, manager.CrashCreateCommit} {
+	// A MIG-backed vGPU (H100XM-2-20C) goes through the GPU instance, the
+	// VF's vGPU type and the record; a compute instance is a MIG
+	// profile's (1g.10gb).
+	for _, c := range []struct {
+		point  string
+		flavor int
+	}{
+		{manager.CrashCreateIntent, 4}, {manager.CrashCreateGI, 4}, {manager.CrashCreateCI, 0},
+		{manager.CrashCreateVGPU, 4}, {manager.CrashCreateCommit, 4},
+	} {
+		point, flavor := c.point, c.flavor
 		t.Run(point, func(t *testing.T) {
+			f.reset(t)
 			ctx := ctxFleet(t)
 			logFrom := fileSize(t, a.logPath)
 			a.stop(t)
@@ -436,12 +495,17 @@ func (f *novaFleet) scheduleNova(l *fleetLoad, workers int) {
 }
 
 // novaPlacementWiped: Placement restarted on an empty database with
-// instances (local and Nova's) on the hosts: the trees and every
+// instances (local ones and Nova's) on the hosts: the trees and every
 // allocation are back within one interval.
 func novaPlacementWiped(t *testing.T, f *novaFleet) {
 	// Nova's instances among them.
 	for _, i := range []int{0, 2} {
 		f.place(t, i, nil)
+	}
+	for _, d := range f.hosts {
+		if err := d.create(ctxFleet(t), dbusapi.CreateRequest{Tenant: "acme", Profile: roomyProfiles[d.name][0]}); err != nil {
+			t.Fatalf("%s: %v", d.name, err)
+		}
 	}
 	n := instanceCount(t, f.hosts)
 	if err := f.srv.Wipe(); err != nil {

@@ -70,6 +70,10 @@ type fleetDaemon struct {
 	providers map[string]bool
 	gpus      map[string]string
 
+	// owner is the test that started the daemon: a client dialled again
+	// in a subtest (after a restart) must outlive that subtest.
+	owner *testing.T
+
 	mu sync.Mutex
 	// acked are the instances it acknowledged (created, not destroyed);
 	// uncertain those whose create or destroy a dying daemon cut off
@@ -101,7 +105,7 @@ func startFleetDaemonWith(t *testing.T, name, spec, endpoint, interval, grace, e
 	}
 	bus := testbus.Start(t)
 	d := &fleetDaemon{name: name, busDaemon: &busDaemon{bus: bus, stateDir: filepath.Join(dir, "state")},
-		acked: map[string]bool{}, uncertain: map[string]bool{}}
+		acked: map[string]bool{}, uncertain: map[string]bool{}, owner: t}
 	if err := os.Mkdir(d.stateDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +129,11 @@ func (d *fleetDaemon) dial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
+	owner := d.owner
+	if owner == nil {
+		owner = t
+	}
+	owner.Cleanup(func() { c.Close() })
 	d.client = c
 }
 

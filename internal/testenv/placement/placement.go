@@ -150,6 +150,9 @@ func (s *Server) Run() error {
 	return fmt.Errorf("no answer on %s after %s", s.URL(), readyTimeout)
 }
 
+// Running reports whether Placement was started and not stopped since.
+func (s *Server) Running() bool { return s.cmd != nil }
+
 // Stop ends uwsgi (its whole process group) and waits for it.
 func (s *Server) Stop() {
 	if s.cmd == nil {
