@@ -191,6 +191,7 @@ func (f *novaFleet) converged(t *testing.T, what string) {
 func TestFleetNovaFaults(t *testing.T) {
 	f := startNovaFleet(t)
 	t.Run("stall", func(t *testing.T) { f.reset(t); novaStall(t, f) })
+	t.Run("stale", func(t *testing.T) { f.reset(t); novaStale(t, f) })
 	t.Run("crash-create", func(t *testing.T) { novaCrashCreate(t, f) })
 	t.Run("restart-window", func(t *testing.T) { f.reset(t); novaRestartWindow(t, f) })
 	t.Run("placement-down", func(t *testing.T) { f.reset(t); novaPlacementDown(t, f) })
@@ -290,6 +291,74 @@ func novaStall(t *testing.T, f *novaFleet) {
 		t.Fatal(err)
 	}
 	f.converged(t, "after the stall's instances were destroyed")
+}
+
+// novaStale: two schedulers claim two vGPU types on fleet-a's empty
+// time-sliced H100 at once; Placement takes both (their framebuffer fits),
+// but the GPU locks to the first type carved (homogeneous mode). The
+// second create is refused as a stale claim, by name (StaleClaim, so that
+// Nova can tell "reschedule" from other refusals without reading prose),
+// with a message naming the GPU and what holds it; Nova deletes its
+// allocation and the same UUID is created on fleet-c.
+func novaStale(t *testing.T, f *novaFleet) {
+	a, ctx := f.host("fleet-a"), ctxFleet(t)
+	gpu := "0000:61:00.0"
+	prov := fleet.GPUProviderUUID(a.root, gpu)
+	claim := func(profile, class string) (string, tplacement.NovaQuery) {
+		q, err := f.nova.Query(ctx, tplacement.Flavor{ExtraSpecs: specs("resources1:"+class, "1")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range q.Candidates {
+			if _, ok := c.Allocations[prov]; ok {
+				id := uuid.NewString()
+				if ok, err := f.nova.Claim(ctx, id, c, q.Version); err != nil || !ok {
+					t.Fatalf("claim %s on %s: %v, %v", profile, gpu, ok, err)
+				}
+				return id, q
+			}
+		}
+		t.Fatalf("no candidate for %s on %s %s: %v", profile, a.name, gpu, q.Candidates)
+		return "", q
+	}
+	first, _ := claim("H100XM-8C", "CUSTOM_VGPUD_H100XM_8C")
+	second, q := claim("H100XM-4C", "CUSTOM_VGPUD_H100XM_4C")
+	if err := a.CreateOn(ctx, first, "H100XM-8C", prov); err != nil {
+		t.Fatal(err)
+	}
+	err := a.CreateOn(ctx, second, "H100XM-4C", prov)
+	var de *dbusapi.Error
+	if !errors.As(err, &de) || de.Name != nameStaleClaim {
+		t.Errorf("a claim the host can no longer honour: %v; want the error %s", err, nameStaleClaim)
+	} else if !strings.Contains(de.Message, gpu) || !strings.Contains(de.Message, first) {
+		t.Errorf("the stale refusal names neither the GPU %s nor what holds it (%s): %s", gpu, first, de.Message)
+	}
+	// As Nova: the allocation deleted, the same UUID on the next host.
+	if _, err := f.nova.Delete(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	placed := false
+	for _, c := range q.Candidates {
+		if _, ok := c.Allocations[prov]; ok {
+			continue
+		}
+		h, p := (&tplacement.NovaScheduler{Hosts: f.sched.Hosts}).HostOf(c)
+		if h == nil {
+			continue
+		}
+		if ok, err := f.nova.Claim(ctx, second, c, q.Version); err != nil || !ok {
+			continue
+		}
+		if err := h.CreateOn(ctx, second, "H100XM-4C", p); err != nil {
+			t.Fatalf("rescheduled on %s: %v", h.Name(), err)
+		}
+		placed = true
+		break
+	}
+	if !placed {
+		t.Fatal("no other host took the rescheduled instance")
+	}
+	f.converged(t, "a stale claim rescheduled")
 }
 
 // filterLines drops the lines drop matches.

@@ -352,7 +352,7 @@ func (s *NovaScheduler) Place(ctx context.Context, f Flavor, profile, consumer s
 	var choices []choice
 	seen := map[NovaHost]bool{}
 	for _, c := range q.Candidates {
-		h, gpu := s.hostOf(c)
+		h, gpu := s.HostOf(c)
 		if h == nil || seen[h] {
 			continue
 		}
@@ -408,9 +408,9 @@ func (s *NovaScheduler) Place(ctx context.Context, f Flavor, profile, consumer s
 	return nil, "", ErrNoValidHost
 }
 
-// hostOf is the host owning the candidate's GPU provider, and that
+// HostOf is the host owning the candidate's GPU provider, and that
 // provider (a candidate under nova-compute also names the compute node).
-func (s *NovaScheduler) hostOf(c NovaCandidate) (NovaHost, string) {
+func (s *NovaScheduler) HostOf(c NovaCandidate) (NovaHost, string) {
 	for p := range c.Allocations {
 		for _, h := range s.Hosts {
 			if h.Owns(p) {
