@@ -129,7 +129,7 @@ func (f *novaFleet) reset(t *testing.T) {
 	t.Helper()
 	ctx := ctxFleet(t)
 	f.proxy.Release()
-	f.proxy.Restore(t)
+	f.proxy.Restore()
 	if !f.srv.Running() {
 		if err := f.srv.Run(); err != nil {
 			t.Fatal(err)
@@ -235,7 +235,7 @@ func novaStall(t *testing.T, f *novaFleet) {
 	if ok, err := f.nova.Claim(ctx, claim, cand, "1.36"); err != nil || !ok {
 		t.Fatalf("the scheduler's claim on %s: %v, %v", provA, ok, err)
 	}
-	f.proxy.Restore(t)
+	f.proxy.Restore()
 	restored := time.Now()
 	// Let a pass meet the refused write (the retry never waits longer than
 	// an interval).

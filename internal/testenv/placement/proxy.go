@@ -10,15 +10,17 @@ import (
 )
 
 // Proxy stands between one client (a vgpud) and Placement, so that a test
-// can take Placement away from that client alone (Cut: connections
-// refused, as a stopped Placement) or hold its requests (Hold: accepted,
-// not answered until Release) while everyone else reaches Placement.
+// can take Placement away from that client alone (Cut: every connection
+// reset at once, as a Placement that stopped) or hold its requests (Hold:
+// accepted, not answered until Release) while everyone else reaches
+// Placement. The proxy keeps its port for its whole life: a port given up
+// while cut could be taken by any other socket on the machine.
 type Proxy struct {
 	target string
-	port   int
+	ln     net.Listener
 
 	mu    sync.Mutex
-	ln    net.Listener
+	cut   bool
 	held  chan struct{} // closed on Release; nil while not held
 	conns map[net.Conn]bool
 }
@@ -26,54 +28,47 @@ type Proxy struct {
 // StartProxy forwards a free 127.0.0.1 port to s until the test ends.
 func StartProxy(t testing.TB, s *Server) *Proxy {
 	t.Helper()
-	port, err := freePort()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{target: "127.0.0.1:" + strconv.Itoa(s.port), port: port, conns: map[net.Conn]bool{}}
-	if err := p.listen(); err != nil {
-		t.Fatal(err)
-	}
+	p := &Proxy{target: "127.0.0.1:" + strconv.Itoa(s.port), ln: ln, conns: map[net.Conn]bool{}}
+	go p.serve()
 	t.Cleanup(p.close)
 	return p
 }
 
 // URL is the endpoint the client is given.
-func (p *Proxy) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.port) }
-
-func (p *Proxy) listen() error {
-	var ln net.Listener
-	var err error
-	// The port was ours a moment ago; a connection in TIME_WAIT does not
-	// keep it (Go listens with SO_REUSEADDR), but retry briefly all the same.
-	for range 50 {
-		if ln, err = net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p.port)); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		return err
-	}
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go p.serve(ln)
-	return nil
+func (p *Proxy) URL() string {
+	return "http://127.0.0.1:" + strconv.Itoa(p.ln.Addr().(*net.TCPAddr).Port)
 }
 
-func (p *Proxy) serve(ln net.Listener) {
+func (p *Proxy) serve() {
 	for {
-		c, err := ln.Accept()
+		c, err := p.ln.Accept()
 		if err != nil {
 			return
 		}
 		p.mu.Lock()
-		held := p.held
-		p.conns[c] = true
+		cut, held := p.cut, p.held
+		if !cut {
+			p.conns[c] = true
+		}
 		p.mu.Unlock()
+		if cut {
+			reset(c)
+			continue
+		}
 		go p.forward(c, held)
 	}
+}
+
+// reset closes c with a TCP reset, as a port nobody listens on answers.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
 }
 
 func (p *Proxy) forward(c net.Conn, held chan struct{}) {
@@ -88,6 +83,7 @@ func (p *Proxy) forward(c net.Conn, held chan struct{}) {
 	}
 	b, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
+		reset(c)
 		return
 	}
 	defer b.Close()
@@ -97,31 +93,22 @@ func (p *Proxy) forward(c net.Conn, held chan struct{}) {
 	<-done
 }
 
-// Cut refuses the client's connections from now on and ends the open
-// ones, as a Placement that stopped.
+// Cut resets the client's connections from now on, and the open ones, as
+// a Placement that stopped.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
+	p.cut = true
 	for c := range p.conns {
-		c.Close()
+		reset(c)
 	}
 }
 
-// Restore accepts the client's connections again.
-func (p *Proxy) Restore(t testing.TB) {
-	t.Helper()
+// Restore lets the client's connections through again.
+func (p *Proxy) Restore() {
 	p.mu.Lock()
-	up := p.ln != nil
-	p.mu.Unlock()
-	if !up {
-		if err := p.listen(); err != nil {
-			t.Fatalf("proxy: listen again on %d: %v", p.port, err)
-		}
-	}
+	defer p.mu.Unlock()
+	p.cut = false
 }
 
 // Hold keeps the connections accepted from now on waiting, unanswered,
@@ -146,5 +133,6 @@ func (p *Proxy) Release() {
 
 func (p *Proxy) close() {
 	p.Release()
+	p.ln.Close()
 	p.Cut()
 }
