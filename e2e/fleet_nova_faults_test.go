@@ -25,11 +25,11 @@ const (
 	// interval plus novaMargin, so that what converges only once grace
 	// removed something does not pass for converging within an interval.
 	novaInterval = 4 * time.Second
-	novaGrace    = 25 * time.Second
+	novaGrace    = 30 * time.Second
 	// novaMargin is, on top of one interval, what the pass itself takes
 	// (after a wipe it publishes three trees again) and what a check takes
 	// on a loaded machine (Placement reads, three vgpuctl runs).
-	novaMargin = 8 * time.Second
+	novaMargin = 10 * time.Second
 	// nameStaleClaim is the D-Bus error name of a stale fleet claim (a
 	// scheduler deletes its allocation and tries its next candidate).
 	nameStaleClaim = "StaleClaim"
