@@ -64,9 +64,15 @@ type fleetDaemon struct {
 	name   string
 	args   []string
 	client *dbusapi.Client
-	// root is its root provider, providers its GPU providers.
+	// root is its root provider (or the parent it publishes under),
+	// providers its GPU providers, gpus their GPUs' PCI addresses.
 	root      string
 	providers map[string]bool
+	gpus      map[string]string
+
+	// owner is the test that started the daemon: a client dialled again
+	// in a subtest (after a restart) must outlive that subtest.
+	owner *testing.T
 
 	mu sync.Mutex
 	// acked are the instances it acknowledged (created, not destroyed);
@@ -79,11 +85,19 @@ type fleetDaemon struct {
 // (a duration of vgpud.yaml, e.g. "2s").
 func startFleetDaemon(t *testing.T, name, spec, endpoint, interval string) *fleetDaemon {
 	t.Helper()
+	return startFleetDaemonWith(t, name, spec, endpoint, interval, "3s", "")
+}
+
+// startFleetDaemonWith starts a daemon with its own grace period, whose
+// fleet section also has extra (lines of YAML indented under fleet:, e.g.
+// "  parentUUID: ...\n").
+func startFleetDaemonWith(t *testing.T, name, spec, endpoint, interval, grace, extra string) *fleetDaemon {
+	t.Helper()
 	dir := t.TempDir()
 	specPath, cfgPath := filepath.Join(dir, "host.yaml"), filepath.Join(dir, "vgpud.yaml")
 	// A short sync interval and grace keep the test short; convergence is
 	// still event-driven for every create and destroy.
-	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: %s\n  grace: 3s\n  timeout: 5s\n", endpoint, name, interval)
+	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: %s\n  grace: %s\n  timeout: 5s\n%s", endpoint, name, interval, grace, extra)
 	for p, s := range map[string]string{specPath: spec, cfgPath: cfg} {
 		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
 			t.Fatal(err)
@@ -91,7 +105,7 @@ func startFleetDaemon(t *testing.T, name, spec, endpoint, interval string) *flee
 	}
 	bus := testbus.Start(t)
 	d := &fleetDaemon{name: name, busDaemon: &busDaemon{bus: bus, stateDir: filepath.Join(dir, "state")},
-		acked: map[string]bool{}, uncertain: map[string]bool{}}
+		acked: map[string]bool{}, uncertain: map[string]bool{}, owner: t}
 	if err := os.Mkdir(d.stateDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +129,11 @@ func (d *fleetDaemon) dial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
+	owner := d.owner
+	if owner == nil {
+		owner = t
+	}
+	owner.Cleanup(func() { c.Close() })
 	d.client = c
 }
 
@@ -170,6 +188,12 @@ func (d *fleetDaemon) Owns(provider string) bool { return d.providers[provider] 
 
 func (d *fleetDaemon) Create(ctx context.Context, consumer, profile string) error {
 	return d.create(ctx, dbusapi.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer})
+}
+
+// CreateOn is the create as nova-compute would ask it: the consumer and
+// the GPU of the provider the scheduler chose (tplacement.NovaHost).
+func (d *fleetDaemon) CreateOn(ctx context.Context, consumer, profile, provider string) error {
+	return d.create(ctx, dbusapi.CreateRequest{Tenant: "acme", Profile: profile, PlacementConsumer: consumer, GPU: d.gpus[provider]})
 }
 
 func (d *fleetDaemon) Destroy(ctx context.Context, id string) error {
@@ -237,9 +261,10 @@ func (d *fleetDaemon) learnProviders(t *testing.T) {
 	for {
 		st, err := d.client.FleetStatus(ctxFleet(t))
 		if err == nil && st.LastSync != nil && len(st.Providers) > 0 {
-			d.root, d.providers = st.Root, map[string]bool{}
+			d.root, d.providers, d.gpus = st.Root, map[string]bool{}, map[string]string{}
 			for _, p := range st.Providers {
 				d.providers[p.UUID] = true
+				d.gpus[p.UUID] = p.GPU
 			}
 			return
 		}
@@ -274,7 +299,8 @@ func placementHolds(ctx context.Context, c *placementapi.Client) (map[string]map
 // the hosts' truth ("" when it does): Placement has exactly the hosts'
 // roots and GPU providers; every consumer in Placement is an instance of
 // the host whose provider holds it, and every instance has one
-// allocation; and each host's own comparison (vgpuctl fleet status, which
+// allocation; no consumer is allocated on, and no instance lives on, two
+// hosts; and each host's own comparison (vgpuctl fleet status, which
 // also compares inventories and traits) names no difference.
 func fleetDiffers(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon) string {
 	t.Helper()
@@ -285,6 +311,9 @@ func fleetDiffers(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon) st
 	}
 	var msg []string
 	want := map[string]bool{}
+	// Where each consumer is allocated and each instance lives: never on
+	// two hosts.
+	allocatedOn, livesOn := map[string][]string{}, map[string][]string{}
 	for _, h := range hosts {
 		want[h.root] = true
 		for p := range h.providers {
@@ -304,7 +333,11 @@ func fleetDiffers(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon) st
 				placed[consumer]++
 			}
 		}
+		for id := range placed {
+			allocatedOn[id] = append(allocatedOn[id], h.name)
+		}
 		for id := range host {
+			livesOn[id] = append(livesOn[id], h.name)
 			if placed[id] != 1 {
 				msg = append(msg, fmt.Sprintf("%s: instance %s has %d allocations in Placement", h.name, id, placed[id]))
 			}
@@ -320,6 +353,16 @@ func fleetDiffers(t *testing.T, c *placementapi.Client, hosts []*fleetDaemon) st
 		}
 		for _, d := range st.Differences {
 			msg = append(msg, fmt.Sprintf("%s: vgpuctl fleet status: %s %s %s (host %s, placement %s)", h.name, d.Kind, d.Provider, d.Subject, d.Host, d.Placement))
+		}
+	}
+	for id, on := range allocatedOn {
+		if len(on) > 1 {
+			msg = append(msg, fmt.Sprintf("consumer %s is allocated on %d hosts: %v", id, len(on), on))
+		}
+	}
+	for id, on := range livesOn {
+		if len(on) > 1 {
+			msg = append(msg, fmt.Sprintf("instance %s lives on %d hosts: %v", id, len(on), on))
 		}
 	}
 	for p := range holds {

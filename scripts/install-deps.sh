@@ -33,6 +33,7 @@ pkgs=(
   systemd                  # systemd-analyze verify/security (no systemd as PID 1 needed)
   debootstrap systemd-container  # the container tier: a Debian root booted by systemd-nspawn
   placement-api python3-placement uwsgi uwsgi-plugin-python3  # OpenStack Placement for the fleet tests
+  python3-nova             # Nova's own scheduler code (report client, request parser) as the fleet tests' scheduler
 )
 
 # go_ok GO: GO runs and is Go 1.26 or newer.

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -103,8 +104,21 @@ func (s *Server) dbSync() error {
 	return nil
 }
 
-// Run starts uwsgi and waits until Placement answers.
+// Run starts uwsgi and waits until Placement answers. Started again on
+// its port (after Stop or Wipe), it may find the port taken for a moment
+// by another socket of the machine: it tries again then.
 func (s *Server) Run() error {
+	var err error
+	for range 5 {
+		if err = s.run(); err == nil || !strings.Contains(err.Error(), "Address already in use") {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return err
+}
+
+func (s *Server) run() error {
 	logf, err := os.OpenFile(filepath.Join(s.dir, "uwsgi.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -149,6 +163,9 @@ func (s *Server) Run() error {
 	s.Stop()
 	return fmt.Errorf("no answer on %s after %s", s.URL(), readyTimeout)
 }
+
+// Running reports whether Placement was started and not stopped since.
+func (s *Server) Running() bool { return s.cmd != nil }
 
 // Stop ends uwsgi (its whole process group) and waits for it.
 func (s *Server) Stop() {
