@@ -422,8 +422,10 @@ func TestCockpitPage(t *testing.T) {
 	d.ctl(t, "create", "1g.10gb", "--tenant", "globex").must(t, "create 1g.10gb")
 	d.ctl(t, "create", "L4-4Q", "--tenant", "globex").must(t, "create L4-4Q")
 	mdev := jsonOut[struct {
-		UUID string `json:"uuid"`
-	}](t, d.ctl(t, "create", "A10-4Q", "--tenant", "globex", "-o", "json").must(t, "create A10-4Q"))
+		Instance struct {
+			UUID string `json:"uuid"`
+		} `json:"instance"`
+	}](t, d.ctl(t, "create", "A10-4Q", "--tenant", "globex", "-o", "json").must(t, "create A10-4Q")).Instance
 
 	data := installPage(t)
 	base := startCockpitWS(t, bus, ws, bridge, data, nil)
@@ -508,11 +510,7 @@ func TestCockpitPage(t *testing.T) {
 	// Attach the A10-4Q (an mdev) to a VM of the private libvirtd.
 	row := fmt.Sprintf(`#instances tr[data-uuid=%q]`, mdev.UUID)
 	t.Logf("attach at %v", time.Since(start).Round(time.Millisecond))
-	// The name typed as a user types it (input events), then Attach.
-	if !eval[bool](b, "attach", fmt.Sprintf(`(function(){const i=document.querySelector('%s .vm-input'); if(!i) return false;
-		i.focus(); i.value=%q; i.dispatchEvent(new Event("input")); document.querySelector('%s button.attach').click(); return true})()`, row, vm, row)) {
-		t.Fatalf("no row for instance %s", mdev.UUID)
-	}
+	b.run("attach", chromedp.SendKeys(chromedp.CSS(row+" .vm-input"), vm), chromedp.Click(chromedp.CSS(row+" button.attach")))
 	b.waitJS("the attachment", fmt.Sprintf(`document.querySelector('%s td.vm').textContent.indexOf(%q) === 0`, row, vm))
 	xml := lv.Virsh(t, "dumpxml", "--inactive", vm)
 	if !strings.Contains(xml, mdev.UUID) || !strings.Contains(xml, "type='mdev'") {
@@ -525,6 +523,31 @@ func TestCockpitPage(t *testing.T) {
 	usage := eval[string](b, "acme's usage", `document.querySelector('#tenants tr[data-tenant="acme"]').textContent`)
 	if !strings.Contains(usage, "/ 50 GiB") || !strings.Contains(usage, "1 / 8") {
 		t.Errorf("acme's row: %q", usage)
+	}
+	// Define a tenant through the form, then change its quota.
+	b.run("define initech", chromedp.SendKeys(chromedp.CSS("#tf-name"), "initech"), chromedp.SendKeys(chromedp.CSS("#tf-vram"), "10"),
+		chromedp.SendKeys(chromedp.CSS("#tf-compute"), "1.5"),
+		chromedp.SendKeys(chromedp.CSS("#tf-max"), "2"), chromedp.Click(chromedp.CSS("#tf-define")))
+	b.waitJS("initech", `document.querySelector('#tenants tr[data-tenant="initech"]') !== null`)
+	type quota struct {
+		VRAM    *uint64 `json:"vramBytes"`
+		Compute *uint64 `json:"computeMilli"`
+		Max     *uint64 `json:"maxInstances"`
+	}
+	show := func() quota {
+		return jsonOut[struct {
+			Tenant struct {
+				Quota quota `json:"quota"`
+			} `json:"tenant"`
+		}](t, d.ctl(t, "tenant", "show", "initech", "-o", "json").must(t, "tenant show")).Tenant.Quota
+	}
+	if q := show(); q.VRAM == nil || *q.VRAM != 10<<30 || q.Compute == nil || *q.Compute != 1500 || q.Max == nil || *q.Max != 2 {
+		t.Errorf("initech defined through the page: %+v (want VRAM 10GiB, compute 1.5, 2 instances)", q)
+	}
+	b.run("set initech's quota", chromedp.SetValue(chromedp.CSS("#tf-vram"), "20"), chromedp.Click(chromedp.CSS("#tf-setquota")))
+	b.waitJS("initech's new quota", `document.querySelector('#tenants tr[data-tenant="initech"]').textContent.indexOf("/ 20 GiB") >= 0`)
+	if q := show(); q.VRAM == nil || *q.VRAM != 20<<30 || q.Compute == nil || *q.Compute != 1500 {
+		t.Errorf("initech after Set quota: %+v", q)
 	}
 	b.screenshot("5-tenants")
 	b.tab("activity")
@@ -548,7 +571,7 @@ func TestCockpitPagePlainUser(t *testing.T) {
 	artefacts := cockpitArtefacts(t)
 	bus := testbus.Start(t)
 	d := startBusDaemon(t, bus, busDaemonOpts{})
-	d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB").must(t, "define acme")
+	d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB", "--compute", "unlimited").must(t, "define acme")
 	before := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out
 
 	data := installPage(t)

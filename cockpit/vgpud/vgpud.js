@@ -410,23 +410,32 @@
         $("tf-class").value = t.Class || "best-effort";
     }
 
-    // quotaArg turns a form field into a uint64 argument; empty is
-    // unlimited. UINT64_MAX goes as -1, which the bridge's int64 reading
-    // of the JSON number wraps to 2^64-1 (a 2^64 double would not fit).
+    // quotaArg turns a form field into a uint64 argument. Cockpit 287's
+    // bridge reads JSON numbers as int64 and refuses negative ones for "t",
+    // so UINT64_MAX (vgpud's "unlimited") cannot be sent from here: every
+    // quota needs a number, and an unlimited one is set with vgpuctl.
     function quotaArg(id, scale) {
         const v = $(id).value.trim();
-        if (v === "")
-            return -1;
+        if (v === "" || isNaN(Number(v)) || Number(v) < 0)
+            return null;
         return Math.round(Number(v) * scale);
     }
 
     function tenantFormArgs() {
-        return [
+        const a = [
             $("tf-name").value.trim(),
             quotaArg("tf-vram", 1024 * 1024 * 1024),
             quotaArg("tf-compute", 1000),
             quotaArg("tf-max", 1),
         ];
+        if (a.indexOf(null) >= 0) {
+            showError({
+                name: "",
+                message: _("Each quota needs a number. An unlimited quota cannot be sent through Cockpit's bridge; set it with vgpuctl tenant define or set-quota (\"unlimited\")."),
+            });
+            return null;
+        }
+        return a;
     }
 
     /* ---------- instances ---------- */
@@ -809,10 +818,14 @@
         });
         $("tf-define").addEventListener("click", function () {
             const a = tenantFormArgs();
+            if (!a)
+                return;
             call(cockpit.format(_("Defining $0"), a[0]), "DefineTenant", "sttts", a.concat([$("tf-class").value])).catch(ignore);
         });
         $("tf-setquota").addEventListener("click", function () {
             const a = tenantFormArgs();
+            if (!a)
+                return;
             call(cockpit.format(_("Setting the quota of $0"), a[0]), "SetQuota", "sttt", a).catch(ignore);
         });
         $("fleet-refresh").addEventListener("click", loadFleet);
