@@ -33,6 +33,8 @@ pkgs=(
   systemd                  # systemd-analyze verify/security (no systemd as PID 1 needed)
   debootstrap systemd-container  # the container tier: a Debian root booted by systemd-nspawn
   placement-api python3-placement uwsgi uwsgi-plugin-python3  # OpenStack Placement for the fleet tests
+  chromium cockpit-ws cockpit-bridge  # the Cockpit page's browser tests (cockpit-bridge carries base1/cockpit.js)
+  eslint                   # make lint: the Cockpit page's JavaScript
 )
 
 # go_ok GO: GO runs and is Go 1.26 or newer.
