@@ -451,14 +451,7 @@ func TestCockpitPage(t *testing.T) {
 	if !strings.Contains(vgpuText, "L4-4Q × 1") || !strings.Contains(vgpuText, "globex") {
 		t.Errorf("L4's vGPUs by type: %q", vgpuText)
 	}
-	shot := b.screenshot("1-gpus")
-	if *updateScreenshots {
-		root, _ := testenv.RepoRoot()
-		img, _ := os.ReadFile(shot)
-		if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-gpus.png"), img, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b.screenshot("1-gpus")
 
 	// Create a 3g.40gb for acme through the page; it appears at its
 	// placement without a reload (the marker survives).
@@ -487,13 +480,23 @@ func TestCockpitPage(t *testing.T) {
 		t.Errorf("the page was reloaded to show the new instance")
 	}
 	checkGrid(t, b, d)
-	b.screenshot("2-gpus-after-create")
+	b.waitJS("the version line", `document.querySelector("#version").textContent !== ""`)
+	shot := b.screenshot("2-gpus-after-create")
+	if *updateScreenshots {
+		root, _ := testenv.RepoRoot()
+		img, _ := os.ReadFile(shot)
+		if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-gpus.png"), img, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// A 2g.20gb is over acme's VRAM quota: QuotaExceeded with vgpud's own
 	// message, which vgpuctl prints too.
 	t.Logf("quota check at %v", time.Since(start).Round(time.Millisecond))
 	b.tab("instances")
 	b.setSelect("#cf-profile", "H100-SXM5-80GB/2g.20gb")
+	// The plan already tells (and the button stays put once it is shown).
+	b.waitJS("the plan's quota refusal", `document.querySelector("#cf-plan").textContent.indexOf("VRAM quota") >= 0`)
 	b.run("create over quota", chromedp.Click(chromedp.CSS("#cf-create")))
 	b.waitJS("the error", `!document.querySelector("#error").hidden && document.querySelector("#error-name").textContent !== ""`)
 	errName := eval[string](b, "error name", `document.querySelector("#error-name").textContent`)
@@ -560,6 +563,13 @@ func TestCockpitPage(t *testing.T) {
 		t.Errorf("fleet without fleet: shows %q", fleet)
 	}
 	b.screenshot("7-fleet")
+
+	// A GPU falling off the bus is marked on the GPUs tab as vgpud
+	// signals it.
+	b.tab("gpus")
+	d.sim(t, "lose-gpu", "0000:61:00.0")
+	b.waitJS("the lost GPU", `document.querySelector('article.gpu.gpu-bad[data-pci="0000:61:00.0"][data-state="lost"]') !== null`)
+	b.screenshot("8-gpu-lost")
 	t.Logf("browser steps took %v", time.Since(start).Round(time.Millisecond))
 }
 

@@ -9,7 +9,6 @@
  *
  * Strings go through cockpit.gettext, so the page is translation-ready.
  */
-/* global cockpit */
 (function () {
     "use strict";
 
@@ -39,6 +38,7 @@
         profiles: {}, // model -> [{name, kind, vram, compute}]
         capacity: {}, // model + "/" + profile -> count
         shares: [],
+        manager: {}, // the Manager's properties
         activityTimer: null,
         opSeq: 0,
     };
@@ -214,7 +214,7 @@
         });
         let n = 8;
         if (profs.length > 0 && gpu.MemoryBytes > 0) {
-            const smallest = Math.min.apply(null, profs.map(function (p) { return p.vram }));
+            const smallest = Math.min.apply(null, profs.map(function (p) { return p.vram; }));
             n = Math.round(gpu.MemoryBytes / smallest);
         }
         (gpu.MIGInstances || []).forEach(function (gi) {
@@ -250,15 +250,15 @@
             const mine = insts.filter(function (i) {
                 return i.GPUInstanceStart === start && i.GPUInstanceSize === size && i.GPUInstanceID === giID;
             });
-            const owners = Array.from(new Set(mine.map(function (i) { return i.Tenant })));
+            const owners = Array.from(new Set(mine.map(function (i) { return i.Tenant; })));
             const label = owners.length > 0 ? owners.join(", ") : _("not vgpud's");
             const block = el("div", {
-                class: "gi" + (owners.length === 0 ? " foreign" : "") + (mine.some(function (i) { return i.State === "failed" || i.State === "lost" }) ? " bad" : ""),
+                class: "gi" + (owners.length === 0 ? " foreign" : "") + (mine.some(function (i) { return i.State === "failed" || i.State === "lost"; }) ? " bad" : ""),
                 "data-start": start,
                 "data-size": size,
                 "data-profile": gi[2],
                 "data-tenant": owners.join(","),
-                "data-uuid": mine.map(function (i) { return i.UUID }).join(","),
+                "data-uuid": mine.map(function (i) { return i.UUID; }).join(","),
                 title: cockpit.format(_("$0 at slots $1–$2"), gi[2], start, start + size - 1),
             }, [
                 el("strong", { text: gi[2] }),
@@ -385,7 +385,7 @@
                         type: "button",
                         class: "btn btn-link",
                         text: _("Edit"),
-                        onclick: function () { fillTenantForm(t) },
+                        onclick: function () { fillTenantForm(t); },
                     }),
                     el("button", {
                         type: "button",
@@ -519,7 +519,7 @@
                 onclick: function () {
                     const detach = i.VM ? window.confirm(cockpit.format(_("Instance $0 is attached to $1. Detach it first?"), shortUUID(i.UUID), i.VM)) : false;
                     call(cockpit.format(_("Destroying $0"), shortUUID(i.UUID)), "DestroyInstance", "s", [i.UUID],
-                         { detach: cockpit.variant("b", detach) }).catch(ignore);
+                        { detach: cockpit.variant("b", detach) }).catch(ignore);
                 },
             }));
             const dot = el("span", { class: "dot" });
@@ -550,8 +550,8 @@
     }
 
     function syncFormChoices() {
-        const tnames = list(tenants).map(function (t) { return t.Name }).sort();
-        const pcis = list(gpus).map(function (g) { return g.PCI }).sort();
+        const tnames = list(tenants).map(function (t) { return t.Name; }).sort();
+        const pcis = list(gpus).map(function (g) { return g.PCI; }).sort();
         syncSelect($("filter-tenant"), tnames, true);
         syncSelect($("filter-gpu"), pcis, true);
         syncSelect($("cf-tenant"), tnames, false);
@@ -586,7 +586,7 @@
         const pci = $("cf-gpu").value;
         const models = Array.from(new Set(list(gpus).filter(function (g) {
             return !pci || g.PCI === pci;
-        }).map(function (g) { return g.Model }).filter(Boolean))).sort();
+        }).map(function (g) { return g.Model; }).filter(Boolean))).sort();
         models.forEach(function (m) {
             const group = el("optgroup", { label: m });
             (state.profiles[m] || []).slice().sort(function (a, b) {
@@ -622,7 +622,7 @@
         if (slash > 0) {
             const name = profile.substring(slash + 1);
             const models = Object.keys(state.profiles).filter(function (m) {
-                return state.profiles[m].some(function (p) { return p.name === name });
+                return state.profiles[m].some(function (p) { return p.name === name; });
             });
             if (opts.gpu || models.length === 1)
                 profile = name;
@@ -684,7 +684,7 @@
         const body = $("activity");
         clear(body);
         const byUUID = {};
-        list(instances).forEach(function (i) { byUUID[i.UUID] = i });
+        list(instances).forEach(function (i) { byUUID[i.UUID] = i; });
         state.shares.forEach(function (s) {
             const i = byUUID[s[0]] || {};
             const interf = s[4];
@@ -753,6 +753,21 @@
 
     /* ---------- rendering ---------- */
 
+    // loadManager reads the manager's own properties: GetManagedObjects
+    // lists the objects below /dev/vgpud1, not the manager object itself.
+    function loadManager() {
+        new Promise(function (resolve, reject) {
+            client.call(ROOT, "org.freedesktop.DBus.Properties", "GetAll", [MANAGER], { type: "s" }).then(resolve, reject);
+        }).then(function (r) {
+            const props = {};
+            Object.keys(r[0]).forEach(function (k) {
+                props[k] = r[0][k].v;
+            });
+            state.manager = props;
+            render();
+        }).catch(ignore);
+    }
+
     let renderPending = false;
     function render() {
         if (renderPending)
@@ -760,10 +775,10 @@
         renderPending = true;
         window.setTimeout(function () {
             renderPending = false;
-            const v = manager.Version;
-            $("version").textContent = v ? cockpit.format(_("vgpud $0, driver $1"), v, manager.DriverVersion || "–") : "";
-            $("degraded").hidden = !manager.Degraded;
-            $("degraded").textContent = manager.Degraded ? _("Carving is refused:") + " " + manager.Degraded : "";
+            const m = state.manager;
+            $("version").textContent = m.Version ? cockpit.format(_("vgpud $0, driver $1"), m.Version, m.DriverVersion || "–") : "";
+            $("degraded").hidden = !m.Degraded;
+            $("degraded").textContent = m.Degraded ? _("Carving is refused:") + " " + m.Degraded : "";
             syncFormChoices();
             renderGPUs();
             renderTenants();
@@ -801,7 +816,7 @@
     function wire() {
         cockpit.translate();
         document.querySelectorAll(".tabs button").forEach(function (b) {
-            b.addEventListener("click", function () { showTab(b.dataset.tab) });
+            b.addEventListener("click", function () { showTab(b.dataset.tab); });
         });
         $("error-close").addEventListener("click", clearError);
         $("filter-tenant").addEventListener("change", renderInstances);
@@ -813,7 +828,7 @@
         $("cf-create").addEventListener("click", function () {
             const a = createArgs();
             call(cockpit.format(_("Creating $0 for $1"), a[1], a[0]), "CreateInstance", "ss", [a[0], a[1]])
-                    .then(function () { return loadOffers() })
+                    .then(function () { return loadOffers(); })
                     .catch(ignore);
         });
         $("tf-define").addEventListener("click", function () {
@@ -835,9 +850,9 @@
             p.addEventListener("changed", render);
             p.addEventListener("removed", render);
         });
-        manager.addEventListener("changed", render);
-        instances.addEventListener("added", function () { if (state.tab === "activity") loadActivity() });
-        instances.addEventListener("removed", function () { if (state.tab === "activity") loadActivity() });
+        manager.addEventListener("changed", loadManager);
+        instances.addEventListener("added", function () { if (state.tab === "activity") loadActivity(); });
+        instances.addEventListener("removed", function () { if (state.tab === "activity") loadActivity(); });
         cockpit.addEventListener("locationchanged", function () {
             const p = cockpit.location.path[0];
             if (p && p !== state.tab && $("page-" + p))
@@ -854,6 +869,7 @@
         // a caller who may not read (and the bus keeps its signals from him).
         managerCall("ListTenants", [], { type: "" }).then(function () {
             setAccess(true);
+            loadManager();
             $("conn").textContent = _("connected");
             $("conn").className = "badge state-ok";
             return loadOffers();
