@@ -84,12 +84,19 @@ demo: deps build ## the main job on the built-in simulated host
 demo-fleet: deps build ## the simulated host published to a real OpenStack Placement: vgpuctl fleet status, allocation candidates
 	scripts/demo-fleet.sh
 
-lint: ## gofmt, goimports grouping (the module's own imports last), go vet, staticcheck, no deprecated NVML call
+# Debian's eslint (6.4) loads its modules from /usr/share/nodejs, which a
+# Node.js not from Debian does not search; -f unix because its default
+# formatter needs a module Debian's package does not depend on.
+ESLINT ?= eslint
+lint: ## gofmt, goimports grouping (the module's own imports last), go vet, staticcheck, no deprecated NVML call, eslint on the Cockpit page
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@out=$$($(GO) run $(GOIMPORTS) -l -local github.com/vgpud/vgpud $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "goimports -local github.com/vgpud/vgpud needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	NVML_MODULE_DIR=$$($(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml) $(GO) test -count=1 -run '^(TestNoDeprecatedNVML|TestDeprecatedNVMLCatches)$$' ./internal/conventions/
+	@command -v $(ESLINT) >/dev/null || { echo "lint: eslint not found (scripts/install-deps.sh installs Debian's eslint)"; exit 1; }
+	node --check cockpit/vgpud/vgpud.js
+	NODE_PATH=$${NODE_PATH:+$$NODE_PATH:}/usr/share/nodejs $(ESLINT) --no-eslintrc -c cockpit/eslintrc.json -f unix cockpit/vgpud/*.js
 
 install: build ## install binaries, units, D-Bus/polkit policy, profiles, dashboards, docs, man pages, completions into $(DESTDIR)$(PREFIX)
 	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' scripts/install.sh install

@@ -635,12 +635,15 @@ func TestSystemdInstallTree(t *testing.T) {
 			"/usr/share/doc/vgpud/vgpud.yaml.example", "/usr/share/bash-completion/completions/vgpud",
 			"/usr/share/zsh/vendor-completions/_vgpud", "/usr/share/fish/vendor_completions.d/vgpud.fish",
 			"/usr/share/vgpud/dashboards/host-overview.json", "/usr/share/vgpud/prometheus/rules.yml",
-			"/usr/bin/vgpuctl", "/usr/share/man/man1/vgpuctl.1", "/usr/share/bash-completion/completions/vgpuctl"}},
+			"/usr/bin/vgpuctl", "/usr/share/man/man1/vgpuctl.1", "/usr/share/bash-completion/completions/vgpuctl",
+			"/usr/share/cockpit/vgpud/manifest.json", "/usr/share/cockpit/vgpud/index.html", "/usr/share/cockpit/vgpud/vgpud.js"}},
 		// dbus-daemon and polkit do not read /usr/local: those go where they look.
 		{prefix: "/usr/local", want: []string{
 			"/usr/local/sbin/vgpud", "/usr/local/lib/systemd/system/vgpud.service", "/usr/local/lib/tmpfiles.d/vgpud.conf",
 			"/etc/dbus-1/system.d/dev.vgpud1.conf", "/usr/local/share/dbus-1/system-services/dev.vgpud1.service",
-			"/usr/share/polkit-1/actions/dev.vgpud1.policy", "/etc/vgpud/vgpud.yaml"}},
+			"/usr/share/polkit-1/actions/dev.vgpud1.policy", "/etc/vgpud/vgpud.yaml",
+			// Cockpit looks in /usr/local/share/cockpit too.
+			"/usr/local/share/cockpit/vgpud/manifest.json"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.ReplaceAll(tt.prefix, "/", "_"), func(t *testing.T) {

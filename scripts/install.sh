@@ -6,13 +6,15 @@
 # Environment (the Makefile passes them): DESTDIR (staging root, default
 # none), PREFIX (default /usr/local), and, to override single locations,
 # BINDIR SBINDIR DATADIR MANDIR DOCDIR SYSCONFDIR UNITDIR TMPFILESDIR
-# SYSUSERSDIR DBUSPOLICYDIR DBUSSERVICEDIR POLKITDIR. BUILDDIR holds the
-# built binaries (default bin/).
+# SYSUSERSDIR DBUSPOLICYDIR DBUSSERVICEDIR POLKITDIR COCKPITDIR. BUILDDIR
+# holds the built binaries (default bin/).
 #
 # Locations follow what the consumers read, not only PREFIX: dbus-daemon
 # reads policies from /usr/share/dbus-1/system.d and /etc/dbus-1/system.d
 # only, and polkit reads actions from /usr/share/polkit-1/actions only, so
 # a PREFIX other than /usr puts those two under /etc and /usr/share.
+# Cockpit reads packages from $XDG_DATA_DIRS/cockpit (/usr/share and
+# /usr/local/share by default), so the page goes to $DATADIR/cockpit/vgpud.
 # /etc/vgpud/vgpud.yaml is installed only when absent and is left behind
 # by uninstall when it was changed.
 set -euo pipefail
@@ -48,6 +50,7 @@ DBUSSERVICEDIR=${DBUSSERVICEDIR:-$DATADIR/dbus-1/system-services}
 POLKITDIR=${POLKITDIR:-/usr/share/polkit-1/actions}
 POLKITRULESDIR=${POLKITRULESDIR:-/usr/share/polkit-1/rules.d}
 VGPUDDATA=$DATADIR/vgpud
+COCKPITDIR=${COCKPITDIR:-$DATADIR/cockpit/vgpud}
 
 # plan lines: MODE SOURCE DEST [edit], where SOURCE "-" means generated
 # into $gen, and edit means /usr/sbin and /usr/bin are rewritten to this
@@ -103,6 +106,12 @@ data() {
       *.yml | *.yaml) add 0644 "$f" "$VGPUDDATA/prometheus/$(basename "$f")" ;;
       esac
     done < <(find dashboards -maxdepth 1 -type f | sort)
+  fi
+  # The Cockpit page: plain files, no build step.
+  if [ -d cockpit/vgpud ]; then
+    while IFS= read -r f; do
+      add 0644 "$f" "$COCKPITDIR/$(basename "$f")"
+    done < <(find cockpit/vgpud -maxdepth 1 -type f | sort)
   fi
   [ -f docs/operations.md ] && add 0644 docs/operations.md "$DOCDIR/operations.md"
   add 0644 systemd/vgpud.yaml "$DOCDIR/vgpud.yaml.example"
@@ -196,7 +205,7 @@ do_uninstall() {
   rm -f "$DESTDIR$MANDIR"/man[1-8]/vgpud.[1-8]* "$DESTDIR$MANDIR"/man[1-8]/vgpuctl.[1-8]* \
     "$DESTDIR$MANDIR"/man[1-8]/vgpuctl-*.[1-8]* "$DESTDIR$MANDIR"/man[1-8]/vgpud-*.[1-8]*
   local d
-  for d in "$VGPUDDATA/profiles" "$VGPUDDATA/dashboards" "$VGPUDDATA/prometheus" "$VGPUDDATA" "$DOCDIR" \
+  for d in "$VGPUDDATA/profiles" "$VGPUDDATA/dashboards" "$VGPUDDATA/prometheus" "$VGPUDDATA" "$DOCDIR" "$COCKPITDIR" \
     "$SYSCONFDIR/vgpud/profiles.d" "$SYSCONFDIR/vgpud"; do
     # Only vgpud's own directories, and only when empty.
     [ -d "$DESTDIR$d" ] && rmdir "$DESTDIR$d" 2>/dev/null || true

@@ -52,6 +52,7 @@ Maintainer: vgpud maintainers <vgpud@localhost>
 Installed-Size: $size
 Depends: libc6, systemd, dbus, procps
 Recommends: libvirt-daemon-system
+Suggests: cockpit-ws, cockpit-bridge
 Section: admin
 Priority: optional
 Description: carves NVIDIA GPUs into MIG instances and vGPUs for libvirt VMs
@@ -59,6 +60,8 @@ Description: carves NVIDIA GPUs into MIG instances and vGPUs for libvirt VMs
  vGPUs on NVIDIA GPUs, attaches them to libvirt VMs, holds tenants to their
  VRAM and compute quotas, and exports how well tenants are isolated. vgpuctl
  is its command-line client; orchestrators use its D-Bus API (dev.vgpud1).
+ A Cockpit page (/usr/share/cockpit/vgpud) shows and changes the same in
+ the web console.
 CONTROL
 echo /etc/vgpud/vgpud.yaml >"$stage/DEBIAN/conffiles"
 cat >"$stage/DEBIAN/postinst" <<'POSTINST'

@@ -1,0 +1,618 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/vgpud/vgpud/internal/testenv"
+	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
+	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
+)
+
+// The Cockpit page (cockpit/vgpud) in a real browser: Debian's headless
+// chromium, driven by chromedp, against cockpit-ws serving a local session
+// whose cockpit-bridge talks to vgpud --sim on the test's private system bus.
+//
+// Screenshots of every tab go to $VGPUD_COCKPIT_ARTEFACTS (else a temporary
+// directory, logged); -update-screenshots also writes the GPUs tab to
+// docs/img/cockpit-gpus.png.
+
+var updateScreenshots = flag.Bool("update-screenshots", false, "write the Cockpit page's GPUs screenshot to docs/img/cockpit-gpus.png")
+
+const (
+	cockpitPage = "/cockpit/@localhost/vgpud/index.html"
+	// The whole browser session of a test, so a hung page fails in time.
+	cockpitBudget = 150 * time.Second
+)
+
+// cockpitTools finds chromium, cockpit-ws and cockpit-bridge, skipping (or,
+// with VGPUD_TEST_REQUIRE_SERVICES=1, failing) the test when one is absent.
+func cockpitTools(t *testing.T) (chromium, ws, bridge string) {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			chromium = p
+			break
+		}
+	}
+	if chromium == "" {
+		skipMissing(t, "chromium is not installed (apt-get install chromium)")
+	}
+	for _, p := range []string{"/usr/lib/cockpit/cockpit-ws", "/usr/libexec/cockpit-ws"} {
+		if _, err := os.Stat(p); err == nil {
+			ws = p
+			break
+		}
+	}
+	if ws == "" {
+		skipMissing(t, "cockpit-ws is not installed (apt-get install cockpit-ws)")
+	}
+	p, err := exec.LookPath("cockpit-bridge")
+	if err != nil {
+		skipMissing(t, "cockpit-bridge is not installed (apt-get install cockpit-bridge)")
+	}
+	if _, err := os.Stat("/usr/share/cockpit/base1/cockpit.js"); err != nil {
+		if _, err := os.Stat("/usr/share/cockpit/base1/cockpit.js.gz"); err != nil {
+			skipMissing(t, "Cockpit's base1 package (cockpit.js) is not installed (cockpit-bridge)")
+		}
+	}
+	return chromium, ws, p
+}
+
+// cockpitArtefacts is where the screenshots go.
+func cockpitArtefacts(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("VGPUD_COCKPIT_ARTEFACTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	dir = filepath.Join(dir, t.Name())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshots in %s", dir)
+	return dir
+}
+
+// installPage copies cockpit/vgpud into DIR/cockpit/vgpud, a directory on
+// the bridge's XDG_DATA_DIRS, readable by any uid.
+func installPage(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.MkdirTemp("", "vgpud-cockpit-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(data) })
+	dst := filepath.Join(data, "cockpit", "vgpud")
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{data, filepath.Join(data, "cockpit"), dst} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := filepath.Join(root, "cockpit", "vgpud")
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return data
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startCockpitWS runs cockpit-ws with a local session (its cockpit-bridge
+// runs as the same user, on the private bus), as nobody when prefix says
+// so, and returns its base URL once it serves the page.
+func startCockpitWS(t *testing.T, bus *testbus.Bus, ws, bridge, data string, prefix []string) string {
+	t.Helper()
+	port := freePort(t)
+	home, err := os.MkdirTemp("", "vgpud-cockpit-home-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	if len(prefix) > 0 {
+		// The bridge as nobody keeps its state in HOME.
+		if err := os.Chown(home, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := append(append([]string{}, prefix...), ws, "--no-tls", "--local-session="+bridge,
+		"--address", "127.0.0.1", "--port", fmt.Sprint(port))
+	cmd := exec.Command(args[0], args[1:]...)
+	env := []string{}
+	for _, kv := range bus.Env() {
+		if !strings.HasPrefix(kv, "XDG_DATA_DIRS=") && !strings.HasPrefix(kv, "HOME=") && !strings.HasPrefix(kv, "XDG_") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, "XDG_DATA_DIRS="+data+":/usr/share", "HOME="+home, "XDG_DATA_HOME="+filepath.Join(home, "data"))
+	logPath := filepath.Join(home, "cockpit-ws.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(logPath, 0o666)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	t.Cleanup(func() {
+		// The process group: cockpit-ws and the bridge it started.
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("cockpit-ws log:\n%s", tailText(string(b), 4000))
+		}
+	})
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(base + "/cockpit/static/login.html")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode < 500 {
+				break
+			}
+		}
+		select {
+		case <-done:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("cockpit-ws exited:\n%s", b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cockpit-ws did not answer on %s within 20s (%v)", base, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return base
+}
+
+// browser is a headless chromium tab.
+type browser struct {
+	t   *testing.T
+	ctx context.Context
+	dir string // screenshots
+}
+
+func newBrowser(t *testing.T, chromium, artefacts string) *browser {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromium),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1400, 1000),
+	}
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(acancel)
+	bctx, bcancel := chromedp.NewContext(actx)
+	t.Cleanup(bcancel)
+	// The first Do starts the browser; the budget applies to what follows.
+	if err := chromedp.Do(bctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	var mu sync.Mutex
+	var console []string
+	if err := chromedp.Listen(bctx, func(ev any) {
+		var line string
+		switch e := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			var parts []string
+			for _, a := range e.Args {
+				parts = append(parts, string(a.Value)+a.Description)
+			}
+			line = string(e.Type) + ": " + strings.Join(parts, " ")
+		case *runtime.EventExceptionThrown:
+			line = "exception: " + e.ExceptionDetails.Text
+			if e.ExceptionDetails.Exception != nil {
+				line += " " + e.ExceptionDetails.Exception.Description
+			}
+		default:
+			return
+		}
+		mu.Lock()
+		console = append(console, line)
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if t.Failed() && len(console) > 0 {
+			t.Logf("browser console:\n%s", strings.Join(console, "\n"))
+		}
+	})
+	ctx, cancel := context.WithTimeout(bctx, cockpitBudget)
+	t.Cleanup(cancel)
+	bctx = ctx
+	return &browser{t: t, ctx: bctx, dir: artefacts}
+}
+
+func (b *browser) run(what string, actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, actions...); err != nil {
+		b.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// eval runs a JavaScript expression (awaiting a promise) and returns its
+// value decoded from JSON.
+func eval[T any](b *browser, what, js string) T {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](js, chromedp.EvalAwaitPromise))
+	if err != nil {
+		b.t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// waitJS waits until a JavaScript expression is truthy.
+func (b *browser) waitJS(what, js string) {
+	b.t.Helper()
+	if _, err := chromedp.Run(b.ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body.innerText`))
+		if buf, serr := chromedp.Run(b.ctx, chromedp.FullScreenshot(100)); serr == nil {
+			os.WriteFile(filepath.Join(b.dir, "failure.png"), buf, 0o644)
+		}
+		b.t.Fatalf("wait for %s (%s): %v\npage text:\n%s", what, js, err, tailText(text, 3000))
+	}
+}
+
+func (b *browser) screenshot(name string) string {
+	b.t.Helper()
+	buf, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	p := filepath.Join(b.dir, name+".png")
+	if err := os.WriteFile(p, buf, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	return p
+}
+
+func (b *browser) tab(name string) {
+	b.t.Helper()
+	b.run("open tab "+name, chromedp.Click(chromedp.CSS("#tab-"+name)),
+		chromedp.WaitVisible(chromedp.CSS("#page-"+name)))
+}
+
+// setSelect picks a value in a <select> as a user does (change fires).
+func (b *browser) setSelect(sel, value string) {
+	b.t.Helper()
+	js := fmt.Sprintf(`(function(){const s=document.querySelector(%q); if(!s||!Array.from(s.options).some(o=>o.value===%q)) return false;
+		s.value=%q; s.dispatchEvent(new Event("change")); return true})()`, sel, value, value)
+	if !eval[bool](b, "select "+value+" in "+sel, js) {
+		opts := eval[[]string](b, "options", fmt.Sprintf(`Array.from(document.querySelector(%q).options).map(o=>o.value)`, sel))
+		b.t.Fatalf("%s has no option %q: %v", sel, value, opts)
+	}
+}
+
+type listedInstance struct {
+	UUID    string `json:"uuid"`
+	Tenant  string `json:"tenant"`
+	Kind    string `json:"kind"`
+	Profile string `json:"profile"`
+	GPU     string `json:"gpu"`
+	MIG     *struct {
+		Start int `json:"start"`
+		Size  int `json:"size"`
+	} `json:"mig"`
+	Attachment *struct {
+		VM string `json:"vm"`
+	} `json:"attachment"`
+}
+
+func listInstances(t *testing.T, d *busDaemon) []listedInstance {
+	t.Helper()
+	return jsonOut[struct {
+		Items []listedInstance `json:"items"`
+	}](t, d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list")).Items
+}
+
+// domMIG is one drawn GPU instance of the slot grid.
+type domMIG struct {
+	PCI    string `json:"pci"`
+	Start  int    `json:"start"`
+	Size   int    `json:"size"`
+	Tenant string `json:"tenant"`
+	UUIDs  string `json:"uuids"`
+}
+
+const domMIGJS = `Array.from(document.querySelectorAll("article.gpu .gi")).map(g => ({
+	pci: g.closest("article.gpu").dataset.pci, start: +g.dataset.start, size: +g.dataset.size,
+	tenant: g.dataset.tenant, uuids: g.dataset.uuid}))`
+
+// checkGrid requires the page's slot grids to show exactly vgpuctl list's
+// MIG instances, each at its placement.
+func checkGrid(t *testing.T, b *browser, d *busDaemon) {
+	t.Helper()
+	drawn := eval[[]domMIG](b, "read the slot grid", domMIGJS)
+	want := 0
+	for _, in := range listInstances(t, d) {
+		if in.MIG == nil {
+			continue
+		}
+		want++
+		found := false
+		for _, g := range drawn {
+			if g.PCI == in.GPU && g.Start == in.MIG.Start && g.Size == in.MIG.Size && strings.Contains(g.UUIDs, in.UUID) && strings.Contains(g.Tenant, in.Tenant) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("instance %s (%s %s on %s slots %d+%d) is not drawn at its placement; drawn: %+v", in.UUID, in.Tenant, in.Profile, in.GPU, in.MIG.Start, in.MIG.Size, drawn)
+		}
+	}
+	if len(drawn) != want {
+		t.Errorf("the page draws %d GPU instances, vgpuctl list has %d MIG instances: %+v", len(drawn), want, drawn)
+	}
+}
+
+func TestCockpitPage(t *testing.T) {
+	chromium, ws, bridge := cockpitTools(t)
+	artefacts := cockpitArtefacts(t)
+	lv := libvirtd.Start(t)
+	bus := testbus.Start(t)
+	d := startBusDaemon(t, bus, busDaemonOpts{libvirtSocket: lv.Socket()})
+	const vm = "vgpud-cockpit-vm"
+	lv.DefineDomain(t, vm)
+	// acme's VRAM quota admits a 3g.40gb (about 39.5 GiB), and then not a
+	// 2g.20gb (19.6 GiB), for which the GPU has room.
+	d.ctl(t, "tenant", "define", "acme", "--vram", "50GiB", "--compute", "4", "--max-instances", "8", "--class", "guaranteed").must(t, "define acme")
+	d.ctl(t, "tenant", "define", "globex", "--vram", "100GiB", "--compute", "unlimited").must(t, "define globex")
+	d.ctl(t, "create", "1g.10gb", "--tenant", "globex").must(t, "create 1g.10gb")
+	d.ctl(t, "create", "L4-4Q", "--tenant", "globex").must(t, "create L4-4Q")
+	mdev := jsonOut[struct {
+		Instance struct {
+			UUID string `json:"uuid"`
+		} `json:"instance"`
+	}](t, d.ctl(t, "create", "A10-4Q", "--tenant", "globex", "-o", "json").must(t, "create A10-4Q")).Instance
+
+	data := installPage(t)
+	base := startCockpitWS(t, bus, ws, bridge, data, nil)
+	b := newBrowser(t, chromium, artefacts)
+	start := time.Now()
+
+	// Load: the default host's GPUs, the grid as vgpuctl lists it.
+	gpus := jsonOut[struct {
+		Items []struct {
+			PCI string `json:"pci"`
+		} `json:"items"`
+	}](t, d.ctl(t, "gpus", "-o", "json").must(t, "vgpuctl gpus"))
+	b.run("load the page", chromedp.Navigate(base+cockpitPage))
+	b.waitJS("the GPUs", fmt.Sprintf(`document.querySelectorAll("article.gpu").length === %d && document.querySelectorAll("article.gpu .gi").length === 1`, len(gpus.Items)))
+	for _, g := range gpus.Items {
+		n := eval[int](b, "GPU card", fmt.Sprintf(`document.querySelectorAll('article.gpu[data-pci=%q]').length`, g.PCI))
+		if n != 1 {
+			t.Errorf("GPU %s: %d cards", g.PCI, n)
+		}
+	}
+	checkGrid(t, b, d)
+	vgpuText := eval[string](b, "vGPUs", `document.querySelector('article.gpu[data-pci="0000:81:00.0"] .vgpus').textContent`)
+	if !strings.Contains(vgpuText, "L4-4Q × 1") || !strings.Contains(vgpuText, "globex") {
+		t.Errorf("L4's vGPUs by type: %q", vgpuText)
+	}
+	b.screenshot("1-gpus")
+
+	// Create a 3g.40gb for acme through the page; it appears at its
+	// placement without a reload (the marker survives).
+	t.Logf("create at %v", time.Since(start).Round(time.Millisecond))
+	eval[int](b, "mark the document", `window.__noReload = 1`)
+	b.tab("instances")
+	b.waitJS("the profile chooser", `document.querySelector("#cf-profile option[value='H100-SXM5-80GB/3g.40gb']") !== null`)
+	b.setSelect("#cf-tenant", "acme")
+	b.setSelect("#cf-profile", "H100-SXM5-80GB/3g.40gb")
+	b.waitJS("the plan", `document.querySelector("#cf-plan").textContent.indexOf("0000:") >= 0`)
+	b.run("create", chromedp.Click(chromedp.CSS("#cf-create")))
+	var created listedInstance
+	b.tab("gpus")
+	b.waitJS("the new instance", `Array.from(document.querySelectorAll("article.gpu .gi")).some(g => g.dataset.tenant === "acme")`)
+	for _, in := range listInstances(t, d) {
+		if in.Tenant == "acme" && in.Profile == "3g.40gb" {
+			created = in
+		}
+	}
+	if created.UUID == "" || created.MIG == nil {
+		t.Fatalf("vgpuctl list has no 3g.40gb for acme after the page's create")
+	}
+	b.waitJS("the new instance at its placement", fmt.Sprintf(`document.querySelector('article.gpu[data-pci=%q] .gi[data-start="%d"][data-size="%d"][data-uuid*=%q]') !== null`,
+		created.GPU, created.MIG.Start, created.MIG.Size, created.UUID))
+	if eval[int](b, "reload marker", `window.__noReload || 0`) != 1 {
+		t.Errorf("the page was reloaded to show the new instance")
+	}
+	checkGrid(t, b, d)
+	b.waitJS("the version line", `document.querySelector("#version").textContent !== ""`)
+	shot := b.screenshot("2-gpus-after-create")
+	if *updateScreenshots {
+		root, _ := testenv.RepoRoot()
+		img, _ := os.ReadFile(shot)
+		if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-gpus.png"), img, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A 2g.20gb is over acme's VRAM quota: QuotaExceeded with vgpud's own
+	// message, which vgpuctl prints too.
+	t.Logf("quota check at %v", time.Since(start).Round(time.Millisecond))
+	b.tab("instances")
+	b.setSelect("#cf-profile", "H100-SXM5-80GB/2g.20gb")
+	// The plan already tells (and the button stays put once it is shown).
+	b.waitJS("the plan's quota refusal", `document.querySelector("#cf-plan").textContent.indexOf("VRAM quota") >= 0`)
+	b.run("create over quota", chromedp.Click(chromedp.CSS("#cf-create")))
+	b.waitJS("the error", `!document.querySelector("#error").hidden && document.querySelector("#error-name").textContent !== ""`)
+	errName := eval[string](b, "error name", `document.querySelector("#error-name").textContent`)
+	errMsg := eval[string](b, "error message", `document.querySelector("#error-message").textContent`)
+	if errName != "dev.vgpud1.Error.QuotaExceeded" {
+		t.Errorf("refused create shows %q: %q", errName, errMsg)
+	}
+	ctl := d.ctl(t, "create", "2g.20gb", "--tenant", "acme")
+	if ctl.code != 6 || errMsg == "" || !strings.Contains(ctl.err, errMsg) {
+		t.Errorf("the page shows %q; vgpuctl (exit %d) says %q", errMsg, ctl.code, ctl.err)
+	}
+	b.screenshot("3-instances-quota-exceeded")
+
+	// Attach the A10-4Q (an mdev) to a VM of the private libvirtd.
+	row := fmt.Sprintf(`#instances tr[data-uuid=%q]`, mdev.UUID)
+	t.Logf("attach at %v", time.Since(start).Round(time.Millisecond))
+	b.run("attach", chromedp.SendKeys(chromedp.CSS(row+" .vm-input"), vm), chromedp.Click(chromedp.CSS(row+" button.attach")))
+	b.waitJS("the attachment", fmt.Sprintf(`document.querySelector('%s td.vm').textContent.indexOf(%q) === 0`, row, vm))
+	xml := lv.Virsh(t, "dumpxml", "--inactive", vm)
+	if !strings.Contains(xml, mdev.UUID) || !strings.Contains(xml, "type='mdev'") {
+		t.Errorf("virsh dumpxml lacks the instance %s:\n%s", mdev.UUID, xml)
+	}
+	b.screenshot("4-instances")
+
+	b.tab("tenants")
+	b.waitJS("the tenants", `document.querySelectorAll("#tenants tr").length === 2`)
+	usage := eval[string](b, "acme's usage", `document.querySelector('#tenants tr[data-tenant="acme"]').textContent`)
+	if !strings.Contains(usage, "/ 50 GiB") || !strings.Contains(usage, "1 / 8") {
+		t.Errorf("acme's row: %q", usage)
+	}
+	// Define a tenant through the form, then change its quota.
+	b.run("define initech", chromedp.SendKeys(chromedp.CSS("#tf-name"), "initech"), chromedp.SendKeys(chromedp.CSS("#tf-vram"), "10"),
+		chromedp.SendKeys(chromedp.CSS("#tf-compute"), "1.5"),
+		chromedp.SendKeys(chromedp.CSS("#tf-max"), "2"), chromedp.Click(chromedp.CSS("#tf-define")))
+	b.waitJS("initech", `document.querySelector('#tenants tr[data-tenant="initech"]') !== null`)
+	type quota struct {
+		VRAM    *uint64 `json:"vramBytes"`
+		Compute *uint64 `json:"computeMilli"`
+		Max     *uint64 `json:"maxInstances"`
+	}
+	show := func() quota {
+		return jsonOut[struct {
+			Tenant struct {
+				Quota quota `json:"quota"`
+			} `json:"tenant"`
+		}](t, d.ctl(t, "tenant", "show", "initech", "-o", "json").must(t, "tenant show")).Tenant.Quota
+	}
+	if q := show(); q.VRAM == nil || *q.VRAM != 10<<30 || q.Compute == nil || *q.Compute != 1500 || q.Max == nil || *q.Max != 2 {
+		t.Errorf("initech defined through the page: %+v (want VRAM 10GiB, compute 1.5, 2 instances)", q)
+	}
+	b.run("set initech's quota", chromedp.SetValue(chromedp.CSS("#tf-vram"), "20"), chromedp.Click(chromedp.CSS("#tf-setquota")))
+	b.waitJS("initech's new quota", `document.querySelector('#tenants tr[data-tenant="initech"]').textContent.indexOf("/ 20 GiB") >= 0`)
+	if q := show(); q.VRAM == nil || *q.VRAM != 20<<30 || q.Compute == nil || *q.Compute != 1500 {
+		t.Errorf("initech after Set quota: %+v", q)
+	}
+	b.screenshot("5-tenants")
+	b.tab("activity")
+	b.waitJS("the shares", `document.querySelectorAll("#activity tr[data-uuid]").length === 4`)
+	b.screenshot("6-activity")
+	b.tab("fleet")
+	b.waitJS("the fleet status", `document.querySelector("#fleet-unavailable") !== null`)
+	fleet := eval[string](b, "fleet", `document.querySelector("#fleet-unavailable").textContent`)
+	if !strings.Contains(fleet, "dev.vgpud1.Error.Unavailable") {
+		t.Errorf("fleet without fleet: shows %q", fleet)
+	}
+	b.screenshot("7-fleet")
+
+	// A GPU falling off the bus is marked on the GPUs tab as vgpud
+	// signals it.
+	b.tab("gpus")
+	d.sim(t, "lose-gpu", "0000:61:00.0")
+	b.waitJS("the lost GPU", `document.querySelector('article.gpu.gpu-bad[data-pci="0000:61:00.0"][data-state="lost"]') !== null`)
+	b.screenshot("8-gpu-lost")
+	t.Logf("browser steps took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// TestCockpitPagePlainUser: a session vgpud refuses (the bridge as uid
+// 65534, outside group vgpud) gets the page with the reason and no control
+// that changes anything, and vgpud refuses a change sent over its bridge.
+func TestCockpitPagePlainUser(t *testing.T) {
+	chromium, ws, bridge := cockpitTools(t)
+	artefacts := cockpitArtefacts(t)
+	bus := testbus.Start(t)
+	d := startBusDaemon(t, bus, busDaemonOpts{})
+	d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB", "--compute", "unlimited").must(t, "define acme")
+	before := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out
+
+	data := installPage(t)
+	base := startCockpitWS(t, bus, ws, bridge, data, asNobody)
+	b := newBrowser(t, chromium, artefacts)
+	b.run("load the page", chromedp.Navigate(base+cockpitPage))
+	b.waitJS("the access banner", `!document.querySelector("#access").hidden`)
+	banner := eval[string](b, "banner", `document.querySelector("#access").textContent`)
+	if !strings.Contains(banner, "dev.vgpud1.Error.AccessDenied") {
+		t.Errorf("access banner: %q", banner)
+	}
+	enabled := eval[[]string](b, "enabled controls", `Array.from(document.querySelectorAll("button.manage")).filter(x => !x.disabled).map(x => x.id || x.textContent)`)
+	if len(enabled) != 0 {
+		t.Errorf("a refused session has enabled change controls: %v", enabled)
+	}
+	// Past the page: the same call through the session's bridge is refused
+	// by vgpud.
+	type callResult struct {
+		Name    string `json:"name"`
+		Message string `json:"message"`
+	}
+	res := eval[callResult](b, "create through the bridge", `window.vgpudPage.client.call("/dev/vgpud1", "dev.vgpud1.Manager", "CreateInstance",
+		["acme", "1g.10gb", {}], {type: "ssa{sv}"}).then(() => ({name: "", message: "accepted"}), e => ({name: e.name, message: e.message}))`)
+	if res.Name != "dev.vgpud1.Error.AccessDenied" {
+		t.Errorf("CreateInstance from the plain user's session: %+v", res)
+	}
+	for _, tab := range []string{"gpus", "tenants", "instances"} {
+		b.tab(tab)
+	}
+	b.screenshot("plain-user")
+	if after := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out; after != before {
+		t.Errorf("instances changed under a plain user:\n%s\n%s", before, after)
+	}
+}
