@@ -34,7 +34,8 @@ func (a *app) fleetStatusCmd() *cobra.Command {
 inventories (host total/reserved against Placement's total/reserved/used)
 and allocations, and names every difference (provider-missing,
 provider-stale, inventory-missing, inventory-stale, inventory-differs,
-traits-differ, allocation-missing, allocation-stale, allocation-differs).
+traits-differ, allocation-missing, allocation-stale, allocation-differs,
+write-failed: a write the last sync pass could not make).
 It only reads; vgpud's sync repairs differences at its next pass. An
 allocation a fleet scheduler wrote for a create still on its way shows as
 allocation-stale until the create adopts it. Unavailable (exit 10) when no

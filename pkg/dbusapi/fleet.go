@@ -64,8 +64,10 @@ type FleetClass struct {
 
 // FleetDifference is one way Placement differs from the host. Kind is
 // provider-missing, provider-stale, inventory-missing, inventory-stale,
-// inventory-differs, traits-differ, allocation-missing, allocation-stale
-// or allocation-differs; Subject the class, consumer or provider UUID.
+// inventory-differs, traits-differ, allocation-missing, allocation-stale,
+// allocation-differs or write-failed (a write the last pass could not make:
+// Subject the consumer, "inventories", "traits" or the provider UUID, Host
+// the write, Placement the error); Subject the class, consumer or provider UUID.
 type FleetDifference struct {
 	Kind      string `json:"kind"`
 	Provider  string `json:"provider"`

@@ -140,7 +140,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 					{name: "last_sync_ms", doc: "Last successful sync pass, Unix milliseconds; 0 before the first."},
 					{name: "last_error", doc: "The last pass's error; empty when it succeeded."},
 					{name: "providers", doc: "(uuid, name, gpu, in placement, host allocations, placement allocations, classes) per GPU; classes: (class, host total, host reserved, host max_unit, placement total, placement reserved, placement used)."},
-					{name: "differences", doc: "(kind, provider, subject, host, placement): kind is provider-missing, provider-stale, inventory-missing, inventory-stale, inventory-differs, traits-differ, allocation-missing, allocation-stale or allocation-differs; subject the class, consumer or provider UUID; empty when Placement equals the host."},
+					{name: "differences", doc: "(kind, provider, subject, host, placement): kind is provider-missing, provider-stale, inventory-missing, inventory-stale, inventory-differs, traits-differ, allocation-missing, allocation-stale, allocation-differs or write-failed (a write the last pass could not make; host: the write, placement: the error); subject the class, consumer or provider UUID; empty when Placement equals the host."},
 				}},
 			{name: "GetShares", access: accessRead, fn: s.getShares,
 				doc: "Per instance: entitled compute and, when the share engine reports them, achieved compute, demand and interference index (max(0, 1 - achieved/min(demand, entitled)); 0 is perfect isolation) over the last window.",

@@ -28,36 +28,22 @@ func (s *Syncer) provider(gpuUUID string) (gpuProvider, bool, error) {
 	return gpuProvider{}, false, nil
 }
 
-// down reports whether the last pass failed: claims then do not wait for
-// a Placement that does not answer.
-func (s *Syncer) down() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lastErr != nil
-}
-
 // Claim writes c's allocation before the manager carves. Placement's
 // capacity refusal is retried once after this GPU's inventory is
 // re-published (Placement may hold an older, smaller view); a second
-// refusal is the manager's NoCapacity.
+// refusal is the manager's NoCapacity. Whatever an earlier pass met, the
+// claim is tried: while Placement was last seen unreachable with a quarter
+// of ClaimTimeout.
 func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
-	if s.down() {
-		s.met.claims.WithLabelValues("skipped").Inc()
-		return fmt.Errorf("placement did not answer the last sync: %w", placementapi.ErrUnreachable)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.ClaimTimeout))
 	defer cancel()
 	p, ok, err := s.provider(c.GPU)
 	if err != nil || !ok {
 		return fmt.Errorf("GPU %s has no provider: %w", c.GPU, errors.Join(err, placementapi.ErrNotFound))
 	}
-	s.mu.Lock()
-	s.seen[c.Instance] = time.Now() // protected from the orphan sweep for Grace
 	// A UUID used again after its instance was destroyed: a pass still in
 	// flight must not take the new claim for the old instance's leftover.
-	delete(s.gone, c.Instance)
-	delete(s.known, c.Instance)
-	s.mu.Unlock()
+	s.reset(c.Instance)
 	want := resourcesOf(c)
 	err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 	if errors.Is(err, placementapi.ErrCapacity) {
@@ -66,6 +52,7 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 			err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 		}
 	}
+	s.reached(err)
 	switch {
 	case errors.Is(err, placementapi.ErrCapacity):
 		s.met.claims.WithLabelValues("refused").Inc()
@@ -78,19 +65,32 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 	return nil
 }
 
+// reached notes a claim's or settle's outcome: a Placement that did not
+// answer makes the next ones wait less and asks for a pass, which notes
+// when it answers again.
+func (s *Syncer) reached(err error) {
+	s.noteReach(err)
+	if err != nil && placementapi.Kind(err) == "unreachable" {
+		s.Kick()
+	}
+}
+
 // publishOne re-publishes one GPU's inventory now.
 func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
 		return err
 	}
-	return s.syncInventory(ctx, p)
+	_, _, err := s.syncInventory(ctx, p)
+	return err
 }
 
-// Unclaim marks a failed create's claim for removal at the next pass.
+// Unclaim marks a failed create's claim (or a destroyed instance's
+// allocation) for removal at the next pass.
 func (s *Syncer) Unclaim(instance string) {
 	s.mu.Lock()
-	s.gone[instance] = true
+	s.gone[instance] = time.Now()
 	delete(s.seen, instance)
+	delete(s.settled, instance)
 	s.mu.Unlock()
 	s.Kick()
 }
@@ -121,6 +121,9 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	if len(found) != 1 {
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s names %d of this host's GPU providers, not one (is it for another host?): %w", consumer, len(found), manager.ErrInvalidArgument)
 	}
+	// A scheduler's claim under a UUID an instance destroyed here had
+	// (Nova reuses instance UUIDs): not that instance's leftover.
+	s.reset(consumer)
 	p := found[0]
 	res := cons.Allocations[p.uuid].Resources
 	c := manager.FleetClaim{Instance: consumer, GPU: p.gpu.UUID, Slices: res[SliceClass]}
@@ -189,9 +192,7 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 	if err != nil || !ok {
 		return fmt.Errorf("GPU %s has no provider: %w: %w", c.GPU, manager.ErrBackendFailure, errors.Join(err, placementapi.ErrNotFound))
 	}
-	s.mu.Lock()
-	s.seen[c.Instance] = time.Now() // protected from the orphan sweep for Grace
-	s.mu.Unlock()
+	s.reset(c.Instance)
 	want := resourcesOf(c)
 	write := func() error {
 		gone := false
@@ -261,27 +262,47 @@ func (s *Syncer) owner(ctx context.Context, consumer string) string {
 // changed the GPU, before the operation returns: the allocation of an
 // instance just destroyed goes, and the GPU's inventories are published
 // again, so that a scheduler's next look at Placement sees the room the
-// change freed or took. Bounded by ClaimTimeout and skipped while
-// Placement does not answer; what it cannot do the next pass does.
+// change freed or took. It looks the GPU's provider up first, so it works
+// on a syncer that has not passed yet (an operation right after start).
+// Bounded by SettleTimeout (a quarter of it while Placement was last seen
+// unreachable); what it cannot do the next pass does, the removal at once.
 func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) {
-	if s.down() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	start := time.Now()
+	outcome := "done"
+	defer func() {
+		s.met.settles.WithLabelValues(outcome).Inc()
+		s.met.settleTime.Observe(time.Since(start).Seconds())
+	}()
+	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.SettleTimeout))
 	defer cancel()
-	if removed != "" {
-		if err := s.removeAllocation(ctx, removed); err != nil {
-			s.log.Debug("allocation of a destroyed instance left for the next pass", "consumer", removed, "err", err)
-			s.Kick()
-			return
+	later := func(what string, err error) {
+		outcome = "failed"
+		if removed != "" {
+			s.Unclaim(removed)
 		}
+		s.log.Debug(what+" left for the next pass", "gpu", gpuUUID, "consumer", removed, "err", err)
+		s.Kick()
 	}
 	p, ok, err := s.provider(gpuUUID)
 	if err != nil || !ok {
+		later("GPU's provider", errors.Join(err, placementapi.ErrNotFound))
 		return
 	}
-	if err := s.publishOne(ctx, &p); err != nil {
-		s.log.Debug("GPU inventory left for the next pass", "gpu", p.name, "err", err)
-		s.Kick()
+	if removed != "" {
+		err := s.removeAllocation(ctx, removed)
+		s.reached(err)
+		if err != nil {
+			later("allocation of a destroyed instance", err)
+			return
+		}
+		s.mu.Lock()
+		s.settled[removed] = time.Now()
+		s.mu.Unlock()
+	}
+	err = s.publishOne(ctx, &p)
+	s.reached(err)
+	if err != nil {
+		removed = ""
+		later("GPU inventory", err)
 	}
 }

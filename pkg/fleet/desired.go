@@ -93,6 +93,56 @@ func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
 	return out
 }
 
+// effective is p's inventories as Placement must hold them with have on
+// the provider (consumer → resources, what Placement holds now): the
+// host's, except that every class's capacity (total - reserved) is at
+// least what is held there, counting for each instance the larger of what
+// it holds and what it should hold (the pass writes it next). So usage
+// never exceeds a total in Placement, whatever the order of the writes,
+// and an instance's allocation is never refused because a scheduler's
+// claim took its room while the host carved it: Placement then shows that
+// class with no room, and the claim as an allocation without an instance
+// until its create is refused as stale or the grace period ends. A class
+// the host no longer offers that is still held keeps exactly what is held.
+func effective(p *gpuProvider, have map[string]map[string]int) map[string]placementapi.Inventory {
+	used := map[string]int{}
+	count := func(h, w map[string]int) {
+		for rc, n := range h {
+			used[rc] += max(n, w[rc])
+		}
+		for rc, n := range w {
+			if _, ok := h[rc]; !ok {
+				used[rc] += n
+			}
+		}
+	}
+	for c, h := range have {
+		count(h, p.allocs[c])
+	}
+	for c, w := range p.allocs {
+		if _, ok := have[c]; !ok {
+			count(nil, w)
+		}
+	}
+	out := make(map[string]placementapi.Inventory, len(p.inv))
+	for rc, inv := range p.inv {
+		out[rc] = inv
+	}
+	for rc, u := range used {
+		inv, ok := out[rc]
+		switch {
+		case u <= 0:
+		case !ok:
+			out[rc] = one(u, 0, u)
+		case inv.Total-inv.Reserved < u:
+			inv.Total = max(inv.Total, u)
+			inv.Reserved = inv.Total - u
+			out[rc] = inv
+		}
+	}
+	return out
+}
+
 func sameInventories(a, b map[string]placementapi.Inventory) bool {
 	if len(a) != len(b) {
 		return false

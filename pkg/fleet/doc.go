@@ -15,8 +15,11 @@
 // allocation, because Placement counts each class on its own.
 //
 // Placement being slow or down never fails a local operation: claims give
-// up after a short deadline (and at once while the last pass failed), and
-// the sync writes what is missing when Placement answers again.
+// up after a short deadline (shorter still while Placement was last seen
+// not answering), and the sync writes what is missing when Placement
+// answers again. One write Placement refuses stalls nothing else: every
+// provider and consumer is written on its own, and the refusal is named
+// in Status and counted.
 //
 // Imports: pkg/gpu, pkg/manager, pkg/placementapi, pkg/store.
 package fleet

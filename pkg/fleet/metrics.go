@@ -19,6 +19,13 @@ type Metrics struct {
 	claims    *prometheus.CounterVec
 	lastOK    prometheus.Gauge
 	duration  prometheus.Histogram
+	// writeFailures are single writes a pass could not make, by write
+	// (provider, inventory, traits, allocation, removal, read) and kind.
+	writeFailures *prometheus.CounterVec
+	// settles are Settle's outcomes (done, failed) and settleTime its
+	// duration.
+	settles    *prometheus.CounterVec
+	settleTime prometheus.Histogram
 }
 
 // NewMetrics makes the families (not registered).
@@ -41,12 +48,22 @@ func NewMetrics() *Metrics {
 			Help: "When the last Placement sync pass succeeded (Unix time)."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vgpud_fleet_sync_duration_seconds",
 			Help: "How long one Placement sync pass took.", Buckets: prometheus.DefBuckets}),
+		writeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_fleet_write_failures_total",
+			Help: "Single Placement writes (or a provider's reads) a sync pass could not make, by write and error kind; the pass goes on with the others."},
+			[]string{"write", "kind"}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_fleet_settles_total",
+			Help: "GPU providers brought up to date by a create or destroy before it returned, by outcome (done, failed: left to the next pass)."},
+			[]string{"outcome"}),
+		settleTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vgpud_fleet_settle_duration_seconds",
+			Help:    "How long a create or destroy waited for its GPU's provider to be brought up to date.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
 	}
 }
 
 // Register adds the families to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.lag, m.conflicts, m.failures, m.passes, m.orphans, m.claims, m.lastOK, m.duration} {
+	for _, c := range []prometheus.Collector{m.lag, m.conflicts, m.failures, m.passes, m.orphans, m.claims, m.lastOK, m.duration,
+		m.writeFailures, m.settles, m.settleTime} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -13,91 +13,181 @@ import (
 // conflictRetries bounds re-reads after a generation conflict.
 const conflictRetries = 4
 
+// passState is what one pass learns across its providers.
+type passState struct {
+	// instances are the consumers that are instances anywhere on the host
+	// (the view's): their allocation moves with their own write, never
+	// removed as an orphan.
+	instances map[string]bool
+	// held are the consumers Placement holds on the host's providers.
+	held map[string]bool
+	// complete is false when a provider's allocations could not be read.
+	complete bool
+	// failures are the writes Placement refused or did not answer.
+	failures []Difference
+}
+
+// fail notes one failed write (or read) for fleet status and the metric.
+func (s *Syncer) fail(ps *passState, provider, subject, write string, err error) {
+	ps.failures = append(ps.failures, Difference{Kind: DiffWriteFailed, Provider: provider, Subject: subject, Host: write, Placement: err.Error()})
+	s.met.writeFailures.WithLabelValues(write, placementapi.Kind(err)).Inc()
+}
+
 // syncProvider makes one GPU's provider, inventories, traits and
-// allocations equal the host's. A provider whose generation is what the
-// last pass left, with the same wishes, is not read again.
-func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[string]int, names map[string]string) error {
+// allocations equal the host's. Every write stands on its own: one
+// refused or failing (a consumer's allocation, the inventories) is
+// reported and the rest goes on, in this provider and the next.
+// The order keeps every class's usage within its capacity: allocations
+// that must go are removed first, then the inventories are written with
+// each total at least what stays held and what the instances' writes add
+// (effective), then the instances' allocations, then the inventories
+// again where those writes shrank what is held. Allocations are read on
+// every pass (a deletion by someone else bumps no generation); the
+// inventories and traits of a provider whose generation and wishes did
+// not change since the last pass are not read again.
+func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[string]int, names map[string]string, ps *passState) error {
 	gen, exists := gens[p.uuid]
 	if exists && names[p.uuid] != p.name {
-		return fmt.Errorf("provider %s is named %q, not %q: %w", p.uuid, names[p.uuid], p.name, placementapi.ErrBadRequest)
+		err := fmt.Errorf("provider %s is named %q, not %q: %w", p.uuid, names[p.uuid], p.name, placementapi.ErrBadRequest)
+		s.fail(ps, p.name, p.uuid, "provider", err)
+		return err
 	}
 	if !exists {
 		if err := s.c.CreateProvider(ctx, p.uuid, p.name, s.top()); err != nil {
-			return fmt.Errorf("create provider %s: %w", p.name, err)
+			err = fmt.Errorf("create provider %s: %w", p.name, err)
+			s.fail(ps, p.name, p.uuid, "provider", err)
+			return err
 		}
 		gen = 0
+	}
+	s.crash(manager.CrashFleetProvider)
+	have, err := s.c.ProviderAllocations(ctx, p.uuid)
+	if err != nil {
+		ps.complete = false
+		err = fmt.Errorf("allocations of %s: %w", p.name, err)
+		s.fail(ps, p.name, p.uuid, "read", err)
+		return err
+	}
+	var errs []error
+	// Removals first: a class's total falls only once what held it is gone.
+	now := time.Now()
+	for _, consumer := range sortedKeys(have) {
+		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || !s.expired(consumer, now) {
+			continue
+		}
+		if err := s.removeAllocation(ctx, consumer); err != nil {
+			err = fmt.Errorf("remove allocation of %s: %w", consumer, err)
+			s.fail(ps, p.name, consumer, "removal", err)
+			errs = append(errs, err)
+			continue
+		}
+		delete(have, consumer)
+		s.log.Info("placement allocation without an instance removed", "consumer", consumer, "provider", p.name)
+		s.met.orphans.Inc()
+		s.crash(manager.CrashFleetUnalloc)
+	}
+	for consumer := range have {
+		ps.held[consumer] = true
 	}
 	s.mu.Lock()
 	c, hit := s.cache[p.uuid]
 	s.mu.Unlock()
-	if hit && exists && c.gen == gen && sameInventories(c.inv, p.inv) && sameSet(c.traits, p.traits) && sameAllocs(c.allocs, p.allocs) && !s.pending() {
-		return nil
+	written, invGen := effective(p, have), gen
+	skip := hit && exists && c.gen == gen && sameInventories(c.inv, written) && sameSet(c.traits, p.traits)
+	if !skip {
+		if written, invGen, err = s.syncInventory(ctx, p); err != nil {
+			s.fail(ps, p.name, "inventories", "inventory", err)
+			errs = append(errs, err)
+		}
+		s.crash(manager.CrashFleetInventory)
+		if err := s.syncTraits(ctx, p); err != nil {
+			s.fail(ps, p.name, "traits", "traits", err)
+			errs = append(errs, err)
+		}
 	}
-	s.crash(manager.CrashFleetProvider)
-	if err := s.syncInventory(ctx, p); err != nil {
-		return err
+	again := false
+	for _, consumer := range sortedKeys(p.allocs) {
+		want := p.allocs[consumer]
+		if sameResources(have[consumer], want) || schedulersToWrite(p, consumer, have) || !s.src.HasInstance(consumer) {
+			// A scheduler's claim its create has not confirmed is the
+			// scheduler's to write; an instance destroyed since this
+			// pass read the host (its allocation removed by the
+			// destroy) is not written back.
+			continue
+		}
+		if err := s.writeAllocation(ctx, consumer, p.uuid, want); err != nil {
+			err = fmt.Errorf("allocation of %s: %w", consumer, err)
+			s.fail(ps, p.name, consumer, "allocation", err)
+			errs = append(errs, err)
+			continue
+		}
+		again = again || have[consumer] != nil
+		if !s.src.HasInstance(consumer) {
+			// Destroyed while it was written: its destroy may have
+			// removed it just before this write put it back.
+			again = true
+			if err := s.removeAllocation(ctx, consumer); err != nil {
+				err = fmt.Errorf("remove allocation of %s, destroyed while it was written: %w", consumer, err)
+				s.fail(ps, p.name, consumer, "removal", err)
+				errs = append(errs, err)
+			}
+		}
+		s.crash(manager.CrashFleetAlloc)
 	}
-	s.crash(manager.CrashFleetInventory)
-	if err := s.syncTraits(ctx, p); err != nil {
-		return err
+	if again {
+		// An allocation rewritten smaller (or removed again) lowers
+		// the totals raised for it.
+		if written, invGen, err = s.syncInventory(ctx, p); err != nil {
+			s.fail(ps, p.name, "inventories", "inventory", err)
+			errs = append(errs, err)
+		}
 	}
-	if err := s.syncAllocations(ctx, p); err != nil {
-		return err
+	if len(errs) > 0 {
+		s.mu.Lock()
+		delete(s.cache, p.uuid)
+		s.mu.Unlock()
+		return errors.Join(errs...)
 	}
-	// The allocations written bumped the generation: read it so the next
-	// pass can skip this provider.
-	pr, err := s.c.Provider(ctx, p.uuid)
-	if err != nil {
-		return err
-	}
+	// The generation Placement gave the inventories this pass read or
+	// wrote: any change since (an allocation, an inventory a settle wrote
+	// from an older view) makes the next pass read them again; a quiet
+	// provider is skipped.
 	s.mu.Lock()
-	s.cache[p.uuid] = cached{gen: pr.Generation, inv: p.inv, traits: p.traits, allocs: p.allocs}
+	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits}
 	s.mu.Unlock()
 	return nil
 }
 
-// pending reports whether claims await removal or grace (a pass must look).
-func (s *Syncer) pending() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.gone) > 0 || len(s.seen) > 0
-}
-
-// syncInventory writes the provider's inventories when they differ, at the
-// generation just read; a conflict (an allocation landed in between)
-// re-reads and retries.
-func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) error {
-	drain := false
+// syncInventory writes the provider's inventories when they differ from
+// effective ones (the host's, with every capacity at least what is held
+// there now), at the generation read before the allocations, so an
+// allocation landing in between is a conflict, re-read and retried.
+// It returns what Placement holds, and the provider's generation then.
+func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]placementapi.Inventory, int, error) {
 	for try := 0; ; try++ {
 		cur, gen, err := s.c.Inventories(ctx, p.uuid)
 		if err != nil {
-			return err
+			return nil, 0, fmt.Errorf("inventories of %s: %w", p.name, err)
 		}
-		if sameInventories(cur, p.inv) {
-			return nil
+		have, err := s.c.ProviderAllocations(ctx, p.uuid)
+		if err != nil {
+			return nil, 0, fmt.Errorf("allocations of %s: %w", p.name, err)
 		}
-		want := p.inv
-		if drain {
-			want = drained(p.inv, cur)
+		want := effective(p, have)
+		if sameInventories(cur, want) {
+			return want, gen, nil
 		}
-		_, err = s.c.SetInventories(ctx, p.uuid, gen, want)
-		if errors.Is(err, placementapi.ErrConflict) && try < conflictRetries {
+		gen, err = s.c.SetInventories(ctx, p.uuid, gen, want)
+		// A capacity refusal (a class in use deleted) means an allocation
+		// landed that the read missed: read again, as for a conflict.
+		if (errors.Is(err, placementapi.ErrConflict) || errors.Is(err, placementapi.ErrCapacity)) && try < conflictRetries {
 			s.met.conflicts.Inc()
 			continue
 		}
-		if errors.Is(err, placementapi.ErrCapacity) && !drain {
-			// A class the GPU no longer offers still holds allocations
-			// (an instance just destroyed, whose allocation this pass
-			// removes after the inventories, or a claim not yet
-			// adopted): keep it fully reserved, and drop it next pass.
-			drain = true
-			s.Kick()
-			continue
-		}
 		if err != nil {
-			return fmt.Errorf("inventories of %s: %w", p.name, err)
+			return nil, 0, fmt.Errorf("inventories of %s: %w", p.name, err)
 		}
-		return nil
+		return want, gen, nil
 	}
 }
 
@@ -123,56 +213,12 @@ func (s *Syncer) syncTraits(ctx context.Context, p *gpuProvider) error {
 	}
 }
 
-// syncAllocations writes each instance's allocation and removes those of
-// consumers that are no instance: at once for instances that went and
-// claims a failed create dropped, after Grace for the rest (a scheduler
-// between its claim and its create).
-func (s *Syncer) syncAllocations(ctx context.Context, p *gpuProvider) error {
-	have, err := s.c.ProviderAllocations(ctx, p.uuid)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for consumer, want := range p.allocs {
-		if sameResources(have[consumer], want) || schedulersToWrite(p, consumer, have) {
-			continue
-		}
-		if !s.src.HasInstance(consumer) {
-			// Destroyed since this pass read the host (and its
-			// allocation removed by the destroy): not written back.
-			continue
-		}
-		if err := s.writeAllocation(ctx, consumer, p.uuid, want); err != nil {
-			errs = append(errs, fmt.Errorf("allocation of %s: %w", consumer, err))
-			continue
-		}
-		s.crash(manager.CrashFleetAlloc)
-	}
-	now := time.Now()
-	for consumer := range have {
-		if _, ok := p.allocs[consumer]; ok {
-			continue
-		}
-		if !s.expired(consumer, now) {
-			continue
-		}
-		if err := s.removeAllocation(ctx, consumer); err != nil {
-			errs = append(errs, fmt.Errorf("remove allocation of %s: %w", consumer, err))
-			continue
-		}
-		s.log.Info("placement allocation without an instance removed", "consumer", consumer, "provider", p.name)
-		s.met.orphans.Inc()
-		s.crash(manager.CrashFleetUnalloc)
-	}
-	return errors.Join(errs...)
-}
-
 // expired reports whether consumer's allocation, which names no instance,
 // should go now.
 func (s *Syncer) expired(consumer string, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.known[consumer] || s.gone[consumer] {
+	if _, gone := s.gone[consumer]; gone || s.known[consumer] {
 		return true
 	}
 	first, ok := s.seen[consumer]
@@ -264,7 +310,7 @@ func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(ma
 
 // removeStale deletes GPU providers of this host's tree whose GPU is gone
 // (only providers carrying CUSTOM_VGPUD_MANAGED, under vgpud's top).
-func (s *Syncer) removeStale(ctx context.Context, tree []placementapi.Provider, want []gpuProvider) error {
+func (s *Syncer) removeStale(ctx context.Context, tree []placementapi.Provider, want []gpuProvider, ps *passState) error {
 	keep := map[string]bool{}
 	for _, p := range want {
 		keep[p.uuid] = true
@@ -276,6 +322,7 @@ func (s *Syncer) removeStale(ctx context.Context, tree []placementapi.Provider, 
 		}
 		traits, _, err := s.c.Traits(ctx, p.UUID)
 		if err != nil {
+			ps.complete = false
 			errs = append(errs, err)
 			continue
 		}
@@ -284,6 +331,8 @@ func (s *Syncer) removeStale(ctx context.Context, tree []placementapi.Provider, 
 		}
 		allocs, err := s.c.ProviderAllocations(ctx, p.UUID)
 		if err != nil {
+			ps.complete = false
+			s.fail(ps, p.Name, p.UUID, "read", err)
 			errs = append(errs, err)
 			continue
 		}
@@ -292,11 +341,15 @@ func (s *Syncer) removeStale(ctx context.Context, tree []placementapi.Provider, 
 		s.mu.Unlock()
 		for consumer := range allocs {
 			if err := s.removeAllocation(ctx, consumer); err != nil {
+				ps.held[consumer] = true
+				s.fail(ps, p.Name, consumer, "removal", err)
 				errs = append(errs, err)
 			}
 		}
 		if err := s.c.DeleteProvider(ctx, p.UUID); err != nil {
-			errs = append(errs, fmt.Errorf("delete provider %s of a GPU that is gone: %w", p.Name, err))
+			err = fmt.Errorf("delete provider %s of a GPU that is gone: %w", p.Name, err)
+			s.fail(ps, p.Name, p.UUID, "provider", err)
+			errs = append(errs, err)
 			continue
 		}
 		s.mu.Lock()
@@ -336,31 +389,4 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-func sameAllocs(a, b map[string]map[string]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if !sameResources(v, b[k]) {
-			return false
-		}
-	}
-	return true
-}
-
-// drained is want plus, fully reserved, the classes of cur that want lacks.
-func drained(want, cur map[string]placementapi.Inventory) map[string]placementapi.Inventory {
-	out := map[string]placementapi.Inventory{}
-	for k, v := range want {
-		out[k] = v
-	}
-	for k, v := range cur {
-		if _, ok := out[k]; !ok {
-			v.Reserved = v.Total
-			out[k] = v
-		}
-	}
-	return out
 }

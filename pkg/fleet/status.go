@@ -20,6 +20,10 @@ const (
 	DiffAllocationMissing = "allocation-missing" // an instance has no allocation
 	DiffAllocationStale   = "allocation-stale"   // an allocation whose consumer is no instance
 	DiffAllocationDiffers = "allocation-differs" // an instance's allocation holds other resources
+	// DiffWriteFailed is a write the last pass could not make (Subject: the
+	// consumer, "inventories", "traits" or the provider; Host: the write;
+	// Placement: the error). The pass retries it; the others went on.
+	DiffWriteFailed = "write-failed"
 )
 
 // Status is what Placement holds against what the host holds.
@@ -74,6 +78,7 @@ func (s *Syncer) Status(ctx context.Context) (Status, error) {
 	if s.lastErr != nil {
 		st.LastError = s.lastErr.Error()
 	}
+	failures := append([]Difference(nil), s.failures...)
 	s.mu.Unlock()
 	tree, err := s.c.Tree(ctx, s.top())
 	if err != nil {
@@ -96,6 +101,7 @@ func (s *Syncer) Status(ctx context.Context) (Status, error) {
 		return st, err
 	}
 	st.Differences = append(st.Differences, stale...)
+	st.Differences = append(st.Differences, failures...)
 	return st, nil
 }
 
@@ -122,6 +128,8 @@ func (s *Syncer) compareProvider(ctx context.Context, p *gpuProvider, inTree map
 		return ps, nil, fmt.Errorf("traits of %s: %w", p.name, err)
 	}
 	ps.PlacementAllocations = len(allocs)
+	// What a pass publishes with these allocations held (effective).
+	want := effective(p, allocs)
 	used := map[string]int{}
 	for _, r := range allocs {
 		for rc, n := range r {
@@ -129,14 +137,14 @@ func (s *Syncer) compareProvider(ctx context.Context, p *gpuProvider, inTree map
 		}
 	}
 	classes := map[string]bool{}
-	for rc := range p.inv {
+	for rc := range want {
 		classes[rc] = true
 	}
 	for rc := range inv {
 		classes[rc] = true
 	}
 	for _, rc := range sortedKeys(classes) {
-		w, inHost := p.inv[rc]
+		w, inHost := want[rc]
 		h, inPl := inv[rc]
 		ps.Classes = append(ps.Classes, ClassStatus{Class: rc, HostTotal: w.Total, HostReserved: w.Reserved, HostMaxUnit: w.MaxUnit,
 			PlacementTotal: h.Total, PlacementReserved: h.Reserved, PlacementUsed: used[rc]})

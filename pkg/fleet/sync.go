@@ -23,8 +23,13 @@ type Config struct {
 	// Interval is the periodic pass (default 60 s); Grace how long an
 	// allocation whose consumer has no instance may live (default 2 min).
 	Interval, Grace time.Duration
-	// ClaimTimeout bounds a create's claim (default 2 s).
-	ClaimTimeout time.Duration
+	// ClaimTimeout bounds a create's claim (default 2 s); SettleTimeout
+	// what a create or destroy waits for its GPU's provider to be brought
+	// up to date before it returns (Settle; default 1 s, never more than
+	// ClaimTimeout). While Placement was last seen unreachable both are cut
+	// to a quarter, so an operation tries but does not wait long for a
+	// Placement that does not answer.
+	ClaimTimeout, SettleTimeout time.Duration
 	// ProjectID and UserID are written with vgpud's allocations.
 	ProjectID, UserID string
 	// Crash is called at the pass's crash points (manager.CrashFleet*);
@@ -64,13 +69,26 @@ type Syncer struct {
 	// seen is when an allocation without an instance was first seen (or
 	// claimed): it goes after Grace.
 	seen map[string]time.Time
-	// gone are claims dropped by a failed create: removed at the next pass.
-	gone map[string]bool
+	// gone are claims dropped by a failed create and instances removed
+	// whose allocation their destroy did not remove: removed at the next
+	// pass without grace; the time is when they were marked.
+	gone map[string]time.Time
+	// settled are instances whose destroy removed their allocation itself:
+	// their InstanceRemoved event, taken later, marks nothing.
+	settled map[string]time.Time
+	// (A successful pass prunes entries of seen, gone and settled marked
+	// before it began whose consumer none of the host's providers holds.)
 	// lastOK and lastErr are the last pass's outcome; changed is when the
 	// host last changed without a pass having published it since.
 	lastOK  time.Time
 	lastErr error
 	changed time.Time
+	// failures are the writes the last pass could not make, by subject.
+	failures []Difference
+	// unreachable: Placement did not answer the last request that tells
+	// (a pass's first reads, a claim, a settle). Claims and settles then
+	// wait a quarter of their timeout, not the whole.
+	unreachable bool
 	// cache: provider UUID → what the last pass left there.
 	cache map[string]cached
 	// classes and traits already made in Placement.
@@ -101,6 +119,10 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	if cfg.ClaimTimeout <= 0 {
 		cfg.ClaimTimeout = 2 * time.Second
 	}
+	if cfg.SettleTimeout <= 0 {
+		cfg.SettleTimeout = time.Second
+	}
+	cfg.SettleTimeout = min(cfg.SettleTimeout, cfg.ClaimTimeout)
 	if cfg.ProjectID == "" {
 		cfg.ProjectID = "vgpud"
 	}
@@ -111,8 +133,8 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 		met = NewMetrics()
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1),
-		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]bool{},
-		cache: map[string]cached{}, made: map[string]bool{}}, nil
+		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
+		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -172,9 +194,15 @@ func (s *Syncer) Run(ctx context.Context) {
 func (s *Syncer) take(e manager.Event) {
 	if e.Kind == manager.EventInstanceRemoved {
 		// Its allocation goes at the next pass, even if no pass saw the
-		// instance.
+		// instance, unless its destroy removed it already: a mark left
+		// then would sweep a scheduler's later claim under the same UUID
+		// (Nova reuses instance UUIDs) without grace.
 		s.mu.Lock()
-		s.gone[e.ID] = true
+		if _, ok := s.settled[e.ID]; ok {
+			delete(s.settled, e.ID)
+		} else {
+			s.gone[e.ID] = time.Now()
+		}
 		s.mu.Unlock()
 	}
 	if relevant(e) {
@@ -245,7 +273,9 @@ func (s *Syncer) Healthy() bool {
 	return s.lastErr == nil && !s.lastOK.IsZero()
 }
 
-// Pass makes Placement equal the host once.
+// Pass makes Placement equal the host once. A write Placement refuses or
+// does not answer fails the pass (retried with backoff) but no other
+// write of it: each provider and consumer goes on on its own.
 func (s *Syncer) Pass(ctx context.Context) error {
 	s.passMu.Lock()
 	defer s.passMu.Unlock()
@@ -254,7 +284,7 @@ func (s *Syncer) Pass(ctx context.Context) error {
 	s.changed = time.Time{}
 	s.mu.Unlock()
 	start := time.Now()
-	err := s.pass(ctx)
+	err := s.pass(ctx, start)
 	s.met.pass(err, time.Since(start))
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -272,20 +302,16 @@ func (s *Syncer) Pass(ctx context.Context) error {
 	return nil
 }
 
-func (s *Syncer) pass(ctx context.Context) error {
+func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 	view, err := s.src.FleetView()
 	if err != nil {
 		return fmt.Errorf("read the host: %w", err)
 	}
 	want := s.desired(view)
-	if err := s.ensureTop(ctx); err != nil {
-		return err
-	}
-	if err := s.ensureNames(ctx, want); err != nil {
-		return err
-	}
-	tree, err := s.c.Tree(ctx, s.top())
+	tree, err := s.prepare(ctx, want)
+	s.noteReach(err)
 	if err != nil {
+		s.setFailures(nil)
 		return err
 	}
 	gens := map[string]int{}
@@ -293,17 +319,99 @@ func (s *Syncer) pass(ctx context.Context) error {
 	for _, p := range tree {
 		gens[p.UUID], names[p.UUID] = p.Generation, p.Name
 	}
+	ps := &passState{instances: map[string]bool{}, held: map[string]bool{}, complete: true}
+	for _, p := range want {
+		for c := range p.allocs {
+			ps.instances[c] = true
+		}
+	}
 	var errs []error
 	for i := range want {
-		if err := s.syncProvider(ctx, &want[i], gens, names); err != nil {
+		if err := s.syncProvider(ctx, &want[i], gens, names, ps); err != nil {
 			errs = append(errs, fmt.Errorf("GPU %s: %w", want[i].gpu.PCI, err))
 		}
 	}
-	if err := s.removeStale(ctx, tree, want); err != nil {
+	if err := s.removeStale(ctx, tree, want, ps); err != nil {
 		errs = append(errs, err)
 	}
 	s.rememberInstances(want)
+	s.setFailures(ps.failures)
+	if ps.complete {
+		s.prune(ps.held, start)
+	}
 	return errors.Join(errs...)
+}
+
+// prepare makes sure the top provider, the classes and the traits exist
+// and reads the tree: what every provider's sync needs.
+func (s *Syncer) prepare(ctx context.Context, want []gpuProvider) ([]placementapi.Provider, error) {
+	if err := s.ensureTop(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.ensureNames(ctx, want); err != nil {
+		return nil, err
+	}
+	return s.c.Tree(ctx, s.top())
+}
+
+// setFailures keeps the last pass's failed writes for Status.
+func (s *Syncer) setFailures(f []Difference) {
+	s.mu.Lock()
+	s.failures = f
+	s.mu.Unlock()
+}
+
+// prune drops the bookkeeping of consumers marked before the pass began
+// (start) that none of the host's providers holds (held): what they were
+// kept for is done, and a consumer UUID used again later (Nova reuses
+// instance UUIDs) must start afresh, with its grace.
+func (s *Syncer) prune(held map[string]bool, start time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range []map[string]time.Time{s.seen, s.gone, s.settled} {
+		for c, at := range m {
+			if !held[c] && at.Before(start) {
+				delete(m, c)
+			}
+		}
+	}
+}
+
+// noteReach notes whether Placement answered a request that tells (err
+// nil or any answer: reachable; ErrUnreachable: not).
+func (s *Syncer) noteReach(err error) {
+	s.mu.Lock()
+	s.unreachable = err != nil && placementapi.Kind(err) == "unreachable"
+	s.mu.Unlock()
+}
+
+// down reports whether Placement was last seen unreachable: claims and
+// settles then try with a short deadline.
+func (s *Syncer) down() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.unreachable
+}
+
+// deadline is how long a claim or settle with timeout d waits now.
+func (s *Syncer) deadline(d time.Duration) time.Duration {
+	if s.down() {
+		return d / 4
+	}
+	return d
+}
+
+// reset makes consumer a new claim: protected from the orphan sweep for
+// Grace from now, and never taken for a leftover of an earlier instance
+// under the same UUID.
+func (s *Syncer) reset(consumer string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seen[consumer] = time.Now()
+	delete(s.gone, consumer)
+	delete(s.known, consumer)
+	delete(s.instances, consumer)
+	delete(s.settled, consumer)
 }
 
 // desired turns a view into providers and notes them as this host's.

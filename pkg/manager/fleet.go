@@ -26,8 +26,9 @@ type Fleet interface {
 	// that capacity away; any other error means the fleet could not be
 	// asked, and the create goes on (the fleet's sync writes it later).
 	Claim(ctx context.Context, c FleetClaim) error
-	// Unclaim drops the claim of an instance whose create failed. It must
-	// not block: the fleet's sync finishes what it cannot do at once.
+	// Unclaim drops the claim of an instance whose create failed (or the
+	// allocation of an instance destroyed where Settle is not called). It
+	// must not block: the fleet's sync finishes what it cannot do at once.
 	Unclaim(instance string)
 	// Adopt reads the allocation a scheduler wrote for consumer; it
 	// changes nothing. Errors wrap ErrNotFound (no allocation),
@@ -320,11 +321,29 @@ func (m *Manager) fleetKeep(ctx context.Context, rec store.Instance) error {
 }
 
 // fleetSettle tells the fleet, if there is one, that an operation changed
-// GPU gpu (and destroyed instance removed, when not "").
+// GPU gpu (and destroyed instance removed, when not ""). Inside reconcile
+// (settleLater), which holds the admission lock, it waits for no fleet
+// call: the removal is left to the fleet's next pass, which makes it
+// without grace.
 func (m *Manager) fleetSettle(ctx context.Context, gpu, removed string) {
-	if f := m.fleetOf(); f != nil {
+	f := m.fleetOf()
+	switch {
+	case f == nil:
+	case ctx.Value(settleLaterKey{}) != nil:
+		if removed != "" {
+			f.Unclaim(removed)
+		}
+	default:
 		f.Settle(ctx, gpu, removed)
 	}
+}
+
+type settleLaterKey struct{}
+
+// settleLater marks ctx as reconcile's: fleetSettle then calls nothing
+// that may wait on the fleet.
+func settleLater(ctx context.Context) context.Context {
+	return context.WithValue(ctx, settleLaterKey{}, true)
 }
 
 // HasInstance reports whether id is an instance of this host now.

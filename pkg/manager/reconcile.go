@@ -101,6 +101,9 @@ func libvirtAbsent(ctx context.Context, v Virt) string {
 func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	m.admit.Lock()
 	defer m.admit.Unlock()
+	// Under the admission lock every create and destroy waits: leftover
+	// destroys leave their fleet allocation to the fleet's next pass.
+	ctx = settleLater(ctx)
 	var rep ReconcileReport
 	if err := m.loadGPUState(); err != nil {
 		return rep, err
