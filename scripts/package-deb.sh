@@ -95,6 +95,8 @@ fi
 # reconciles them), removed only on purge.
 if [ "$1" = purge ]; then
 	rm -rf /var/lib/vgpud
+	# The metrics socket's directory (tmpfiles.d); empty once vgpud stopped.
+	rmdir /run/vgpud 2>/dev/null || true
 fi
 POSTRM
 chmod 0755 "$stage/DEBIAN/postinst" "$stage/DEBIAN/prerm" "$stage/DEBIAN/postrm"

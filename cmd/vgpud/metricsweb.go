@@ -69,14 +69,10 @@ type metricsWeb struct {
 const authCacheSize = 100
 
 // fakeHash is compared for an unknown user, so that a wrong user name
-// takes as long as a wrong password (no user enumeration by timing).
-var fakeHash = func() []byte {
-	h, err := bcrypt.GenerateFromPassword([]byte("no such user"), bcrypt.DefaultCost)
-	if err != nil {
-		panic(err)
-	}
-	return h
-}()
+// takes as long as a wrong password (no user enumeration by timing). A
+// constant (bcrypt of "vgpud: no such user", cost 10): made at start it
+// would cost every vgpud command, sim verbs included, a bcrypt round.
+var fakeHash = []byte("$2a$10$60GWJG0/HvjIwWW9A2iwwex7CNTu/aEbwxREQUlG54ziVPjDL.VIe")
 
 // loadMetricsWeb reads a web configuration file; "" is plain HTTP for
 // everyone who can connect. Errors name the file and the key.
@@ -125,6 +121,20 @@ func loadMetricsWeb(path string) (*metricsWeb, error) {
 		w.limiter = rate.NewLimiter(rate.Every(c.RateLimiterConfig.Interval), c.RateLimiterConfig.Burst)
 	}
 	if c.TLSConfig.IsEnabled() {
+		// The toolkit reads these with os.ReadFile, which waits forever on
+		// a FIFO and reads a device without end: check them first.
+		for _, f := range []struct{ key, path string }{
+			{"cert_file", c.TLSConfig.TLSCertPath}, {"key_file", c.TLSConfig.TLSKeyPath}, {"client_ca_file", c.TLSConfig.ClientCAs},
+		} {
+			if f.path == "" {
+				continue
+			}
+			if st, err := os.Stat(f.path); err == nil && !st.Mode().IsRegular() {
+				return fail("tls_server_config: %s %s: not a regular file (%s)", f.key, f.path, st.Mode().Type())
+			} else if err == nil && st.Size() > maxWebConfigSize {
+				return fail("tls_server_config: %s %s: %d bytes; at most %d", f.key, f.path, st.Size(), maxWebConfigSize)
+			}
+		}
 		cfg, err := web.ConfigToTLSConfig(&c.TLSConfig)
 		if err != nil {
 			return fail("tls_server_config: %v", err)

@@ -167,6 +167,14 @@ func TestLoadMetricsWeb(t *testing.T) {
 		{name: "no-key", file: write("nokey.yml", "tls_server_config:\n  cert_file: "+certFile+"\n"), want: "tls_server_config: missing one of key or key_file"},
 		{name: "key-mismatch", file: write("mismatch.yml", "tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+otherKey+"\n"), want: "tls_server_config: failed to load X509KeyPair"},
 		{name: "client-auth", file: write("clientauth.yml", "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n  client_auth_type: Sometimes\n"), want: "invalid ClientAuth"},
+		{name: "cert-fifo", file: func() string {
+			p := filepath.Join(dir, "cert-fifo")
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return write("certfifo.yml", "tls_server_config:\n  cert_file: cert-fifo\n  key_file: key.pem\n")
+		}(), want: "tls_server_config: cert_file " + filepath.Join(dir, "cert-fifo") + ": not a regular file"},
+		{name: "key-device", file: write("keydev.yml", "tls_server_config:\n  cert_file: cert.pem\n  key_file: /dev/zero\n"), want: "key_file /dev/zero: not a regular file"},
 		{name: "header", file: write("header.yml", "http_server_config:\n  headers:\n    X-Frame-Options: allow\n"), want: "X-Frame-Options"},
 		{name: "header-not-allowed", file: write("header2.yml", "http_server_config:\n  headers:\n    Server: vgpud\n"), want: `"Server" can not be configured`},
 		{name: "rate-no-burst", file: write("rate.yml", "rate_limit:\n  interval: 1s\n"), want: "rate_limit: burst must be at least 1"},
@@ -223,6 +231,10 @@ func TestMetricsGate(t *testing.T) {
 	w, err := loadMetricsWeb(file)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// An unknown user costs a real bcrypt comparison, as a known one does.
+	if cost, err := bcrypt.Cost(fakeHash); err != nil || cost != bcrypt.DefaultCost {
+		t.Fatalf("fakeHash: cost %d, %v; want a bcrypt hash of cost %d", cost, err, bcrypt.DefaultCost)
 	}
 	g := newMetricsGate(w, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { rw.Write([]byte("metrics")) }))
 	do := func(user, pass string) *httptest.ResponseRecorder {
