@@ -481,14 +481,7 @@ func TestCockpitPage(t *testing.T) {
 	}
 	checkGrid(t, b, d)
 	b.waitJS("the version line", `document.querySelector("#version").textContent !== ""`)
-	shot := b.screenshot("2-gpus-after-create")
-	if *updateScreenshots {
-		root, _ := testenv.RepoRoot()
-		img, _ := os.ReadFile(shot)
-		if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-gpus.png"), img, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b.screenshot("2-gpus-after-create")
 
 	// A 2g.20gb is over acme's VRAM quota: QuotaExceeded with vgpud's own
 	// message, which vgpuctl prints too.
@@ -570,6 +563,20 @@ func TestCockpitPage(t *testing.T) {
 	d.sim(t, "lose-gpu", "0000:61:00.0")
 	b.waitJS("the lost GPU", `document.querySelector('article.gpu.gpu-bad[data-pci="0000:61:00.0"][data-state="lost"]') !== null`)
 	b.screenshot("8-gpu-lost")
+
+	// In Cockpit's shell, as operators open it: the menu entry's frame.
+	b.run("open the shell", chromedp.Navigate(base+"/vgpud"))
+	b.waitJS("the page in the shell's frame", `Array.from(document.querySelectorAll("iframe")).some(f => {
+		try { return f.contentDocument.querySelectorAll("article.gpu").length === 4 && f.contentDocument.querySelector("#version").textContent !== "" } catch (e) { return false }
+	})`)
+	shot := b.screenshot("9-shell")
+	if *updateScreenshots {
+		root, _ := testenv.RepoRoot()
+		img, _ := os.ReadFile(shot)
+		if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-gpus.png"), img, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Logf("browser steps took %v", time.Since(start).Round(time.Millisecond))
 }
 
