@@ -353,8 +353,9 @@ type listedInstance struct {
 	Profile string `json:"profile"`
 	GPU     string `json:"gpu"`
 	MIG     *struct {
-		Start int `json:"start"`
-		Size  int `json:"size"`
+		Start         int `json:"start"`
+		Size          int `json:"size"`
+		GPUInstanceID int `json:"gpuInstanceID"`
 	} `json:"mig"`
 	Attachment *struct {
 		VM string `json:"vm"`
@@ -546,8 +547,13 @@ func TestCockpitPage(t *testing.T) {
 		t.Errorf("initech after Set quota: %+v", q)
 	}
 	b.screenshot("5-tenants")
+	// Activity follows vgpud's share readings while it is shown: a workload
+	// started on acme's GPU instance then shows up as achieved compute.
 	b.tab("activity")
 	b.waitJS("the shares", `document.querySelectorAll("#activity tr[data-uuid]").length === 4`)
+	d.sim(t, "workload", fmt.Sprintf("%s/gi%d", created.GPU, created.MIG.GPUInstanceID), "steady")
+	b.waitJS("acme's achieved compute", fmt.Sprintf(`(function(){const r=document.querySelector('#activity tr[data-uuid=%q]');
+		if(!r) return false; const v=parseFloat(r.children[4].textContent); return v > 0})()`, created.UUID))
 	b.screenshot("6-activity")
 	b.tab("fleet")
 	b.waitJS("the fleet status", `document.querySelector("#fleet-unavailable") !== null`)
