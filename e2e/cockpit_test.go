@@ -353,8 +353,9 @@ type listedInstance struct {
 	Profile string `json:"profile"`
 	GPU     string `json:"gpu"`
 	MIG     *struct {
-		Start int `json:"start"`
-		Size  int `json:"size"`
+		Start         int `json:"start"`
+		Size          int `json:"size"`
+		GPUInstanceID int `json:"gpuInstanceID"`
 	} `json:"mig"`
 	Attachment *struct {
 		VM string `json:"vm"`
@@ -481,14 +482,7 @@ func TestCockpitPage(t *testing.T) {
 	}
 	checkGrid(t, b, d)
 	b.waitJS("the version line", `document.querySelector("#version").textContent !== ""`)
-	shot := b.screenshot("2-gpus-after-create")
-	if *updateScreenshots {
-		root, _ := testenv.RepoRoot()
-		img, _ := os.ReadFile(shot)
-		if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-gpus.png"), img, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b.screenshot("2-gpus-after-create")
 
 	// A 2g.20gb is over acme's VRAM quota: QuotaExceeded with vgpud's own
 	// message, which vgpuctl prints too.
@@ -553,8 +547,13 @@ func TestCockpitPage(t *testing.T) {
 		t.Errorf("initech after Set quota: %+v", q)
 	}
 	b.screenshot("5-tenants")
+	// Activity follows vgpud's share readings while it is shown: a workload
+	// started on acme's GPU instance then shows up as achieved compute.
 	b.tab("activity")
 	b.waitJS("the shares", `document.querySelectorAll("#activity tr[data-uuid]").length === 4`)
+	d.sim(t, "workload", fmt.Sprintf("%s/gi%d", created.GPU, created.MIG.GPUInstanceID), "steady")
+	b.waitJS("acme's achieved compute", fmt.Sprintf(`(function(){const r=document.querySelector('#activity tr[data-uuid=%q]');
+		if(!r) return false; const v=parseFloat(r.children[4].textContent); return v > 0})()`, created.UUID))
 	b.screenshot("6-activity")
 	b.tab("fleet")
 	b.waitJS("the fleet status", `document.querySelector("#fleet-unavailable") !== null`)
@@ -570,6 +569,20 @@ func TestCockpitPage(t *testing.T) {
 	d.sim(t, "lose-gpu", "0000:61:00.0")
 	b.waitJS("the lost GPU", `document.querySelector('article.gpu.gpu-bad[data-pci="0000:61:00.0"][data-state="lost"]') !== null`)
 	b.screenshot("8-gpu-lost")
+
+	// In Cockpit's shell, as operators open it: the menu entry's frame.
+	b.run("open the shell", chromedp.Navigate(base+"/vgpud"))
+	b.waitJS("the page in the shell's frame", `Array.from(document.querySelectorAll("iframe")).some(f => {
+		try { return f.contentDocument.querySelectorAll("article.gpu").length === 4 && f.contentDocument.querySelector("#version").textContent !== "" } catch (e) { return false }
+	})`)
+	shot := b.screenshot("9-shell")
+	if *updateScreenshots {
+		root, _ := testenv.RepoRoot()
+		img, _ := os.ReadFile(shot)
+		if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-gpus.png"), img, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Logf("browser steps took %v", time.Since(start).Round(time.Millisecond))
 }
 
