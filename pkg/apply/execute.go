@@ -52,10 +52,19 @@ func ExecuteWith(ctx context.Context, m Manager, cs ChangeSet, lim Limits) (Resu
 	sortChanges(changes)
 	res := Result{Done: []Change{}}
 	if len(changes) > 0 && ctx.Err() == nil {
-		if err := check(m, cs, lim); err != nil {
+		h, err := check(m, cs, lim)
+		if err != nil {
 			res.Error = manager.Message(err)
 			res.Remaining = len(changes)
 			return res, err
+		}
+		// One name per GPU: the run orders each GPU's changes by it, and
+		// a change set edited since its dry run may name a GPU by its
+		// PCI address in one change and by its UUID in another.
+		for i := range changes {
+			if g, ok := h.findGPU(gpuID(changes[i])); ok && changes[i].GPUUUID == "" {
+				changes[i].GPUUUID = g.UUID
+			}
 		}
 	}
 	r := newRun(ctx, m, changes, lim.concurrency())
@@ -77,15 +86,15 @@ func ExecuteWith(ctx context.Context, m Manager, cs ChangeSet, lim Limits) (Resu
 
 // check is the pre-flight of a change set: its size, then the host as it
 // is now.
-func check(m Manager, cs ChangeSet, lim Limits) error {
+func check(m Manager, cs ChangeSet, lim Limits) (*host, error) {
 	if err := checkSize(cs, lim); err != nil {
-		return err
+		return nil, err
 	}
 	h, err := readHost(m)
 	if err != nil {
-		return fmt.Errorf("apply: read the host before the first change: %w", err)
+		return nil, fmt.Errorf("apply: read the host before the first change: %w", err)
 	}
-	return preflight(h, cs)
+	return h, preflight(h, cs)
 }
 
 // wanted counts the creates still to come by profile name: placement keeps

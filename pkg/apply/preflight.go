@@ -93,6 +93,7 @@ func preflight(h *host, cs ChangeSet) error {
 		}
 	}
 	var pr problems
+	checkValues(h, cs, modes, &pr)
 	checkGPUSettings(h, cs, destroyed, &pr)
 	if len(creates) == 0 {
 		return pr.err(cs)
@@ -119,7 +120,7 @@ func preflight(h *host, cs ChangeSet) error {
 		}
 		info, _, ok := h.resolve(g.Model, c.Profile)
 		if !ok {
-			continue // the create itself refuses the name, before carving
+			continue // refused by checkValues
 		}
 		if p.want[info.Name] == 0 {
 			p.order = append(p.order, info.Name)

@@ -71,6 +71,22 @@ func (p *gpuPlan) check(h *host, pr *problems) {
 			return
 		}
 	}
+	// The MIG mode once the mode changes are done decides which kinds fit:
+	// the manager places MIG instances and MIG-backed vGPUs only with MIG
+	// on, time-sliced vGPUs only with it off.
+	migNames, migN := p.wanted(store.KindMIG)
+	mbNames, mbN := p.wanted(store.KindMIGVGPU)
+	tsNames, tsN := p.wanted(store.KindVGPU)
+	switch {
+	case !p.mig && migN+mbN > 0:
+		pr.add(manager.ErrInvalidArgument, "%s has MIG off once the change set's mode changes are done, but %s need it on",
+			p.name(), p.list(append(migNames, mbNames...)))
+		return
+	case p.mig && tsN > 0:
+		pr.add(manager.ErrInvalidArgument, "%s has MIG on once the change set's mode changes are done, but the time-sliced %s need it off",
+			p.name(), p.list(tsNames))
+		return
+	}
 	p.checkPassthrough(h, total, pr)
 	if !p.mig {
 		p.checkTimeSliced(h, pr)

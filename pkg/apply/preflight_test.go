@@ -36,6 +36,15 @@ func hostState(e *env) string {
 	for _, in := range insts {
 		lines = append(lines, fmt.Sprintf("instance %s %s %s %s %s", in.UUID, in.Tenant, in.Profile, in.GPUPCI, in.State))
 	}
+	gpus, err := e.m.GPUs()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, g := range gpus {
+		if g.Scheduler != nil {
+			lines = append(lines, fmt.Sprintf("scheduler %s %+v", g.PCI, *g.Scheduler))
+		}
+	}
 	sort.Strings(lines)
 	b.WriteString(strings.Join(lines, "\n"))
 	return b.String()

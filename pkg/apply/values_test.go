@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -412,5 +413,54 @@ func TestApplyMIGOffRefusedForForeignGPUInstance(t *testing.T) {
 	d := parseText(t, doc)
 	if _, err := apply.Diff(context.Background(), e.m, d); !errors.Is(err, manager.ErrBusy) || strings.Contains(err.Error(), "VM") {
 		t.Fatalf("dry run: %v", err)
+	}
+}
+
+// The scheduler's range is accepted inclusive: the dry run plans a
+// set-scheduler change for 1ms and for 30ms.
+func TestApplyTimesliceBoundsAccepted(t *testing.T) {
+	e := newEnv(t)
+	for _, ts := range []string{"1ms", "1000us", "30ms", "30000000ns"} {
+		d := parseText(t, "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: "+ts+"}}]\n")
+		cs, err := apply.Diff(context.Background(), e.m, d)
+		if err != nil || len(cs.Changes) != 1 || cs.Changes[0].Op != apply.OpSetScheduler {
+			t.Fatalf("timeslice %s: %v\n%s", ts, err, cs)
+		}
+	}
+}
+
+// Each value a change carries is checked before the first change, so an
+// edited change set never stops at a step after its destroys.
+func TestExecuteRefusesEditedChanges(t *testing.T) {
+	e := valuesEnv(t)
+	d := parseText(t, fill(vgpudBase, vgpudDefaults, "", ""))
+	cs, err := apply.Diff(context.Background(), e.m, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	on, off := true, false
+	for _, c := range []struct {
+		name string
+		add  apply.Change
+		kind error
+		want string
+	}{
+		{"unknown profile", apply.Change{Op: apply.OpCreate, GPU: sim.DefaultH100MIG, Profile: "4c.3g.40gb", Tenant: "acme"}, manager.ErrInvalidArgument, "4c.3g.40gb"},
+		{"profile of another model", apply.Change{Op: apply.OpCreate, GPU: sim.DefaultH100TS, Profile: "L4-4Q", Tenant: "acme"}, manager.ErrInvalidArgument, "L4-4Q"},
+		{"no mode", apply.Change{Op: apply.OpSetMIGMode, GPU: sim.DefaultL4}, manager.ErrInvalidArgument, "no mode"},
+		{"MIG on a GPU without", apply.Change{Op: apply.OpSetMIGMode, GPU: sim.DefaultL4, MIG: &on}, manager.ErrInvalidArgument, "has no MIG"},
+		{"no scheduler", apply.Change{Op: apply.OpSetScheduler, GPU: sim.DefaultL4}, manager.ErrInvalidArgument, "no scheduler"},
+		{"scheduler under MIG", apply.Change{Op: apply.OpSetScheduler, GPU: sim.DefaultH100MIG, Scheduler: &apply.SchedulerSpec{Policy: "fixed_share"}}, manager.ErrInvalidArgument, "no time-sliced"},
+		{"no settings", apply.Change{Op: apply.OpDefineTenant, Tenant: "beta"}, manager.ErrInvalidArgument, "no settings"},
+		{"bad tenant name", apply.Change{Op: apply.OpDefineTenant, Tenant: "Beta_", Settings: &apply.TenantSettings{}}, manager.ErrInvalidArgument, "Beta_"},
+		{"undefine nobody", apply.Change{Op: apply.OpUndefineTenant, Tenant: "nobody"}, manager.ErrNotFound, "nobody"},
+		{"unknown op", apply.Change{Op: "reboot", GPU: sim.DefaultL4}, manager.ErrInvalidArgument, "reboot"},
+		{"MIG off under MIG creates", apply.Change{Op: apply.OpSetMIGMode, GPU: sim.DefaultH100MIG, MIG: &off}, manager.ErrInvalidArgument, "need it on"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bad := cs
+			bad.Changes = append(slices.Clone(cs.Changes), c.add)
+			executeRefused(t, e, bad, apply.Limits{}, c.kind, c.want)
+		})
 	}
 }

@@ -122,7 +122,7 @@ var instanceProps = []prop[manager.InstanceView]{
 	{name: "Tenant", doc: "Name of the tenant holding the instance.", get: func(v *manager.InstanceView) any { return v.Tenant }},
 	{name: "TenantObject", doc: "Object of the tenant.", get: func(v *manager.InstanceView) any { return TenantPath(v.Tenant) }},
 	{name: "Kind", doc: "mig (compute-only MIG instance), mig-vgpu (MIG-backed vGPU), vgpu (time-sliced vGPU) or passthrough (whole GPU).", get: func(v *manager.InstanceView) any { return string(v.Kind) }},
-	{name: "Profile", doc: "Profile as requested (H100-3g.40gb, 1c.3g.40gb, L4-4Q, passthrough).", get: func(v *manager.InstanceView) any { return v.Profile }},
+	{name: "Profile", doc: "Profile as requested (H100-3g.40gb, 1c.3g.40gb, L4-4Q, passthrough), a compute instance as nvidia-smi spells it (01c.3g.40gb as 1c.3g.40gb, 3c.3g.40gb as 3g.40gb).", get: func(v *manager.InstanceView) any { return v.Profile }},
 	{name: "Model", doc: "Catalog model of the GPU it lives on.", get: func(v *manager.InstanceView) any { return v.Model }},
 	{name: "GPU", doc: "PCI address of its GPU.", get: func(v *manager.InstanceView) any { return v.GPUPCI }},
 	{name: "GPUUUID", doc: "UUID of its GPU.", get: func(v *manager.InstanceView) any { return v.GPUUUID }},

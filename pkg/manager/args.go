@@ -125,7 +125,20 @@ func canonicalRecordProfile(r store.Instance) string {
 // records now, so that every comparison, view and metric sees one name
 // per profile. Nothing else of the record changes.
 func (m *Manager) canonicalRecords() error {
-	err := m.db.Update(func(tx *store.Tx) error {
+	// Read first: reconcile runs often, and a write transaction for
+	// nothing would cost every pass a commit.
+	stale := false
+	err := m.db.View(func(tx *store.Tx) error {
+		recs, err := tx.Instances()
+		for _, r := range recs {
+			stale = stale || canonicalRecordProfile(r) != r.Profile
+		}
+		return err
+	})
+	if err != nil || !stale {
+		return classify(err, "read instances")
+	}
+	err = m.db.Update(func(tx *store.Tx) error {
 		recs, err := tx.Instances()
 		if err != nil {
 			return err
