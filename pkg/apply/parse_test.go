@@ -350,7 +350,7 @@ func FuzzParse(f *testing.F) {
 				continue
 			}
 			ts, err := time.ParseDuration(e.Scheduler.Timeslice)
-			if err != nil || gpu.CheckTimeslice(ts) != nil || ts == 0 {
+			if err != nil || gpu.ValidateTimeslice(ts) != nil || ts == 0 {
 				t.Fatalf("%s: time slice %q accepted (%v)", e.Source, e.Scheduler.Timeslice, err)
 			}
 		}

@@ -45,20 +45,38 @@ const (
 // ValidateTimeslice checks a time slice before anything is asked of the
 // driver: 0 (the driver's default) or MinTimeslice..MaxTimeslice
 // inclusive, in whole microseconds (the unit the D-Bus API carries, so a
-// finer value could not be shown as the driver holds it). The error wraps
-// ErrInvalid. Every caller that will send a time slice to the driver (the
-// manager's scheduler method, apply's pre-flight) checks it here, so they
-// cannot disagree.
+// finer value could not be shown as the driver holds it). Every caller
+// that will send a time slice to the driver (the manager's scheduler
+// method, apply's pre-flight) checks it here, so they cannot disagree. A
+// refusal is a *TimesliceError, which wraps ErrInvalid.
 func ValidateTimeslice(d time.Duration) error {
 	switch {
 	case d == 0:
 		return nil
-	case d < 0:
-		return fmt.Errorf("time slice %v: must not be negative (0 keeps the driver's default): %w", d, ErrInvalid)
 	case d < MinTimeslice || d > MaxTimeslice:
-		return fmt.Errorf("time slice %v: outside %v..%v (0 keeps the driver's default): %w", d, MinTimeslice, MaxTimeslice, ErrInvalid)
+		return &TimesliceError{Timeslice: d}
 	case d%time.Microsecond != 0:
-		return fmt.Errorf("time slice %v: give whole microseconds: %w", d, ErrInvalid)
+		return &TimesliceError{Timeslice: d, Fraction: true}
 	}
 	return nil
 }
+
+// TimesliceError is a time slice the scheduler cannot take; its message
+// names the value and what is wrong with it, without the sentinel's text,
+// so that callers that add their own context say it once.
+type TimesliceError struct {
+	Timeslice time.Duration
+	// Fraction: within the range, but not whole microseconds.
+	Fraction bool
+}
+
+func (e *TimesliceError) Error() string {
+	if e.Fraction {
+		return fmt.Sprintf("time slice %v: give whole microseconds (%v..%v; leave it out for the driver's default)",
+			e.Timeslice, MinTimeslice, MaxTimeslice)
+	}
+	return fmt.Sprintf("time slice %v is outside the vGPU scheduler's range %v..%v (leave it out for the driver's default)",
+		e.Timeslice, MinTimeslice, MaxTimeslice)
+}
+
+func (e *TimesliceError) Unwrap() error { return ErrInvalid }
