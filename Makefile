@@ -35,7 +35,7 @@ deps: ## install the system packages (Debian; root)
 test: deps build unit e2e e2e-container ## the whole suite: unit tests, fuzz seed corpora, e2e, the container tier
 
 unit: ## unit tests (race detector on), fuzz seed corpora included
-	$(GO) test $(GOFLAGS_PAR) -race -count=1 ./pkg/... ./cmd/... ./profiles/... ./dashboards/... ./bench/... ./internal/...
+	$(GO) test $(GOFLAGS_PAR) -race -count=1 -timeout 30m ./pkg/... ./cmd/... ./profiles/... ./dashboards/... ./bench/... ./internal/...
 
 # The crash test runs in a step of its own with -v, because go test drops the
 # output of a passing package: its summary line ("crash iterations: N, leaks:
