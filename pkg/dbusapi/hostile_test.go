@@ -1,17 +1,23 @@
 package dbusapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/godbus/dbus/v5"
+	"github.com/google/uuid"
 
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/pkg/apply"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
 )
 
 // hostileCall is the valid call a hostile one is made from: where it goes
@@ -81,6 +87,58 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 	}
 }
 
+// nilUUID names no instance: refused wherever an instance UUID goes.
+const nilUUID = "00000000-0000-0000-0000-000000000000"
+
+// hostileForeignMdev is an mdev vgpud did not create (mdevctl defines it):
+// no create may take its UUID, in any case.
+const hostileForeignMdev = "6f1d3b8c-0a52-4d6e-9b1a-3c2f5e7d9e00"
+
+// hostileMdevctl makes the foreign mdev hostileForeignMdev on the A10, as
+// mdevctl does, and fills mdevctl's directory with what is hostile there:
+// its definition a FIFO (which held every discovery), and beside it a
+// link to /dev/zero (endless), a link to a FIFO, a device node, a
+// directory and a 300 MB file. Every call of the hostile-input test runs
+// with them there.
+func hostileMdevctl(t *testing.T, e *env) {
+	t.Helper()
+	g, err := e.m.GPU(sim.DefaultA10)
+	if err != nil || len(g.VGPU.MdevParents) == 0 || len(g.VGPU.MdevParents[0].Types) == 0 {
+		t.Fatalf("A10 mdev parents: %+v, %v", g.VGPU.MdevParents, err)
+	}
+	parent := g.VGPU.MdevParents[0]
+	if err := sysfs.New(e.sim.FS()).CreateMdev(parent.PCI, parent.Types[0].ID, hostileForeignMdev); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.sim.MdevctlDir(), parent.PCI)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := func(i int) string {
+		return filepath.Join(dir, fmt.Sprintf("6f1d3b8c-0a52-4d6e-9b1a-3c2f5e7d9e%02d", i))
+	}
+	steps := []error{
+		syscall.Mkfifo(filepath.Join(dir, hostileForeignMdev), 0o644),
+		os.Symlink("/dev/zero", name(1)),
+		os.Symlink(filepath.Join(dir, hostileForeignMdev), name(2)),
+		os.Mkdir(name(3), 0o755),
+	}
+	for _, err := range steps {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f, err := os.Create(name(4)); err != nil || f.Truncate(300<<20) != nil || f.Close() != nil {
+		t.Fatalf("huge definition: %v", err)
+	}
+	if err := syscall.Mknod(name(5), syscall.S_IFCHR|0o644, 1<<8|5); err != nil {
+		t.Logf("no device node (%v): that entry is left out", err)
+	}
+	if err := e.m.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // hostileVariant is one bad call made from a valid one.
 type hostileVariant struct {
 	name string
@@ -112,6 +170,9 @@ func (c hostileCall) variants(def *methodDef) []hostileVariant {
 			if !c.emptyOK[i] {
 				bad["empty"] = ""
 			}
+			if _, err := uuid.Parse(x); err == nil {
+				bad["nil UUID"] = nilUUID
+			}
 			for n, v := range bad {
 				if n == "surrounded" && def.in[i].max == maxDocument {
 					continue // a document may start with blank lines
@@ -135,6 +196,12 @@ func (c hostileCall) variants(def *methodDef) []hostileVariant {
 			for k, v := range c.options {
 				switch v.(type) {
 				case string:
+					if k == "uuid" {
+						opt("uuid nil", map[string]any{k: nilUUID})
+						opt("uuid nil in braces", map[string]any{k: "{" + nilUUID + "}"})
+						opt("uuid of a foreign mdev", map[string]any{k: hostileForeignMdev})
+						opt("uuid of a foreign mdev in upper case", map[string]any{k: strings.ToUpper(hostileForeignMdev)})
+					}
 					opt(k+" empty", map[string]any{k: ""})
 					opt(k+" blank", map[string]any{k: "  "})
 					opt(k+" too long", map[string]any{k: strings.Repeat("a", maxName+1)})
@@ -177,6 +244,7 @@ func TestDBusHostileInput(t *testing.T) {
 	e.tenant("beta-keep", unlimitedQuota())
 	inst := e.create("acme", "L4-4Q", "").UUID
 	e.create("beta-keep", "L4-4Q", "")
+	hostileMdevctl(t, e)
 	layout := "version: v1\ntenants:\n  - name: gamma\nlayout:\n  - gpu: \"" + sim.DefaultH100MIG + "\"\n    instances:\n      - {profile: 1g.10gb, tenant: gamma, count: 1}\n"
 	calls := hostileCalls(inst, layout)
 
@@ -235,6 +303,26 @@ func TestDBusHostileInput(t *testing.T) {
 		}
 	}
 	t.Logf("%d hostile calls over %d methods: each refused with a named error, nothing changed", tested, len(calls))
+
+	// With all that in mdevctl's directory, a reconcile runs, changes
+	// nothing, and reports the foreign mdev with why its definition was
+	// skipped.
+	rep, err := e.client.Reconcile(ctx)
+	if err != nil {
+		t.Fatalf("reconcile with a hostile mdevctl directory: %v", err)
+	}
+	found := false
+	for _, f := range rep.Foreign {
+		if f.ID == hostileForeignMdev {
+			found = strings.Contains(f.Detail, "skipped: it is a FIFO")
+		}
+	}
+	if !found {
+		t.Errorf("reconcile does not report the foreign mdev with its skipped definition: %+v", rep.Foreign)
+	}
+	if after := state(); after != before {
+		t.Fatalf("reconcile changed the host or the store:\n%s\nwas\n%s", after, before)
+	}
 }
 
 // TestDBusUnknownOptionListsEachOnce: the refusal of an unknown option
