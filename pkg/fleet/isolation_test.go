@@ -478,3 +478,39 @@ func TestSettleBounded(t *testing.T) {
 		t.Fatalf("allocation of the destroyed instance after the next pass: %v", r)
 	}
 }
+
+// TestStaleWholeGPUClaimRepaired: the fleet e2e's case. A scheduler's
+// whole-GPU claim on an empty L4, then a local vGPU there, which locks the
+// L4 to its type: every other class, the whole GPU's included, falls to
+// nothing on the host while the claim still holds the whole-GPU class.
+// Its create is refused as stale and the scheduler deletes its claim
+// (which changes no provider generation): the passes after it bring
+// Placement back to the host, every class the L4 no longer offers gone.
+func TestStaleWholeGPUClaimRepaired(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	a := startHost(t, "hostw", srv.URL(), nil, Config{})
+	a.pass(t)
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	sched := uuid.NewString()
+	if err := claim(c, sched, l4, map[string]int{classWhole: 1}); err != nil {
+		t.Fatal(err)
+	}
+	create(t, a, "NVIDIA L4-4Q", sim.DefaultL4)
+	a.pass(t)
+	if bad := overUsed(t, c, a); len(bad) > 0 {
+		t.Fatalf("usage above capacity in Placement: %v", bad)
+	}
+	_, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: sched})
+	if err == nil {
+		t.Fatal("the whole-GPU create on an L4 holding a vGPU succeeded")
+	}
+	if err := c.PutConsumer(ctx, sched, placementapi.Consumer{}); err != nil {
+		t.Fatal(err)
+	}
+	a.pass(t)
+	a.pass(t)
+	if d := differences(t, a); len(d) != 0 {
+		t.Fatalf("Placement still differs from the host after the stale claim went: %+v", d)
+	}
+}

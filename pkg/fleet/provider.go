@@ -310,7 +310,12 @@ func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(ma
 
 // removeStale deletes GPU providers of this host's tree whose GPU is gone
 // (only providers carrying CUSTOM_VGPUD_MANAGED, under vgpud's top).
-func (s *Syncer) removeStale(ctx context.Context, tree []placementapi.Provider, want []gpuProvider, ps *passState) error {
+func (s *Syncer) removeStale(ctx context.Context, tree []placementapi.Provider, want []gpuProvider) error {
+	return s.removeStaleIn(ctx, tree, want, &passState{held: map[string]bool{}, complete: true})
+}
+
+// removeStaleIn is removeStale within a pass, whose state it adds to.
+func (s *Syncer) removeStaleIn(ctx context.Context, tree []placementapi.Provider, want []gpuProvider, ps *passState) error {
 	keep := map[string]bool{}
 	for _, p := range want {
 		keep[p.uuid] = true

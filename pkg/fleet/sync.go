@@ -331,7 +331,7 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 			errs = append(errs, fmt.Errorf("GPU %s: %w", want[i].gpu.PCI, err))
 		}
 	}
-	if err := s.removeStale(ctx, tree, want, ps); err != nil {
+	if err := s.removeStaleIn(ctx, tree, want, ps); err != nil {
 		errs = append(errs, err)
 	}
 	s.rememberInstances(want)
