@@ -51,6 +51,8 @@ type flavorForm struct {
 	// refused by the host, so the form does not work on a host with
 	// several GPUs that publish those classes.
 	split bool
+	// onlySplit: every candidate splits; none can be created.
+	onlySplit bool
 	// underCompute: the flavor is a real one (VCPU, MEMORY_MB, DISK_GB),
 	// whose candidates exist only where the GPU providers hang under a
 	// provider that has them.
@@ -97,23 +99,30 @@ var flavorForms = []flavorForm{
 	{name: "whole GPU, model trait", profile: "passthrough",
 		flavor: tplacement.Flavor{ExtraSpecs: specs("resources1:CUSTOM_VGPUD_PASSTHROUGH", "1", "trait1:CUSTOM_VGPUD_MODEL_L4_24GB", "required")},
 		query:  "limit=1000&required1=CUSTOM_VGPUD_MODEL_L4_24GB&resources1=CUSTOM_VGPUD_PASSTHROUGH:1"},
+	// Two numbered groups, one GPU each: one consumer on two GPUs, which
+	// a vgpud instance (one GPU) cannot be; every candidate splits.
+	{name: "two GPUs, isolate", profile: "3g.40gb", split: true, onlySplit: true,
+		flavor: tplacement.Flavor{ExtraSpecs: specs("resources1:CUSTOM_VGPUD_MIG_3G_40GB", "1", "resources1:CUSTOM_VGPUD_MIG_SLICE", "4",
+			"resources2:CUSTOM_VGPUD_MIG_3G_40GB", "1", "resources2:CUSTOM_VGPUD_MIG_SLICE", "4", "group_policy", "isolate")},
+		query: "group_policy=isolate&limit=1000&resources1=CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4&resources2=CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
 	// A real flavor: its VCPU, MEMORY_MB and DISK_GB go to the unnumbered
 	// group, which only a compute node's provider satisfies.
 	{name: "real flavor under nova-compute", profile: "3g.40gb", underCompute: true,
-		flavor: tplacement.Flavor{VCPUs: 4, MemoryMB: 8192, RootGB: 20, ExtraSpecs: specs("resources1:CUSTOM_VGPUD_MIG_3G_40GB", "1",
-			"resources1:CUSTOM_VGPUD_MIG_SLICE", "4")},
-		query: "limit=1000&resources=DISK_GB:20,MEMORY_MB:8192,VCPU:4&resources1=CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
+		flavor: tplacement.Flavor{VCPUs: 8, MemoryMB: 65536, RootGB: 40, ExtraSpecs: specs("resources1:CUSTOM_VGPUD_MIG_3G_40GB", "1",
+			"resources1:CUSTOM_VGPUD_MIG_SLICE", "4", "group_policy", "none")},
+		query: "group_policy=none&limit=1000&resources=DISK_GB:40,MEMORY_MB:65536,VCPU:8&resources1=CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
 	// The same flavor with its own resources zeroed, as a flavor for GPU
 	// providers under their own root must be.
 	{name: "real flavor, own root, zeroed", profile: "3g.40gb",
-		flavor: tplacement.Flavor{VCPUs: 4, MemoryMB: 8192, RootGB: 20, ExtraSpecs: specs("resources1:CUSTOM_VGPUD_MIG_3G_40GB", "1",
+		flavor: tplacement.Flavor{VCPUs: 8, MemoryMB: 65536, RootGB: 40, ExtraSpecs: specs("resources1:CUSTOM_VGPUD_MIG_3G_40GB", "1",
 			"resources1:CUSTOM_VGPUD_MIG_SLICE", "4", "resources:VCPU", "0", "resources:MEMORY_MB", "0", "resources:DISK_GB", "0")},
 		query: "limit=1000&resources1=CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
 }
 
 // docsExtraSpec is an extra spec as docs/fleet.md writes one
-// (`resources1:CUSTOM_VGPUD_L4_4Q=1`).
-var docsExtraSpec = regexp.MustCompile(`\b((?:resources|trait)[0-9]*:CUSTOM_[A-Z0-9_]+)=([A-Za-z0-9]+)`)
+// (`resources1:CUSTOM_VGPUD_L4_4Q=1`, `resources:VCPU=0`,
+// `group_policy=none`).
+var docsExtraSpec = regexp.MustCompile(`\b((?:resources|trait)[0-9]*:[A-Z][A-Z0-9_]+|group_policy)=([A-Za-z0-9]+)`)
 
 // TestFleetNovaFlavors: every flavor form docs/fleet.md shows goes through
 // Nova's own code (python3-nova): ResourceRequest.from_request_spec must
@@ -122,7 +131,8 @@ var docsExtraSpec = regexp.MustCompile(`\b((?:resources|trait)[0-9]*:CUSTOM_[A-Z
 // (microversion 1.36, as nova-scheduler does) and created on that host by
 // vgpud with the consumer; then destroyed. Forms whose classes sit in the
 // unnumbered group get candidates that split the classes across two GPUs,
-// which the host refuses: they do not work on such a host. A real flavor
+// which the host refuses: they do not work on such a host; nor does a
+// flavor with two numbered GPU groups (one instance is on one GPU). A real flavor
 // (VCPU, MEMORY_MB, DISK_GB) finds candidates only on the host whose GPU
 // providers hang under a compute node's provider (parentUUID), and its
 // allocation keeps the compute node's part after vgpud adopted it.
@@ -252,6 +262,12 @@ func TestFleetNovaFlavors(t *testing.T) {
 			t.Logf("%d candidates: %d created, %d split across GPUs", len(q.Candidates), created, split)
 			if f.split && split == 0 {
 				t.Errorf("no candidate of an unnumbered form split across GPUs: the test's host lost its point")
+			}
+			if f.onlySplit {
+				if created != 0 || split == 0 {
+					t.Errorf("a form whose candidates all name two GPUs: %d created, %d split", created, split)
+				}
+				return
 			}
 			if created == 0 {
 				t.Errorf("no candidate created: the form does not work on a host with several GPUs")

@@ -331,15 +331,48 @@ type NovaScheduler struct {
 	First NovaHost
 	// Counters.
 	Placed, NoCandidate, ClaimLost, Rescheduled, Refused atomic.Int64
+
+	mu sync.Mutex
+	// unsettled are consumers whose claim may be left in Placement: a
+	// claim or delete that failed (Placement went away), as a Nova whose
+	// compute could not delete the allocation leaves it to Placement's
+	// orphan handling.
+	unsettled map[string]bool
+}
+
+// Unsettled are the consumers whose claim a failed request may have left
+// in Placement.
+func (s *NovaScheduler) Unsettled() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for c := range s.unsettled {
+		out = append(out, c)
+	}
+	return out
+}
+
+// Place schedules consumer for flavor (profile is what the host carves)
+// and returns the host and provider it was created on.
+func (s *NovaScheduler) Place(ctx context.Context, f Flavor, profile, consumer string, rnd *rand.Rand) (NovaHost, string, error) {
+	claimed := false
+	h, p, err := s.place(ctx, f, profile, consumer, rnd, &claimed)
+	if err != nil && claimed && !errors.Is(err, ErrNoValidHost) {
+		s.mu.Lock()
+		if s.unsettled == nil {
+			s.unsettled = map[string]bool{}
+		}
+		s.unsettled[consumer] = true
+		s.mu.Unlock()
+	}
+	return h, p, err
 }
 
 // ErrNoValidHost is Nova's NoValidHost: no candidate, or every attempt
 // refused.
 var ErrNoValidHost = errors.New("no valid host")
 
-// Place schedules consumer for flavor (profile is what the host carves)
-// and returns the host and provider it was created on.
-func (s *NovaScheduler) Place(ctx context.Context, f Flavor, profile, consumer string, rnd *rand.Rand) (NovaHost, string, error) {
+func (s *NovaScheduler) place(ctx context.Context, f Flavor, profile, consumer string, rnd *rand.Rand, claimed *bool) (NovaHost, string, error) {
 	q, err := s.Nova.Query(ctx, f)
 	if err != nil {
 		return nil, "", err
@@ -375,6 +408,7 @@ func (s *NovaScheduler) Place(ctx context.Context, f Flavor, profile, consumer s
 		if attempts == NovaMaxAttempts {
 			break
 		}
+		*claimed = true
 		ok, err := s.Nova.Claim(ctx, consumer, c.cand, q.Version)
 		if err != nil {
 			return nil, "", err

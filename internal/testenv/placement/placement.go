@@ -4,8 +4,13 @@
 // strategy noauth2 (any token; "admin" is used). A test may stop and start
 // it again on the same port, or restart it on an empty database.
 //
-// Tests skip, with the reason printed, when Placement or uwsgi is not
-// installed; VGPUD_TEST_REQUIRE_SERVICES=1 turns that skip into a failure.
+// Proxy takes Placement away from one client (cut, hold) while others
+// reach it; Nova runs nova-scheduler's own code (Debian's python3-nova)
+// against it, and NovaScheduler schedules with it as Nova does.
+//
+// Tests skip, with the reason printed, when Placement, uwsgi or
+// python3-nova is not installed; VGPUD_TEST_REQUIRE_SERVICES=1 turns that
+// skip into a failure.
 //
 // Imports: pkg/placementapi.
 package placement
