@@ -174,11 +174,10 @@ func TestUnlessPinnedHoldsThePin(t *testing.T) {
 }
 
 // Time slices: both ends of the documented range and any whole number of
-// microseconds between are taken; the driver holds the nearest slice its
-// frequency can say (1 s / whole Hz, inside the range), and the GPU shows
-// what the driver holds; a slice outside the range, or finer than a
-// microsecond, is refused by name (InvalidArgument) before the driver is
-// asked, and changes nothing.
+// microseconds between are set as they are, and the GPU shows what the
+// driver holds; a slice outside the range, or finer than a microsecond,
+// is refused by name (InvalidArgument) before the driver is asked, and
+// changes nothing.
 func TestGPUSchedulerTimeslices(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
@@ -186,19 +185,13 @@ func TestGPUSchedulerTimeslices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holds := map[time.Duration]time.Duration{
-		gpu.MinTimeslice:        gpu.MinTimeslice, // 1000 Hz
-		gpu.MaxTimeslice:        29411764,         // 34 Hz: 33 Hz would be 30.3 ms, outside the range
-		6 * time.Millisecond:    5988023,          // 167 Hz
-		1999 * time.Microsecond: 2 * time.Millisecond,
-	}
 	for _, ts := range []time.Duration{gpu.MinTimeslice, gpu.MaxTimeslice, 6 * time.Millisecond, 1999 * time.Microsecond} {
 		v, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Policy: gpu.SchedEqualShare, Timeslice: ts})
 		if err != nil || v.Pending {
 			t.Fatalf("pin with a %v slice: %+v, %v", ts, v, err)
 		}
 		held, err := e.host.NVML.VGPUScheduler(ctx, g0.UUID)
-		if err != nil || held.Timeslice != holds[ts] || held.Policy != gpu.SchedEqualShare {
+		if err != nil || held.Timeslice != ts || held.Policy != gpu.SchedEqualShare {
 			t.Fatalf("pin with a %v slice: the driver holds %+v, %v", ts, held, err)
 		}
 		if v.Timeslice != held.Timeslice {
@@ -213,7 +206,7 @@ func TestGPUSchedulerTimeslices(t *testing.T) {
 		if !errors.Is(err, manager.ErrInvalidArgument) {
 			t.Fatalf("pin with a %v slice: %v, want InvalidArgument", ts, err)
 		}
-		if held, _ := e.host.NVML.VGPUScheduler(ctx, g0.UUID); held.Policy != gpu.SchedEqualShare || held.Timeslice != 2*time.Millisecond {
+		if held, _ := e.host.NVML.VGPUScheduler(ctx, g0.UUID); held.Policy != gpu.SchedEqualShare || held.Timeslice != 1999*time.Microsecond {
 			t.Fatalf("a refused %v slice changed the driver: %+v", ts, held)
 		}
 	}

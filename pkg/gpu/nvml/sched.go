@@ -2,6 +2,7 @@ package nvml
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -189,38 +190,34 @@ func (p *Probe) SchedulerState(ctx context.Context) (SchedulerState, error) {
 }
 
 // SliceFrequency is the frequency, in whole Hz, that SetSchedulerState
-// sends for a time slice: the _v2 call takes a frequency, and the driver
-// holds 1 s / frequency (integer ns). Of the whole frequencies it picks
-// the one whose slice is nearest ts while staying inside the scheduler's
-// range (gpu.MinTimeslice..gpu.MaxTimeslice, both ends legal), so both
-// ends are reachable: 1 ms is 1000 Hz exactly; 30 ms would be 33 Hz,
-// 30.3 ms, outside the range, so it is 34 Hz, 29.41 ms. Not every slice
-// can be said this way (6 ms is 167 Hz, 5.988 ms): the manager shows what
-// the driver holds, read back. 0 is 0, the driver's default.
+// asks for to get time slice ts: the _v2 call takes a frequency, not a
+// slice, so a slice that is not 1 s / n comes back as the nearest one.
 func SliceFrequency(ts time.Duration) uint32 {
 	if ts <= 0 {
 		return 0
 	}
-	f := max(1, (time.Second+ts/2)/ts) // the nearest whole frequency
-	// Rounding moves the held slice by at most one step: a slice inside
-	// the range stays inside it.
-	if ts <= gpu.MaxTimeslice && time.Second/f > gpu.MaxTimeslice {
-		f++
-	}
-	if ts >= gpu.MinTimeslice && f > 1 && time.Second/f < gpu.MinTimeslice {
-		f--
-	}
-	return uint32(f)
+	return uint32(max(1, (time.Second+ts/2)/ts))
 }
 
 // SetSchedulerState changes the scheduler. The driver accepts it only
 // while no VM with a vGPU runs on the GPU: otherwise, and with MIG on, it
-// fails with gpu.ErrNotSupported wrapping NOT_SUPPORTED. It goes through
-// the _v2 call (the unversioned one is deprecated in nvml.h), which takes
-// the policy, ARR's average factor and a frequency (0: the driver's
-// default for each); a plain time slice is sent as its frequency
-// (SliceFrequency).
+// fails with gpu.ErrNotSupported wrapping NOT_SUPPORTED. A plain time
+// slice (no ARR) is set with the unversioned call, the one whose
+// parameters are the time slice itself, in ns (nvml.h; deprecated in the
+// 13.0 header, still in the library), so the driver holds exactly what was
+// asked. The _v2 call takes the policy, ARR's average factor and a
+// frequency (0: the driver's default for each); it sets ARR, and a plain
+// time slice only on a library without the unversioned call, as its
+// frequency (SliceFrequency: 1 s / whole Hz, so not every slice).
 func (p *Probe) SetSchedulerState(ctx context.Context, s SchedulerState) error {
+	if !s.ARR && p.b.symbol("nvmlDeviceSetVgpuSchedulerState") == nil {
+		set := gonvml.VgpuSchedulerSetState{SchedulerPolicy: s.Policy, EnableARRMode: gonvml.VGPU_SCHEDULER_ARR_DISABLE}
+		binary.LittleEndian.PutUint32(set.SchedulerParams[0:4], uint32(s.Timeslice))
+		_, err := onDevice(ctx, p, "SetVgpuSchedulerState", func(d gonvml.Device) (struct{}, gonvml.Return) {
+			return struct{}{}, d.SetVgpuSchedulerState(&set)
+		})
+		return err
+	}
 	if err := p.b.symbol("nvmlDeviceSetVgpuSchedulerState_v2"); err != nil {
 		return fmt.Errorf("GPU %s: %w", p.uuid, err)
 	}

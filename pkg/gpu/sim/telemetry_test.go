@@ -1,6 +1,7 @@
 package sim_test
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
 	"testing"
@@ -200,12 +201,12 @@ func TestSchedulerV2AndTemperature(t *testing.T) {
 	}
 }
 
-// A plain time slice is set through the _v2 call as a frequency; the
-// driver holds 1 s / frequency: both ends of the range the capabilities
-// report are reachable (1000 Hz: 1 ms; 34 Hz: 29.41 ms), a frequency whose
-// slice falls outside it is INVALID_ARGUMENT and changes nothing, the ARR
-// frequency bound applies to ARR alone, 0 is the driver's default.
-func TestSchedulerV2SliceRange(t *testing.T) {
+// The unversioned scheduler set takes a time slice in ns as it is: both
+// ends of the range the capabilities report (1 ms, 30 ms) are legal and
+// held exactly, as is any slice between (6 ms, 1999999 ns); one outside
+// is INVALID_ARGUMENT and changes nothing; 0 is the driver's default;
+// ARR takes its factor and frequency.
+func TestSchedulerUnversionedSetTakesTheSlice(t *testing.T) {
 	e := newEnv(t, nil)
 	d := e.dev(t, sim.DefaultL4)
 	caps, ret := d.GetVgpuSchedulerCapabilities()
@@ -220,43 +221,42 @@ func TestSchedulerV2SliceRange(t *testing.T) {
 		}
 		return s
 	}
-	set := func(policy, avg, freq uint32) nvml.Return {
-		return d.SetVgpuSchedulerState_v2(&nvml.VgpuSchedulerState_v2{EngineId: graphics, SchedulerPolicy: policy, AvgFactor: avg, Frequency: freq})
+	set := func(policy, arr, a, b uint32) nvml.Return {
+		s := nvml.VgpuSchedulerSetState{SchedulerPolicy: policy, EnableARRMode: arr}
+		binary.LittleEndian.PutUint32(s.SchedulerParams[0:4], a)
+		binary.LittleEndian.PutUint32(s.SchedulerParams[4:8], b)
+		return d.SetVgpuSchedulerState(&s)
 	}
 	eq := uint32(nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE)
-	if caps.MinTimeslice != 1_000_000 || caps.MaxTimeslice != 30_000_000 {
-		t.Fatalf("capabilities %+v", caps)
-	}
-	for _, c := range []struct{ freq, ns uint32 }{{1000, 1_000_000}, {34, 29_411_764}, {167, 5_988_023}} {
-		freq, ns := c.freq, c.ns
-		if ret := set(eq, 0, freq); ret != nvml.SUCCESS {
-			t.Fatalf("set %d Hz: %v", freq, ret)
+	for _, ns := range []uint32{caps.MinTimeslice, caps.MaxTimeslice, 6_000_000, 1_999_999} {
+		if ret := set(eq, nvml.VGPU_SCHEDULER_ARR_DISABLE, ns, 0); ret != nvml.SUCCESS {
+			t.Fatalf("set a %d ns slice: %v", ns, ret)
 		}
 		if s := get(); s.SchedulerPolicy != eq || s.Timeslice != ns || s.AvgFactor != 0 {
-			t.Fatalf("after %d Hz: %+v, want a %d ns slice", freq, s, ns)
+			t.Fatalf("after a %d ns slice: %+v", ns, s)
 		}
 	}
-	for _, freq := range []uint32{33, 1001, 5000} {
-		if ret := set(eq, 0, freq); ret != nvml.ERROR_INVALID_ARGUMENT {
-			t.Fatalf("set %d Hz: %v, want INVALID_ARGUMENT", freq, ret)
+	for _, ns := range []uint32{1, caps.MinTimeslice - 1, caps.MaxTimeslice + 1} {
+		if ret := set(eq, nvml.VGPU_SCHEDULER_ARR_DISABLE, ns, 0); ret != nvml.ERROR_INVALID_ARGUMENT {
+			t.Fatalf("set a %d ns slice: %v, want INVALID_ARGUMENT", ns, ret)
 		}
-		if s := get(); s.Timeslice != 5_988_023 {
+		if s := get(); s.Timeslice != 1_999_999 {
 			t.Fatalf("a refused set changed the slice: %+v", s)
 		}
 	}
-	if ret := set(uint32(nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE), 0, 0); ret != nvml.SUCCESS {
+	if ret := set(uint32(nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE), nvml.VGPU_SCHEDULER_ARR_DISABLE, 0, 0); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
 	if s := get(); s.Timeslice != 2_000_000 {
-		t.Fatalf("frequency 0: %+v, want the 2 ms default", s)
+		t.Fatalf("slice 0: %+v, want the 2 ms default", s)
 	}
-	if ret := set(eq, 3, 100); ret != nvml.SUCCESS {
+	if ret := set(eq, nvml.VGPU_SCHEDULER_ARR_ENABLE, 3, 100); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
 	if s := get(); s.AvgFactor != 3 || s.Timeslice != 10_000_000 {
 		t.Fatalf("ARR factor 3 at 100 Hz: %+v", s)
 	}
-	if ret := set(eq, 3, 961); ret != nvml.ERROR_INVALID_ARGUMENT {
-		t.Fatalf("ARR at 961 Hz: %v, want INVALID_ARGUMENT", ret)
+	if ret := set(eq, 7, 0, 0); ret != nvml.ERROR_INVALID_ARGUMENT {
+		t.Fatalf("ARR mode 7: %v, want INVALID_ARGUMENT", ret)
 	}
 }
