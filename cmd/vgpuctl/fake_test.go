@@ -33,9 +33,6 @@ type fake struct {
 	applySummary string
 	// created is the last Create request.
 	created dbusapi.CreateRequest
-	// held, when set, is the scheduler GPU reports for every GPU (what
-	// the daemon holds after a pin).
-	held *dbusapi.GPUSchedulerState
 }
 
 func (f *fake) record(format string, args ...any) error {
@@ -113,9 +110,6 @@ func (f *fake) GPU(_ context.Context, id string) (dbusapi.GPU, error) {
 	}
 	for _, g := range fakeGPUs() {
 		if g.PCI == id {
-			if f.held != nil {
-				g.Scheduler = f.held
-			}
 			return g, nil
 		}
 	}

@@ -2,7 +2,6 @@ package nvml
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -201,23 +200,11 @@ func SliceFrequency(ts time.Duration) uint32 {
 
 // SetSchedulerState changes the scheduler. The driver accepts it only
 // while no VM with a vGPU runs on the GPU: otherwise, and with MIG on, it
-// fails with gpu.ErrNotSupported wrapping NOT_SUPPORTED. A plain time
-// slice (no ARR) is set with the unversioned call, the one whose
-// parameters are the time slice itself, in ns (nvml.h; deprecated in the
-// 13.0 header, still in the library), so the driver holds exactly what was
-// asked. The _v2 call takes the policy, ARR's average factor and a
-// frequency (0: the driver's default for each); it sets ARR, and a plain
-// time slice only on a library without the unversioned call, as its
-// frequency (SliceFrequency: 1 s / whole Hz, so not every slice).
+// fails with gpu.ErrNotSupported wrapping NOT_SUPPORTED. The _v2 call
+// takes the policy, ARR's average factor and a frequency (0: the driver's
+// default for each); a plain time slice is set as its frequency
+// (SliceFrequency).
 func (p *Probe) SetSchedulerState(ctx context.Context, s SchedulerState) error {
-	if !s.ARR && p.b.symbol("nvmlDeviceSetVgpuSchedulerState") == nil {
-		set := gonvml.VgpuSchedulerSetState{SchedulerPolicy: s.Policy, EnableARRMode: gonvml.VGPU_SCHEDULER_ARR_DISABLE}
-		binary.LittleEndian.PutUint32(set.SchedulerParams[0:4], uint32(s.Timeslice))
-		_, err := onDevice(ctx, p, "SetVgpuSchedulerState", func(d gonvml.Device) (struct{}, gonvml.Return) {
-			return struct{}{}, d.SetVgpuSchedulerState(&set)
-		})
-		return err
-	}
 	if err := p.b.symbol("nvmlDeviceSetVgpuSchedulerState_v2"); err != nil {
 		return fmt.Errorf("GPU %s: %w", p.uuid, err)
 	}

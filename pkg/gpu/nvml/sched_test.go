@@ -26,33 +26,15 @@ func lacking(names ...string) *mock.ExtendedInterface {
 	}}
 }
 
-// The scheduler goes through NVML's _v2 calls, on the graphics engine,
-// but for a plain time slice: ARR is sent as its factor and frequency, a
-// time slice (without ARR) with the unversioned call, which takes it in ns
-// as it is (1 ms and 30 ms, the range's ends, 6 ms exactly; as a _v2
-// frequency 30 ms and 6 ms cannot be said), or, on a library without that
-// call, as its frequency; the state and log come back decoded.
+// The scheduler goes through NVML's _v2 calls, on the graphics engine: a
+// time slice is sent as its frequency, ARR as its factor and frequency,
+// and the state and log come back decoded.
 func TestSchedulerV2Calls(t *testing.T) {
-	for _, v1 := range []bool{true, false} {
-		t.Run(fmt.Sprintf("unversioned=%v", v1), func(t *testing.T) { testSchedulerCalls(t, v1) })
-	}
-}
-
-func testSchedulerCalls(t *testing.T, v1 bool) {
 	lib, dev := &mock.Interface{}, &mock.Device{}
-	if v1 {
-		lib.ExtensionsFunc = func() gonvml.ExtendedInterface { return lacking() }
-	} else {
-		lib.ExtensionsFunc = func() gonvml.ExtendedInterface { return lacking("nvmlDeviceSetVgpuSchedulerState") }
-	}
+	lib.ExtensionsFunc = func() gonvml.ExtendedInterface { return lacking() }
 	var sets []gonvml.VgpuSchedulerState_v2
-	var v1sets []gonvml.VgpuSchedulerSetState
 	dev.SetVgpuSchedulerState_v2Func = func(s *gonvml.VgpuSchedulerState_v2) gonvml.Return {
 		sets = append(sets, *s)
-		return gonvml.SUCCESS
-	}
-	dev.SetVgpuSchedulerStateFunc = func(s *gonvml.VgpuSchedulerSetState) gonvml.Return {
-		v1sets = append(v1sets, *s)
 		return gonvml.SUCCESS
 	}
 	dev.GetVgpuSchedulerState_v2Func = func(in gonvml.VgpuSchedulerStateInfo_v2) (gonvml.VgpuSchedulerStateInfo_v2, gonvml.Return) {
@@ -83,36 +65,11 @@ func testSchedulerCalls(t *testing.T, v1 bool) {
 	if err := p.SetSchedulerState(ctx, nvmlb.SchedulerState{Policy: nvmlb.PolicyBestEffort}); err != nil {
 		t.Fatal(err)
 	}
-	for _, ts := range []time.Duration{time.Millisecond, 6 * time.Millisecond, 30 * time.Millisecond} {
-		if err := p.SetSchedulerState(ctx, nvmlb.SchedulerState{Policy: nvmlb.PolicyEqualShare, Timeslice: ts}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	g := uint32(gonvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS)
 	want := []gonvml.VgpuSchedulerState_v2{
 		{EngineId: g, SchedulerPolicy: nvmlb.PolicyFixedShare, Frequency: 250},
 		{EngineId: g, SchedulerPolicy: nvmlb.PolicyEqualShare, AvgFactor: 2, Frequency: 120},
 		{EngineId: g, SchedulerPolicy: nvmlb.PolicyBestEffort},
-		{EngineId: g, SchedulerPolicy: nvmlb.PolicyEqualShare, Frequency: 1000},
-		{EngineId: g, SchedulerPolicy: nvmlb.PolicyEqualShare, Frequency: 167},
-		{EngineId: g, SchedulerPolicy: nvmlb.PolicyEqualShare, Frequency: 33},
-	}
-	if v1 {
-		want = want[1:2]
-		slice := func(policy uint32, ns uint32) gonvml.VgpuSchedulerSetState {
-			s := gonvml.VgpuSchedulerSetState{SchedulerPolicy: policy, EnableARRMode: gonvml.VGPU_SCHEDULER_ARR_DISABLE}
-			s.SchedulerParams[0], s.SchedulerParams[1], s.SchedulerParams[2], s.SchedulerParams[3] = byte(ns), byte(ns>>8), byte(ns>>16), byte(ns>>24)
-			return s
-		}
-		wantV1 := []gonvml.VgpuSchedulerSetState{
-			slice(nvmlb.PolicyFixedShare, 4_000_000), slice(nvmlb.PolicyBestEffort, 0),
-			slice(nvmlb.PolicyEqualShare, 1_000_000), slice(nvmlb.PolicyEqualShare, 6_000_000), slice(nvmlb.PolicyEqualShare, 30_000_000),
-		}
-		if !slices.Equal(v1sets, wantV1) {
-			t.Errorf("unversioned sets %+v, want %+v", v1sets, wantV1)
-		}
-	} else if len(v1sets) != 0 {
-		t.Errorf("the unversioned call was made though the library lacks it: %+v", v1sets)
 	}
 	if !slices.Equal(sets, want) {
 		t.Errorf("sets %+v, want %+v", sets, want)
@@ -139,7 +96,7 @@ func testSchedulerCalls(t *testing.T, v1 bool) {
 func TestSchedulerV2MissingFromDriver(t *testing.T) {
 	lib, dev := &mock.Interface{}, &mock.Device{}
 	lib.ExtensionsFunc = func() gonvml.ExtendedInterface {
-		return lacking("nvmlDeviceGetVgpuSchedulerState_v2", "nvmlDeviceSetVgpuSchedulerState_v2", "nvmlDeviceGetVgpuSchedulerLog_v2", "nvmlDeviceSetVgpuSchedulerState")
+		return lacking("nvmlDeviceGetVgpuSchedulerState_v2", "nvmlDeviceSetVgpuSchedulerState_v2", "nvmlDeviceGetVgpuSchedulerLog_v2")
 	}
 	// dev has no _v2 functions set: the mock panics if one is called.
 	b, _ := fakeBackend(lib, dev)

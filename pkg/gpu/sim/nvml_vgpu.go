@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"encoding/binary"
 	"fmt"
 	"strconv"
 	"strings"
@@ -232,68 +231,6 @@ func (d *device) SetVgpuSchedulerState_v2(s *nvml.VgpuSchedulerState_v2) nvml.Re
 		g.Sched = next
 		return true, nvml.SUCCESS
 	})
-}
-
-// SetVgpuSchedulerState is the unversioned set (deprecated in the 13.0
-// header, still in the library), the one call that takes a time slice
-// itself: with ARR disabled the parameters are the time slice in ns (0:
-// the driver's default), within the capabilities' MinTimeslice and
-// MaxTimeslice, both ends included; with ARR enabled the average factor
-// and frequency. Like the _v2 call it is allowed only while no VM with a
-// vGPU runs on the GPU.
-func (d *device) SetVgpuSchedulerState(s *nvml.VgpuSchedulerSetState) nvml.Return {
-	return d.write("SetVgpuSchedulerState", func(_ *state, g *gpuState) (bool, nvml.Return) {
-		if r := schedSupported(g); r != nvml.SUCCESS {
-			return false, r
-		}
-		if s == nil {
-			return false, nvml.ERROR_INVALID_ARGUMENT
-		}
-		if len(g.activeVGPUs()) > 0 {
-			return false, nvml.ERROR_NOT_SUPPORTED
-		}
-		next, r := schedFromV1(s)
-		if r != nvml.SUCCESS {
-			return false, r
-		}
-		if next == g.Sched {
-			return false, nvml.SUCCESS
-		}
-		g.Sched = next
-		return true, nvml.SUCCESS
-	})
-}
-
-// schedFromV1 is the scheduler state an unversioned set asks for, or
-// INVALID_ARGUMENT for a policy, ARR mode, factor or slice out of range.
-func schedFromV1(s *nvml.VgpuSchedulerSetState) (sched, nvml.Return) {
-	switch s.SchedulerPolicy {
-	case nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT, nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE, nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE:
-	default:
-		return sched{}, nvml.ERROR_INVALID_ARGUMENT
-	}
-	le := binary.LittleEndian
-	first, second := le.Uint32(s.SchedulerParams[0:4]), le.Uint32(s.SchedulerParams[4:8])
-	next := sched{Policy: s.SchedulerPolicy, ARR: nvml.VGPU_SCHEDULER_ARR_DEFAULT}
-	switch s.EnableARRMode {
-	case nvml.VGPU_SCHEDULER_ARR_ENABLE:
-		// {avgFactor, frequency}
-		avg, freq := first, max(second, minARRFrequency)
-		if avg < minARRAvgFactor || avg > maxARRAvgFactor || freq > maxARRFrequency {
-			return sched{}, nvml.ERROR_INVALID_ARGUMENT
-		}
-		next.ARR, next.AvgFactor, next.Frequency = nvml.VGPU_SCHEDULER_ARR_ENABLE, avg, freq
-		next.TimesliceNs = 1_000_000_000 / freq
-	case nvml.VGPU_SCHEDULER_ARR_DEFAULT, nvml.VGPU_SCHEDULER_ARR_DISABLE:
-		// {timeslice}
-		if first != 0 && (first < minTimesliceNs || first > maxTimesliceNs) {
-			return sched{}, nvml.ERROR_INVALID_ARGUMENT
-		}
-		next.TimesliceNs = first
-	default:
-		return sched{}, nvml.ERROR_INVALID_ARGUMENT
-	}
-	return next, nvml.SUCCESS
 }
 
 // schedFromV2 is the scheduler state a _v2 set asks for, or

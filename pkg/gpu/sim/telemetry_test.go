@@ -1,7 +1,6 @@
 package sim_test
 
 import (
-	"encoding/binary"
 	"errors"
 	"math"
 	"testing"
@@ -198,65 +197,5 @@ func TestSchedulerV2AndTemperature(t *testing.T) {
 		if err := lib.Extensions().LookupSymbol(name); err != nil {
 			t.Errorf("the simulated library lacks %s: %v", name, err)
 		}
-	}
-}
-
-// The unversioned scheduler set takes a time slice in ns as it is: both
-// ends of the range the capabilities report (1 ms, 30 ms) are legal and
-// held exactly, as is any slice between (6 ms, 1999999 ns); one outside
-// is INVALID_ARGUMENT and changes nothing; 0 is the driver's default;
-// ARR takes its factor and frequency.
-func TestSchedulerUnversionedSetTakesTheSlice(t *testing.T) {
-	e := newEnv(t, nil)
-	d := e.dev(t, sim.DefaultL4)
-	caps, ret := d.GetVgpuSchedulerCapabilities()
-	if ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	get := func() nvml.VgpuSchedulerStateInfo_v2 {
-		t.Helper()
-		s, ret := d.GetVgpuSchedulerState_v2(nvml.VgpuSchedulerStateInfo_v2{EngineId: graphics})
-		if ret != nvml.SUCCESS {
-			t.Fatal(ret)
-		}
-		return s
-	}
-	set := func(policy, arr, a, b uint32) nvml.Return {
-		s := nvml.VgpuSchedulerSetState{SchedulerPolicy: policy, EnableARRMode: arr}
-		binary.LittleEndian.PutUint32(s.SchedulerParams[0:4], a)
-		binary.LittleEndian.PutUint32(s.SchedulerParams[4:8], b)
-		return d.SetVgpuSchedulerState(&s)
-	}
-	eq := uint32(nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE)
-	for _, ns := range []uint32{caps.MinTimeslice, caps.MaxTimeslice, 6_000_000, 1_999_999} {
-		if ret := set(eq, nvml.VGPU_SCHEDULER_ARR_DISABLE, ns, 0); ret != nvml.SUCCESS {
-			t.Fatalf("set a %d ns slice: %v", ns, ret)
-		}
-		if s := get(); s.SchedulerPolicy != eq || s.Timeslice != ns || s.AvgFactor != 0 {
-			t.Fatalf("after a %d ns slice: %+v", ns, s)
-		}
-	}
-	for _, ns := range []uint32{1, caps.MinTimeslice - 1, caps.MaxTimeslice + 1} {
-		if ret := set(eq, nvml.VGPU_SCHEDULER_ARR_DISABLE, ns, 0); ret != nvml.ERROR_INVALID_ARGUMENT {
-			t.Fatalf("set a %d ns slice: %v, want INVALID_ARGUMENT", ns, ret)
-		}
-		if s := get(); s.Timeslice != 1_999_999 {
-			t.Fatalf("a refused set changed the slice: %+v", s)
-		}
-	}
-	if ret := set(uint32(nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE), nvml.VGPU_SCHEDULER_ARR_DISABLE, 0, 0); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	if s := get(); s.Timeslice != 2_000_000 {
-		t.Fatalf("slice 0: %+v, want the 2 ms default", s)
-	}
-	if ret := set(eq, nvml.VGPU_SCHEDULER_ARR_ENABLE, 3, 100); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	if s := get(); s.AvgFactor != 3 || s.Timeslice != 10_000_000 {
-		t.Fatalf("ARR factor 3 at 100 Hz: %+v", s)
-	}
-	if ret := set(eq, 7, 0, 0); ret != nvml.ERROR_INVALID_ARGUMENT {
-		t.Fatalf("ARR mode 7: %v, want INVALID_ARGUMENT", ret)
 	}
 }
