@@ -132,7 +132,17 @@ func (p *gpuPoller) stateFor(policy Policy) State {
 		// (nvmlDeviceSetVgpuSchedulerState_v2) and reports 1 s / that
 		// frequency: want what it will report, or the loop would never
 		// see its state reached.
-		s.Timeslice = time.Second / max(1, (time.Second+s.Timeslice/2)/s.Timeslice)
+		// The nearest such slice may fall just outside the range (30 ms is
+		// 33.3 Hz: 33 Hz is 30.3 ms): take the next one inside it, as the
+		// NVML backend does (nvml.SliceWithin).
+		f := max(1, (time.Second+s.Timeslice/2)/s.Timeslice)
+		for p.caps.MaxTimeslice > 0 && time.Second/f > p.caps.MaxTimeslice {
+			f++
+		}
+		for p.caps.MinTimeslice > 0 && f > 1 && time.Second/f < p.caps.MinTimeslice {
+			f--
+		}
+		s.Timeslice = time.Second / f
 	}
 	return s
 }
