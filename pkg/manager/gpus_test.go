@@ -118,3 +118,30 @@ func TestGPUModes(t *testing.T) {
 	}
 	assertConsistent(t, e)
 }
+
+// MIG on, asked while a MIG-off is still pending (the driver cannot take
+// it while the GPU's VFs are enabled), undoes the pending change: the GPU
+// is in the mode asked for with nothing pending, and the answer says so
+// (success), not Busy with a reset to do.
+func TestMIGOnUndoingAPendingOff(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	err := e.m.SetMIGMode(ctx, sim.DefaultH100MIG, false)
+	if !errors.Is(err, manager.ErrBusy) {
+		// The simulated GPU took it at once: nothing pending to undo.
+		t.Fatalf("MIG off with the VFs enabled: %v, want it pending (Busy)", err)
+	}
+	if g, _ := e.m.GPU(sim.DefaultH100MIG); !g.MIG.Enabled || g.MIG.Pending {
+		t.Fatalf("MIG off pending: GPU shows %+v", g.MIG)
+	}
+	if err := e.m.SetMIGMode(ctx, sim.DefaultH100MIG, true); err != nil {
+		t.Fatalf("MIG on undoing the pending off: %v, want success", err)
+	}
+	if g, _ := e.m.GPU(sim.DefaultH100MIG); !g.MIG.Enabled || !g.MIG.Pending {
+		t.Fatalf("after MIG on: GPU shows %+v, want on with on pending", g.MIG)
+	}
+	// Asked again: nothing to change.
+	if err := e.m.SetMIGMode(ctx, sim.DefaultH100MIG, true); err != nil {
+		t.Fatalf("MIG on again: %v", err)
+	}
+}
