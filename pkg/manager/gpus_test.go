@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -143,5 +145,32 @@ func TestMIGOnUndoingAPendingOff(t *testing.T) {
 	// Asked again: nothing to change.
 	if err := e.m.SetMIGMode(ctx, sim.DefaultH100MIG, true); err != nil {
 		t.Fatalf("MIG on again: %v", err)
+	}
+}
+
+// A destroy whose release the driver refuses as an invalid argument (the
+// instance it recorded is no longer there as recorded: a reboot or reset
+// went between, and another may hold its id) is Busy, to retry, never
+// InvalidArgument: the caller named a real instance. The instance stays,
+// and the retry destroys it.
+func TestDestroyRefusedAsInvalidByTheDriverIsBusy(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	ctx := context.Background()
+	r := e.mustCreate("acme", "3g.40gb", sim.DefaultH100MIG)
+	for _, op := range []string{"ComputeInstanceDestroy", "GpuInstanceDestroy"} {
+		if err := e.sim.AddFault(sim.Fault{Op: op, Return: int(nvml.ERROR_INVALID_ARGUMENT), Count: 1}); err != nil {
+			t.Fatal(err)
+		}
+		err := e.m.Destroy(ctx, r.UUID, manager.DestroyOptions{})
+		if !errors.Is(err, manager.ErrBusy) || errors.Is(err, manager.ErrInvalidArgument) {
+			t.Fatalf("%s refused as INVALID_ARGUMENT: %v (%s), want Busy", op, err, manager.Name(err))
+		}
+		if got, err := e.m.Instance(r.UUID); err != nil || got.State != store.StateReady {
+			t.Fatalf("after the refused destroy (%s): %+v, %v", op, got, err)
+		}
+	}
+	if err := e.m.Destroy(ctx, r.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatalf("retry: %v", err)
 	}
 }
