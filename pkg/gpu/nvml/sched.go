@@ -198,24 +198,10 @@ func SliceFrequency(ts time.Duration) uint32 {
 	return uint32(max(1, (time.Second+ts/2)/ts))
 }
 
-// SliceWithin is the time slice the _v2 call can set nearest to ts: 1 s
-// over a whole number of Hz (SliceFrequency), moved to the next such
-// slice inside lo..hi (a bound of 0: none) when the nearest falls outside
-// it. Both ends of a GPU's range then stay settable as closely as the
-// call allows (30 ms, 33.3 Hz, is set as 34 Hz: 29.41 ms, not 33 Hz:
-// 30.3 ms, which the driver refuses).
+// SliceWithin is the time slice the _v2 call sets for ts inside a GPU's
+// range lo..hi (gpu.SliceWithin: 1 s over a whole number of Hz).
 func SliceWithin(ts, lo, hi time.Duration) time.Duration {
-	f := time.Duration(SliceFrequency(ts))
-	if f == 0 {
-		return 0
-	}
-	for hi > 0 && time.Second/f > hi {
-		f++
-	}
-	for lo > 0 && f > 1 && time.Second/f < lo {
-		f--
-	}
-	return time.Second / f
+	return gpu.SliceWithin(ts, lo, hi)
 }
 
 // SetSchedulerState changes the scheduler. The driver accepts it only
