@@ -195,7 +195,10 @@ func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerReq
 		if err != nil && !errors.Is(err, gpu.ErrNotSupported) {
 			return
 		}
+		// What the driver holds, or will hold once a pending pin is set
+		// (it takes a slice as a whole number of Hz), read back when it can be.
 		rec := *want
+		rec.Timeslice = gpu.SettableTimeslice(want.Timeslice)
 		if err == nil && want.Timeslice != 0 {
 			// Record, and so show, the time slice the driver holds, read
 			// back: a driver that can take it only as a frequency (the _v2
@@ -278,7 +281,7 @@ func (m *Manager) setScheduler(ctx context.Context, g gpu.GPU, s gpu.VGPUSchedul
 	l.Lock()
 	defer l.Unlock()
 	var err error
-	if cur, rerr := m.sched.VGPUScheduler(ctx, g.UUID); rerr != nil || cur.Policy != s.Policy || (s.Timeslice != 0 && cur.Timeslice != s.Timeslice) {
+	if cur, rerr := m.sched.VGPUScheduler(ctx, g.UUID); rerr != nil || cur.Policy != s.Policy || (s.Timeslice != 0 && cur.Timeslice != gpu.SettableTimeslice(s.Timeslice)) {
 		err = m.sched.SetVGPUScheduler(ctx, g.UUID, s)
 	}
 	for _, f := range then {

@@ -234,3 +234,42 @@ func TestGPUSchedulerRefusalSaysItOnce(t *testing.T) {
 		}
 	}
 }
+
+// A pinned slice the driver holds rounded (6ms as 5.988023ms) counts as
+// held, also when it was pinned while a VM ran (pending) and set once the
+// VM stopped: a later pass (reconcile) does not ask the driver again, so
+// a VM started since cannot turn the pin that holds into a pending one.
+func TestPinnedRoundedSliceHolds(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	ctx := context.Background()
+	r := e.mustCreate("acme", "L4-4Q", sim.DefaultL4)
+	dev := r.MdevUUID
+	if dev == "" {
+		dev = r.VF
+	}
+	const vm = "0b7c1b6e-8d5f-4c4e-9a47-6f7d3f0c2a11"
+	if err := e.sim.OpenDevice(dev, vm, "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	v, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Policy: gpu.SchedFixedShare, Timeslice: 6 * time.Millisecond})
+	if err != nil || !v.Pending || v.Timeslice != time.Second/167 {
+		t.Fatalf("pin 6ms while a VM runs: %+v, %v; want pending, to be held as %v", v, err, time.Second/167)
+	}
+	if err := e.sim.CloseDevice(dev); err != nil {
+		t.Fatal(err)
+	}
+	e.m.RetrySchedulers(ctx)
+	if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler == nil || g.Scheduler.Pending {
+		t.Fatalf("after the VM stopped: %+v, want the pin set", g.Scheduler)
+	}
+	if err := e.sim.OpenDevice(dev, vm, "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler == nil || g.Scheduler.Pending || g.Scheduler.Timeslice != time.Second/167 {
+		t.Fatalf("after a reconcile with a VM running: %+v, want the pin held, not pending", g.Scheduler)
+	}
+}
