@@ -44,6 +44,8 @@ type busDaemonOpts struct {
 	stateDir string
 	// metricsListen is the /metrics address ("": none).
 	metricsListen string
+	// args are more vgpud flags.
+	args []string
 }
 
 // startBusDaemon runs vgpud --sim on the bus and waits until it owns dev.vgpud1.
@@ -56,6 +58,7 @@ func startBusDaemon(t testing.TB, bus *testbus.Bus, o busDaemonOpts) *busDaemon 
 	d.logPath = filepath.Join(d.stateDir, "vgpud.log")
 	args := []string{"--sim", "--state-dir", d.stateDir, "--metrics-listen", o.metricsListen, "--bus-address", bus.Address(), "--log-level", "debug"}
 	args = append(args, "--libvirt-socket", o.libvirtSocket)
+	args = append(args, o.args...)
 	if o.libvirtSocket != "" {
 		args = append(args, "--libvirt-uri", "qemu:///system")
 	}

@@ -54,6 +54,10 @@ as soon as they stop. GPUs with MIG on have no time-sliced scheduler.`,
 				return usagef("--mode pinned needs --policy")
 			case timeslice < 0:
 				return usagef("--timeslice %v: must not be negative", timeslice)
+			case timeslice%time.Microsecond != 0:
+				// The API carries whole microseconds: a finer slice would
+				// be cut short on the way, not refused.
+				return usagef("--timeslice %v: give whole microseconds (1ms..30ms; 0s keeps the driver's)", timeslice)
 			}
 			r, err := c.SetGPUScheduler(ctx, args[0], mode, policy, timeslice)
 			if err != nil {
@@ -62,13 +66,18 @@ as soon as they stop. GPUs with MIG on have no time-sliced scheduler.`,
 			doc := schedDoc{header: hdr("GPUScheduler"), GPU: args[0], Mode: r.Mode, Pending: r.Pending, Detail: r.Detail}
 			if r.Mode == "pinned" {
 				doc.Policy, doc.Timeslice = normPolicy(policy), timeslice
+				// Show what vgpud holds (the driver's value, read back
+				// after the set), not what was asked.
+				if g, err := c.GPU(ctx, args[0]); err == nil && g.Scheduler != nil && g.Scheduler.Mode == "pinned" {
+					doc.Policy, doc.Timeslice = g.Scheduler.Policy, g.Scheduler.Timeslice
+				}
 			}
 			return a.emit(doc, func(w io.Writer) error { return schedText(w, doc) })
 		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&policy, "policy", "", "best_effort, equal_share or fixed_share (pins the GPU)")
-	f.DurationVar(&timeslice, "timeslice", 0, "time slice set with the policy, e.g. 2ms; 0s keeps the driver's")
+	f.DurationVar(&timeslice, "timeslice", 0, "time slice set with the policy, 1ms..30ms in whole microseconds, e.g. 2ms; 0s keeps the driver's")
 	f.StringVar(&mode, "mode", "", "pinned (the default with --policy) or adaptive (the share loop chooses)")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions([]string{"best_effort", "equal_share", "fixed_share"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"pinned", "adaptive"}, cobra.ShellCompDirectiveNoFileComp))

@@ -33,6 +33,9 @@ type fake struct {
 	applySummary string
 	// created is the last Create request.
 	created dbusapi.CreateRequest
+	// held, when set, is the scheduler GPU reports for every GPU (what
+	// the daemon holds after a pin).
+	held *dbusapi.GPUSchedulerState
 }
 
 func (f *fake) record(format string, args ...any) error {
@@ -110,6 +113,9 @@ func (f *fake) GPU(_ context.Context, id string) (dbusapi.GPU, error) {
 	}
 	for _, g := range fakeGPUs() {
 		if g.PCI == id {
+			if f.held != nil {
+				g.Scheduler = f.held
+			}
 			return g, nil
 		}
 	}

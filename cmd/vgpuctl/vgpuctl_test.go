@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -437,6 +438,10 @@ func TestGPUScheduler(t *testing.T) {
 		{"gpu", "scheduler", "0000:81:00.0", "--mode", "adaptive", "--policy", "fixed_share"},
 		{"gpu", "scheduler", "0000:81:00.0", "--mode", "pinned"},
 		{"gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "-1ms"},
+		// The API carries whole microseconds: 1ns would reach vgpud as 0,
+		// the driver's default.
+		{"gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "1ns"},
+		{"gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "1999999ns"},
 	} {
 		f := &fake{}
 		if _, errOut, code := runFake(f, bad...); code != exitUsage || len(f.calls) != 0 {
@@ -445,8 +450,15 @@ func TestGPUScheduler(t *testing.T) {
 	}
 	f := &fake{}
 	out, errOut, code := runFake(f, "gpu", "scheduler", "0000:81:00.0", "--policy", "fixed_share", "--timeslice", "2ms")
-	if code != 0 || f.lastCall() != `SetGPUScheduler 0000:81:00.0 "" "fixed_share" 2ms` || !strings.Contains(out, "pinned to fixed_share, time slice 2ms\n  pending: ") {
-		t.Fatalf("pin: exit %d, call %q, out %q, err %q", code, f.lastCall(), out, errOut)
+	if code != 0 || len(f.calls) == 0 || f.calls[0] != `SetGPUScheduler 0000:81:00.0 "" "fixed_share" 2ms` || !strings.Contains(out, "pinned to fixed_share, time slice 2ms\n  pending: ") {
+		t.Fatalf("pin: exit %d, calls %q, out %q, err %q", code, f.calls, out, errOut)
+	}
+	// What is shown is what vgpud holds (the driver's value, read back),
+	// not what was typed.
+	f = &fake{held: &dbusapi.GPUSchedulerState{Mode: "pinned", Policy: "equal_share", Timeslice: 2 * time.Millisecond}}
+	out, errOut, code = runFake(f, "gpu", "scheduler", "0000:81:00.0", "--policy", "equal_share", "--timeslice", "1999us")
+	if code != 0 || !strings.Contains(out, "pinned to equal_share, time slice 2ms\n") {
+		t.Fatalf("pin shown as held: exit %d, out %q, err %q", code, out, errOut)
 	}
 	out, _, code = runFake(f, "gpu", "scheduler", "0000:81:00.0", "--mode", "adaptive")
 	if code != 0 || f.lastCall() != `SetGPUScheduler 0000:81:00.0 "adaptive" "" 0s` || !strings.Contains(out, "is adaptive") {

@@ -96,7 +96,7 @@ func (gd *gpuDiff) scheduler(mig bool) error {
 	case r.Mode == manager.SchedAdaptive:
 		same = cur == nil || cur.Mode == manager.SchedAdaptive
 	case cur != nil:
-		same = cur.Mode == manager.SchedPinned && cur.Policy == r.Policy && cur.Timeslice == r.Timeslice
+		same = cur.Mode == manager.SchedPinned && cur.Policy == r.Policy && cur.Timeslice == gpu.SettableTimeslice(r.Timeslice)
 	}
 	if same {
 		return nil

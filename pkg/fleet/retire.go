@@ -23,8 +23,7 @@ func (s *Syncer) Retire(ctx context.Context) error {
 	if len(tree) == 0 {
 		return nil // never published, or gone with Placement's database
 	}
-	ps := &passState{instances: map[string]bool{}, held: map[string]bool{}, complete: true}
-	if err := s.removeStale(ctx, tree, nil, ps); err != nil {
+	if err := s.removeStale(ctx, tree, nil); err != nil {
 		return err
 	}
 	if s.cfg.ParentUUID != "" {

@@ -80,3 +80,31 @@ func (e *TimesliceError) Error() string {
 }
 
 func (e *TimesliceError) Unwrap() error { return ErrInvalid }
+
+// SliceWithin is the time slice NVML's _v2 scheduler call can set nearest
+// to ts: the call takes a frequency in whole Hz, so the slice is 1 s over
+// the nearest whole Hz, moved to the next such slice inside lo..hi (a
+// bound of 0: none) when the nearest falls outside it (30 ms, 33.3 Hz, is
+// set as 34 Hz: 29.41 ms, not 33 Hz: 30.3 ms, which the driver refuses).
+// 0 stays 0 (the driver's default).
+func SliceWithin(ts, lo, hi time.Duration) time.Duration {
+	if ts <= 0 {
+		return 0
+	}
+	f := max(1, (time.Second+ts/2)/ts)
+	for hi > 0 && time.Second/f > hi {
+		f++
+	}
+	for lo > 0 && f > 1 && time.Second/f < lo {
+		f--
+	}
+	return time.Second / f
+}
+
+// SettableTimeslice is the time slice the driver holds after a pin asked
+// for ts (SliceWithin the documented range), which is what vgpud records
+// and shows for the pin: compare a wanted slice with a held one through
+// it (a layout asking 6ms is held as 5.988023ms).
+func SettableTimeslice(ts time.Duration) time.Duration {
+	return SliceWithin(ts, MinTimeslice, MaxTimeslice)
+}

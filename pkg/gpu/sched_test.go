@@ -32,3 +32,23 @@ func TestValidateTimeslice(t *testing.T) {
 		}
 	}
 }
+
+// A pin is held as the settable slice nearest to the one asked, inside
+// the range: what apply and the manager compare a wanted slice with.
+func TestSettableTimeslice(t *testing.T) {
+	for ts, want := range map[time.Duration]time.Duration{
+		0:                       0,
+		MinTimeslice:            MinTimeslice,
+		MaxTimeslice:            time.Second / 34,
+		6 * time.Millisecond:    time.Second / 167,
+		1999 * time.Microsecond: 2 * time.Millisecond,
+		4 * time.Millisecond:    4 * time.Millisecond,
+	} {
+		if got := SettableTimeslice(ts); got != want {
+			t.Errorf("SettableTimeslice(%v) = %v, want %v", ts, got, want)
+		}
+		if got := SettableTimeslice(SettableTimeslice(ts)); got != SettableTimeslice(ts) {
+			t.Errorf("SettableTimeslice is not stable at %v: %v", ts, got)
+		}
+	}
+}

@@ -119,6 +119,14 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 	delete(m.switching, g.UUID)
 	m.invMu.Unlock()
 	m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
+	if errors.Is(err, gpu.ErrResetRequired) && migSettled(m.hostGPU(g.UUID), on) {
+		// The request undid a change still pending (MIG off asked, not
+		// yet taken; now on again): the GPU is in the mode asked for,
+		// with nothing pending, whatever the driver's activation status
+		// said about the pending mode it was given.
+		m.log.Info("MIG mode set: a pending change to it was undone", "gpu", g.PCI, "on", on)
+		return nil
+	}
 	if errors.Is(err, gpu.ErrResetRequired) {
 		return fail(ErrBusy, err, "MIG mode on GPU %s is pending: stop the GPU's clients and disable its SR-IOV VFs (sriov-manage -d %s), then reset it (nvidia-smi -r -i %d)", g.PCI, g.PCI, g.Index)
 	}
@@ -127,6 +135,12 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 	}
 	m.log.Info("MIG mode set", "gpu", g.PCI, "on", on)
 	return nil
+}
+
+// migSettled: g, as just re-read, is in MIG mode on with no other mode
+// pending.
+func migSettled(g *gpu.GPU, on bool) bool {
+	return g != nil && !g.Lost && g.MIG.Enabled == on && g.MIG.Pending == on
 }
 
 // admitModeChange decides, under the admission lock, that g's MIG mode

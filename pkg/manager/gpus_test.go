@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -117,4 +119,58 @@ func TestGPUModes(t *testing.T) {
 		t.Fatal("heterogeneous mode not applied again after the reboot")
 	}
 	assertConsistent(t, e)
+}
+
+// MIG on, asked while a MIG-off is still pending (the driver cannot take
+// it while the GPU's VFs are enabled), undoes the pending change: the GPU
+// is in the mode asked for with nothing pending, and the answer says so
+// (success), not Busy with a reset to do.
+func TestMIGOnUndoingAPendingOff(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	err := e.m.SetMIGMode(ctx, sim.DefaultH100MIG, false)
+	if !errors.Is(err, manager.ErrBusy) {
+		// The simulated GPU took it at once: nothing pending to undo.
+		t.Fatalf("MIG off with the VFs enabled: %v, want it pending (Busy)", err)
+	}
+	if g, _ := e.m.GPU(sim.DefaultH100MIG); !g.MIG.Enabled || g.MIG.Pending {
+		t.Fatalf("MIG off pending: GPU shows %+v", g.MIG)
+	}
+	if err := e.m.SetMIGMode(ctx, sim.DefaultH100MIG, true); err != nil {
+		t.Fatalf("MIG on undoing the pending off: %v, want success", err)
+	}
+	if g, _ := e.m.GPU(sim.DefaultH100MIG); !g.MIG.Enabled || !g.MIG.Pending {
+		t.Fatalf("after MIG on: GPU shows %+v, want on with on pending", g.MIG)
+	}
+	// Asked again: nothing to change.
+	if err := e.m.SetMIGMode(ctx, sim.DefaultH100MIG, true); err != nil {
+		t.Fatalf("MIG on again: %v", err)
+	}
+}
+
+// A destroy whose release the driver refuses as an invalid argument (the
+// instance it recorded is no longer there as recorded: a reboot or reset
+// went between, and another may hold its id) is Busy, to retry, never
+// InvalidArgument: the caller named a real instance. The instance stays,
+// and the retry destroys it.
+func TestDestroyRefusedAsInvalidByTheDriverIsBusy(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	ctx := context.Background()
+	r := e.mustCreate("acme", "3g.40gb", sim.DefaultH100MIG)
+	for _, op := range []string{"ComputeInstanceDestroy", "GpuInstanceDestroy"} {
+		if err := e.sim.AddFault(sim.Fault{Op: op, Return: int(nvml.ERROR_INVALID_ARGUMENT), Count: 1}); err != nil {
+			t.Fatal(err)
+		}
+		err := e.m.Destroy(ctx, r.UUID, manager.DestroyOptions{})
+		if !errors.Is(err, manager.ErrBusy) || errors.Is(err, manager.ErrInvalidArgument) {
+			t.Fatalf("%s refused as INVALID_ARGUMENT: %v (%s), want Busy", op, err, manager.Name(err))
+		}
+		if got, err := e.m.Instance(r.UUID); err != nil || got.State != store.StateReady {
+			t.Fatalf("after the refused destroy (%s): %+v, %v", op, got, err)
+		}
+	}
+	if err := e.m.Destroy(ctx, r.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
 }

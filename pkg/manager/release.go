@@ -30,7 +30,7 @@ func (m *Manager) release(ctx context.Context, r *store.Instance, done func(carv
 	}
 	if r.Kind == store.KindMIG && done(stepCI) && r.CIID >= 0 {
 		if err := m.mig.DestroyComputeInstance(ctx, r.GPUUUID, r.GIID, r.CIID); err != nil {
-			return classify(err, "destroy compute instance %d of GPU instance %d", r.CIID, r.GIID)
+			return releaseFailed(err, "destroy compute instance %d of GPU instance %d", r.CIID, r.GIID)
 		}
 		point(CrashDestroyCI)
 	}
@@ -44,13 +44,25 @@ func (m *Manager) release(ctx context.Context, r *store.Instance, done func(carv
 				return err
 			} else if ok {
 				if err := m.mig.DestroyGPUInstance(ctx, r.GPUUUID, r.GIID); err != nil {
-					return classify(err, "destroy GPU instance %d", r.GIID)
+					return releaseFailed(err, "destroy GPU instance %d", r.GIID)
 				}
 			}
 		}
 		point(CrashDestroyGI)
 	}
 	return nil
+}
+
+// releaseFailed names a failed release step. The driver calling a
+// recorded instance an invalid argument is no fault of the caller's (the
+// record is vgpud's): the host changed under the step (a reboot or reset
+// took the instance and another now has its id), so it is Busy, to retry
+// once reconcile has caught up.
+func releaseFailed(err error, format string, args ...any) error {
+	if errors.Is(err, gpu.ErrInvalid) {
+		return fail(ErrBusy, err, "%s: the driver no longer knows it as recorded (the GPU was reset or the host rebooted meanwhile); retry once vgpud has reconciled (vgpuctl reconcile)", fmt.Sprintf(format, args...))
+	}
+	return classify(err, format, args...)
 }
 
 func (m *Manager) releaseVGPU(ctx context.Context, r *store.Instance) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -125,12 +126,18 @@ func checkSchedulerRequest(r SchedulerRequest) (*gpu.VGPUScheduler, error) {
 	}
 	p, err := gpu.ParseSchedPolicy(r.Policy)
 	if err != nil {
-		return nil, fail(ErrInvalidArgument, err, "%v", err)
+		return nil, invalidShown(err)
 	}
 	if err := gpu.ValidateTimeslice(r.Timeslice); err != nil {
-		return nil, fail(ErrInvalidArgument, err, "%v", err)
+		return nil, invalidShown(err)
 	}
 	return &gpu.VGPUScheduler{Policy: p, Timeslice: r.Timeslice}, nil
+}
+
+// invalidShown is InvalidArgument with err's text as its message, once
+// (without the sentinel's own words at its end).
+func invalidShown(err error) error {
+	return &opError{kind: ErrInvalidArgument, msg: strings.TrimSuffix(err.Error(), ": "+gpu.ErrInvalid.Error()), cause: err, shown: true}
 }
 
 // SetGPUScheduler pins a GPU's vGPU scheduler (policy and time slice) or
@@ -185,14 +192,28 @@ func (m *Manager) SetGPUScheduler(ctx context.Context, id string, r SchedulerReq
 	// land between the two nor after them.
 	var recErr error
 	err = m.setScheduler(ctx, g, *want, func(err error) {
-		if err == nil || errors.Is(err, gpu.ErrNotSupported) {
-			recErr = m.putSchedulerRecord(g, want)
+		if err != nil && !errors.Is(err, gpu.ErrNotSupported) {
+			return
 		}
+		// What the driver holds, or will hold once a pending pin is set
+		// (it takes a slice as a whole number of Hz), read back when it can be.
+		rec := *want
+		rec.Timeslice = gpu.SettableTimeslice(want.Timeslice)
+		if err == nil && want.Timeslice != 0 {
+			// Record, and so show, the time slice the driver holds, read
+			// back: a driver that can take it only as a frequency (the _v2
+			// call) rounds it.
+			if cur, rerr := m.sched.VGPUScheduler(ctx, g.UUID); rerr == nil && cur.Policy == want.Policy && cur.Timeslice != 0 {
+				rec.Timeslice = cur.Timeslice
+			}
+		}
+		*want = rec
+		recErr = m.putSchedulerRecord(g, want)
 	})
 	pending := errors.Is(err, gpu.ErrNotSupported)
 	if err != nil && !pending {
 		if errors.Is(err, gpu.ErrInvalid) {
-			return SchedulerView{}, fail(ErrInvalidArgument, err, "scheduler of GPU %s: %v", g.PCI, err)
+			return SchedulerView{}, failShown(ErrInvalidArgument, err, "scheduler of GPU "+g.PCI)
 		}
 		return SchedulerView{}, classify(err, "set the vGPU scheduler of GPU %s", g.PCI)
 	}
@@ -260,7 +281,7 @@ func (m *Manager) setScheduler(ctx context.Context, g gpu.GPU, s gpu.VGPUSchedul
 	l.Lock()
 	defer l.Unlock()
 	var err error
-	if cur, rerr := m.sched.VGPUScheduler(ctx, g.UUID); rerr != nil || cur.Policy != s.Policy || (s.Timeslice != 0 && cur.Timeslice != s.Timeslice) {
+	if cur, rerr := m.sched.VGPUScheduler(ctx, g.UUID); rerr != nil || cur.Policy != s.Policy || (s.Timeslice != 0 && cur.Timeslice != gpu.SettableTimeslice(s.Timeslice)) {
 		err = m.sched.SetVGPUScheduler(ctx, g.UUID, s)
 	}
 	for _, f := range then {

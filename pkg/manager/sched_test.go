@@ -3,6 +3,7 @@ package manager_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,5 +170,106 @@ func TestUnlessPinnedHoldsThePin(t *testing.T) {
 	}
 	if ran, err := e.m.UnlessPinned(ctx, l4, loopSet); !ran || err != nil {
 		t.Fatalf("handed back to the share loop: ran %v, %v", ran, err)
+	}
+}
+
+// Time slices: both ends of the documented range and any whole number of
+// microseconds between are set as they are, and the GPU shows what the
+// driver holds; a slice outside the range, or finer than a microsecond,
+// is refused by name (InvalidArgument) before the driver is asked, and
+// changes nothing.
+func TestGPUSchedulerTimeslices(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	g0, err := e.m.GPU(sim.DefaultL4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The driver takes a slice as a frequency in whole Hz: it holds the
+	// settable slice nearest to the one asked, inside the range.
+	for _, c := range [][2]time.Duration{
+		{gpu.MinTimeslice, gpu.MinTimeslice},
+		{gpu.MaxTimeslice, time.Second / 34}, // 33 Hz would be 30.3 ms
+		{6 * time.Millisecond, time.Second / 167},
+		{1999 * time.Microsecond, 2 * time.Millisecond},
+		{10 * time.Millisecond, 10 * time.Millisecond},
+	} {
+		ts, want := c[0], c[1]
+		v, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Policy: gpu.SchedEqualShare, Timeslice: ts})
+		if err != nil || v.Pending {
+			t.Fatalf("pin with a %v slice: %+v, %v", ts, v, err)
+		}
+		held, err := e.host.NVML.VGPUScheduler(ctx, g0.UUID)
+		if err != nil || held.Timeslice != want || held.Policy != gpu.SchedEqualShare {
+			t.Fatalf("pin with a %v slice: the driver holds %+v, %v; want %v", ts, held, err, want)
+		}
+		if v.Timeslice != held.Timeslice {
+			t.Fatalf("pin with a %v slice: shown as %v, the driver holds %v", ts, v.Timeslice, held.Timeslice)
+		}
+		if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler == nil || g.Scheduler.Timeslice != held.Timeslice {
+			t.Fatalf("GPU view after a %v slice: %+v", ts, g.Scheduler)
+		}
+	}
+	for _, ts := range []time.Duration{time.Nanosecond, 1999999 * time.Nanosecond, gpu.MinTimeslice - time.Microsecond, gpu.MaxTimeslice + time.Microsecond, 2562047 * time.Hour} {
+		_, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Policy: gpu.SchedFixedShare, Timeslice: ts})
+		if !errors.Is(err, manager.ErrInvalidArgument) {
+			t.Fatalf("pin with a %v slice: %v, want InvalidArgument", ts, err)
+		}
+		if held, _ := e.host.NVML.VGPUScheduler(ctx, g0.UUID); held.Policy != gpu.SchedEqualShare || held.Timeslice != 10*time.Millisecond {
+			t.Fatalf("a refused %v slice changed the driver: %+v", ts, held)
+		}
+	}
+}
+
+// A refused time slice is named once, in words an operator acts on.
+func TestGPUSchedulerRefusalSaysItOnce(t *testing.T) {
+	e := newEnv(t, nil)
+	_, err := e.m.SetGPUScheduler(context.Background(), sim.DefaultL4, manager.SchedulerRequest{Policy: gpu.SchedFixedShare, Timeslice: time.Nanosecond})
+	if !errors.Is(err, manager.ErrInvalidArgument) {
+		t.Fatalf("1ns: %v", err)
+	}
+	for _, text := range []string{err.Error(), manager.Message(err)} {
+		if strings.Count(text, "time slice 1ns") != 1 || !strings.Contains(text, "1ms..30ms") {
+			t.Errorf("refusal %q: want the slice named once, with the range", text)
+		}
+	}
+}
+
+// A pinned slice the driver holds rounded (6ms as 5.988023ms) counts as
+// held, also when it was pinned while a VM ran (pending) and set once the
+// VM stopped: a later pass (reconcile) does not ask the driver again, so
+// a VM started since cannot turn the pin that holds into a pending one.
+func TestPinnedRoundedSliceHolds(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	ctx := context.Background()
+	r := e.mustCreate("acme", "L4-4Q", sim.DefaultL4)
+	dev := r.MdevUUID
+	if dev == "" {
+		dev = r.VF
+	}
+	const vm = "0b7c1b6e-8d5f-4c4e-9a47-6f7d3f0c2a11"
+	if err := e.sim.OpenDevice(dev, vm, "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	v, err := e.m.SetGPUScheduler(ctx, sim.DefaultL4, manager.SchedulerRequest{Policy: gpu.SchedFixedShare, Timeslice: 6 * time.Millisecond})
+	if err != nil || !v.Pending || v.Timeslice != time.Second/167 {
+		t.Fatalf("pin 6ms while a VM runs: %+v, %v; want pending, to be held as %v", v, err, time.Second/167)
+	}
+	if err := e.sim.CloseDevice(dev); err != nil {
+		t.Fatal(err)
+	}
+	e.m.RetrySchedulers(ctx)
+	if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler == nil || g.Scheduler.Pending {
+		t.Fatalf("after the VM stopped: %+v, want the pin set", g.Scheduler)
+	}
+	if err := e.sim.OpenDevice(dev, vm, "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := e.m.GPU(sim.DefaultL4); g.Scheduler == nil || g.Scheduler.Pending || g.Scheduler.Timeslice != time.Second/167 {
+		t.Fatalf("after a reconcile with a VM running: %+v, want the pin held, not pending", g.Scheduler)
 	}
 }

@@ -316,3 +316,20 @@ func TestPinNewerThanInventoryNotOverridden(t *testing.T) {
 		t.Fatal("unpinned: the guard let nothing through")
 	}
 }
+
+// The loop's time slice goes to the driver as a whole number of Hz: the
+// nearest settable slice inside the GPU's range (30 ms is 33.3 Hz; 33 Hz,
+// 30.3 ms, would be refused).
+func TestStateForSliceInsideRange(t *testing.T) {
+	for ts, want := range map[time.Duration]time.Duration{
+		30 * time.Millisecond: time.Second / 34,
+		time.Millisecond:      time.Millisecond,
+		6 * time.Millisecond:  time.Second / 167,
+		time.Hour:             time.Second / 34,
+	} {
+		p := &gpuPoller{l: &Loop{cfg: Config{Timeslice: ts}}, caps: Caps{MinTimeslice: time.Millisecond, MaxTimeslice: 30 * time.Millisecond}}
+		if got := p.stateFor(FixedShare).Timeslice; got != want {
+			t.Errorf("configured %v: sets %v, want %v", ts, got, want)
+		}
+	}
+}

@@ -131,8 +131,9 @@ func (p *gpuPoller) stateFor(policy Policy) State {
 		// The driver takes a slice as a frequency in whole Hz
 		// (nvmlDeviceSetVgpuSchedulerState_v2) and reports 1 s / that
 		// frequency: want what it will report, or the loop would never
-		// see its state reached.
-		s.Timeslice = time.Second / max(1, (time.Second+s.Timeslice/2)/s.Timeslice)
+		// see its state reached; and the nearest such slice inside the
+		// range (30 ms is 33.3 Hz, and 33 Hz, 30.3 ms, is refused).
+		s.Timeslice = gpu.SliceWithin(s.Timeslice, p.caps.MinTimeslice, p.caps.MaxTimeslice)
 	}
 	return s
 }

@@ -111,9 +111,22 @@ func (b *Backend) DestroyGPUInstance(ctx context.Context, uuid string, giID int)
 		return err
 	}
 	if err := b.do(ctx, "GpuInstanceDestroy", h.Destroy); err != nil {
+		if errors.Is(err, gpu.ErrInvalid) && b.giGone(ctx, uuid, giID) {
+			return nil
+		}
 		return fmt.Errorf("destroy GPU instance %d on GPU %s: %w", giID, uuid, err)
 	}
 	return nil
+}
+
+// giGone asks again for a GPU instance whose handle the driver just
+// called invalid (INVALID_ARGUMENT from a call on it): the instance went
+// between the lookup and the call (a reboot, a reset, someone else's
+// destroy), which a destroy counts as done. Gone: no such instance now, or
+// no MIG on the GPU any more.
+func (b *Backend) giGone(ctx context.Context, uuid string, giID int) bool {
+	_, err := b.gpuInstance(ctx, uuid, giID)
+	return errors.Is(err, gpu.ErrNotFound) || errors.Is(err, gpu.ErrNotSupported)
 }
 
 // CreateComputeInstance creates a compute instance in GPU instance giID.
@@ -213,9 +226,23 @@ func (b *Backend) DestroyComputeInstance(ctx context.Context, uuid string, giID,
 		return fmt.Errorf("compute instance %d of GPU instance %d on GPU %s: %w", ciID, giID, uuid, err)
 	}
 	if err := b.do(ctx, "ComputeInstanceDestroy", c.Destroy); err != nil {
+		if errors.Is(err, gpu.ErrInvalid) && b.ciGone(ctx, uuid, giID, ciID) {
+			return nil
+		}
 		return fmt.Errorf("destroy compute instance %d of GPU instance %d on GPU %s: %w", ciID, giID, uuid, err)
 	}
 	return nil
+}
+
+// ciGone is giGone for a compute instance: its GPU instance is gone, or
+// no longer holds it.
+func (b *Backend) ciGone(ctx context.Context, uuid string, giID, ciID int) bool {
+	h, err := b.gpuInstance(ctx, uuid, giID)
+	if err != nil {
+		return errors.Is(err, gpu.ErrNotFound) || errors.Is(err, gpu.ErrNotSupported)
+	}
+	_, err = call(ctx, b, "GetComputeInstanceById", func() (gonvml.ComputeInstance, gonvml.Return) { return h.GetComputeInstanceById(ciID) })
+	return errors.Is(err, gpu.ErrNotFound)
 }
 
 // SetHeterogeneous switches a GPU between homogeneous and mixed-size

@@ -156,3 +156,96 @@ func TestCallTimeout(t *testing.T) {
 		t.Fatalf("err = %v, want ErrTimeout", err)
 	}
 }
+
+// rebootingLib hands out GPU and compute instance handles whose Destroy
+// reboots the simulated host first: the handle the backend just looked up
+// is then stale, as when `sim reboot` (or a real reset) lands between a
+// lookup and the call on it.
+type rebootingLib struct {
+	gonvml.Interface
+	h *sim.Host
+}
+
+func (l rebootingLib) DeviceGetHandleByUUID(uuid string) (gonvml.Device, gonvml.Return) {
+	d, r := l.Interface.DeviceGetHandleByUUID(uuid)
+	if r != gonvml.SUCCESS {
+		return d, r
+	}
+	return rebootingDevice{d, l.h}, r
+}
+
+type rebootingDevice struct {
+	gonvml.Device
+	h *sim.Host
+}
+
+func (d rebootingDevice) GetGpuInstanceById(id int) (gonvml.GpuInstance, gonvml.Return) {
+	gi, r := d.Device.GetGpuInstanceById(id)
+	if r != gonvml.SUCCESS {
+		return gi, r
+	}
+	return rebootingGI{gi, d.h}, r
+}
+
+type rebootingGI struct {
+	gonvml.GpuInstance
+	h *sim.Host
+}
+
+func (g rebootingGI) Destroy() gonvml.Return {
+	if err := g.h.Reboot(); err != nil {
+		panic(err)
+	}
+	return g.GpuInstance.Destroy()
+}
+
+func (g rebootingGI) GetComputeInstanceById(id int) (gonvml.ComputeInstance, gonvml.Return) {
+	ci, r := g.GpuInstance.GetComputeInstanceById(id)
+	if r != gonvml.SUCCESS {
+		return ci, r
+	}
+	return rebootingCI{ci, g.h}, r
+}
+
+type rebootingCI struct {
+	gonvml.ComputeInstance
+	h *sim.Host
+}
+
+func (c rebootingCI) Destroy() gonvml.Return {
+	if err := c.h.Reboot(); err != nil {
+		panic(err)
+	}
+	return c.ComputeInstance.Destroy()
+}
+
+// A destroy whose instance went between the lookup and the call (a reboot
+// took it: the driver calls the handle invalid) has nothing left to do:
+// success, not an invalid argument.
+func TestDestroyOfInstanceGoneMeanwhile(t *testing.T) {
+	h, b, gpus := setup(t)
+	ctx := context.Background()
+	u := gpus[0].UUID
+	for _, ci := range []bool{true, false} {
+		gi, err := b.CreateGPUInstance(ctx, u, 9, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := b.CreateComputeInstance(ctx, u, gi.ID, -1, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb := nvmlb.New(rebootingLib{h.NVML(), h}, nil, nvmlb.Options{})
+		if err := rb.Init(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ci {
+			err = rb.DestroyComputeInstance(ctx, u, gi.ID, c.ID)
+		} else {
+			err = rb.DestroyGPUInstance(ctx, u, gi.ID)
+		}
+		if err != nil {
+			t.Fatalf("destroy (compute instance %v) racing a reboot: %v, want success", ci, err)
+		}
+	}
+}

@@ -198,6 +198,12 @@ func SliceFrequency(ts time.Duration) uint32 {
 	return uint32(max(1, (time.Second+ts/2)/ts))
 }
 
+// SliceWithin is the time slice the _v2 call sets for ts inside a GPU's
+// range lo..hi (gpu.SliceWithin: 1 s over a whole number of Hz).
+func SliceWithin(ts, lo, hi time.Duration) time.Duration {
+	return gpu.SliceWithin(ts, lo, hi)
+}
+
 // SetSchedulerState changes the scheduler. The driver accepts it only
 // while no VM with a vGPU runs on the GPU: otherwise, and with MIG on, it
 // fails with gpu.ErrNotSupported wrapping NOT_SUPPORTED. The _v2 call

@@ -120,3 +120,29 @@ func TestSliceFrequency(t *testing.T) {
 		}
 	}
 }
+
+// A time slice goes to the _v2 call as a whole number of Hz: the nearest
+// settable slice, moved inside the GPU's range when the nearest is not.
+func TestSliceWithin(t *testing.T) {
+	lo, hi := time.Millisecond, 30*time.Millisecond
+	for ts, want := range map[time.Duration]time.Duration{
+		0:                         0,
+		time.Millisecond:          time.Millisecond, // 1000 Hz
+		2 * time.Millisecond:      2 * time.Millisecond,
+		6 * time.Millisecond:      time.Second / 167,
+		30 * time.Millisecond:     time.Second / 34, // 33 Hz would be 30.3 ms, over the range
+		1999 * time.Microsecond:   2 * time.Millisecond,
+		999500 * time.Nanosecond:  time.Millisecond, // 1001 Hz would be under it
+		29900 * time.Microsecond:  time.Second / 34,
+		10 * time.Millisecond:     10 * time.Millisecond,
+		30*time.Millisecond + 1e3: time.Second / 34,
+	} {
+		got := nvmlb.SliceWithin(ts, lo, hi)
+		if got != want {
+			t.Errorf("SliceWithin(%v) = %v, want %v", ts, got, want)
+		}
+		if ts != 0 && (got < lo || got > hi) {
+			t.Errorf("SliceWithin(%v) = %v, outside %v..%v", ts, got, lo, hi)
+		}
+	}
+}

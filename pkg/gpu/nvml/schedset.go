@@ -57,6 +57,9 @@ func (b *Backend) SetVGPUScheduler(ctx context.Context, uuid string, s gpu.VGPUS
 	if s.Timeslice != 0 && ((c.MinTimeslice > 0 && s.Timeslice < c.MinTimeslice) || (c.MaxTimeslice > 0 && s.Timeslice > c.MaxTimeslice)) {
 		return fmt.Errorf("GPU %s: time slice %v outside the GPU's %v..%v: %w", uuid, s.Timeslice, c.MinTimeslice, c.MaxTimeslice, gpu.ErrInvalid)
 	}
-	st.Timeslice = s.Timeslice
+	// The _v2 call takes a slice as a frequency in whole Hz: ask for the
+	// settable slice nearest to s's inside the GPU's range (the caller
+	// reads back what the driver holds).
+	st.Timeslice = SliceWithin(s.Timeslice, c.MinTimeslice, c.MaxTimeslice)
 	return p.SetSchedulerState(ctx, st)
 }

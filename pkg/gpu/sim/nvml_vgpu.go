@@ -242,11 +242,9 @@ func schedFromV2(s *nvml.VgpuSchedulerState_v2) (sched, nvml.Return) {
 		return sched{}, nvml.ERROR_INVALID_ARGUMENT
 	}
 	next := sched{Policy: s.SchedulerPolicy, ARR: nvml.VGPU_SCHEDULER_ARR_DEFAULT}
-	if s.Frequency > maxARRFrequency {
-		return sched{}, nvml.ERROR_INVALID_ARGUMENT
-	}
 	if s.AvgFactor != 0 {
-		if s.AvgFactor < minARRAvgFactor || s.AvgFactor > maxARRAvgFactor {
+		// ARR: its frequency within ARR's range.
+		if s.AvgFactor < minARRAvgFactor || s.AvgFactor > maxARRAvgFactor || s.Frequency > maxARRFrequency {
 			return sched{}, nvml.ERROR_INVALID_ARGUMENT
 		}
 		freq := max(s.Frequency, minARRFrequency)
@@ -255,6 +253,9 @@ func schedFromV2(s *nvml.VgpuSchedulerState_v2) (sched, nvml.Return) {
 		return next, nvml.SUCCESS
 	}
 	if s.Frequency != 0 {
+		// A plain slice: what bounds it is the time slice range the
+		// capabilities report (both ends legal), not ARR's frequencies,
+		// so 1 ms (1000 Hz) is as legal as the capabilities say.
 		ts := 1_000_000_000 / s.Frequency
 		if ts < minTimesliceNs || ts > maxTimesliceNs {
 			return sched{}, nvml.ERROR_INVALID_ARGUMENT

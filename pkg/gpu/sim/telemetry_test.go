@@ -199,3 +199,33 @@ func TestSchedulerV2AndTemperature(t *testing.T) {
 		}
 	}
 }
+
+// A plain time slice set through the _v2 call (1 s / frequency, no ARR
+// factor) is bounded by the time slice range the capabilities report,
+// both ends legal, not by ARR's frequency range: 1 ms (1000 Hz) is
+// settable, as the capabilities say, though ARR's highest is 960 Hz.
+func TestSchedulerV2PlainSliceRange(t *testing.T) {
+	e := newEnv(t, nil)
+	d := e.dev(t, sim.DefaultL4)
+	caps, ret := d.GetVgpuSchedulerCapabilities()
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	set := func(freq uint32) nvml.Return {
+		return d.SetVgpuSchedulerState_v2(&nvml.VgpuSchedulerState_v2{EngineId: graphics, SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE, Frequency: freq})
+	}
+	for _, f := range []uint32{1_000_000_000 / caps.MinTimeslice, 34, 167} {
+		if ret := set(f); ret != nvml.SUCCESS {
+			t.Fatalf("%d Hz (a %d ns slice, inside %d..%d): %v", f, 1_000_000_000/f, caps.MinTimeslice, caps.MaxTimeslice, ret)
+		}
+		s, ret := d.GetVgpuSchedulerState_v2(nvml.VgpuSchedulerStateInfo_v2{EngineId: graphics})
+		if ret != nvml.SUCCESS || s.Timeslice != 1_000_000_000/f {
+			t.Fatalf("after %d Hz: %+v, %v", f, s, ret)
+		}
+	}
+	for _, f := range []uint32{1_000_000_000/caps.MinTimeslice + 1, 33} {
+		if ret := set(f); ret != nvml.ERROR_INVALID_ARGUMENT {
+			t.Fatalf("%d Hz (a %d ns slice, outside the range): %v, want INVALID_ARGUMENT", f, 1_000_000_000/f, ret)
+		}
+	}
+}
