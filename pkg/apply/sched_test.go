@@ -86,3 +86,20 @@ func TestApplyStoresShortProfileNames(t *testing.T) {
 		}
 	}
 }
+
+// A pinned slice the driver holds rounded (the _v2 call takes whole Hz:
+// 6ms is held as 5.988023ms, 30ms as 29.41ms) is the layout's slice: a
+// second apply of the same layout changes nothing.
+func TestApplySchedulerRoundedSliceIsApplied(t *testing.T) {
+	for _, ts := range []string{"6ms", "30ms", "1ms"} {
+		e := newEnv(t)
+		pin := "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: equal_share, timeslice: " + ts + "}}]\n"
+		if cs, _ := e.apply(parseText(t, pin)); len(cs.Changes) != 1 {
+			t.Fatalf("%s: first apply:\n%s", ts, cs)
+		}
+		cs, err := apply.Diff(context.Background(), e.m, parseText(t, pin))
+		if err != nil || !cs.Empty() {
+			t.Fatalf("%s: applied again: %v\n%s", ts, err, cs)
+		}
+	}
+}
