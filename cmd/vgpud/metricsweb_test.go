@@ -1,16 +1,10 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"io/fs"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -22,43 +16,9 @@ import (
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
-)
 
-// selfSigned writes a self-signed certificate for 127.0.0.1 and its key
-// into dir, and returns their paths and the certificate.
-func selfSigned(t testing.TB, dir string) (certFile, keyFile string, cert *x509.Certificate) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "vgpud test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, err = x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, cert
-}
+	"github.com/vgpud/vgpud/internal/testenv"
+)
 
 func bcryptHash(t testing.TB, pass string) string {
 	t.Helper()
@@ -128,9 +88,9 @@ func TestMetricsAccessConfig(t *testing.T) {
 // and the key, and nothing is half taken.
 func TestLoadMetricsWeb(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, _ := selfSigned(t, dir)
+	certFile, keyFile, _ := testenv.SelfSignedCert(t, dir)
 	otherDir := t.TempDir()
-	_, otherKey, _ := selfSigned(t, otherDir)
+	_, otherKey, _ := testenv.SelfSignedCert(t, otherDir)
 	hash := bcryptHash(t, "s3cret")
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
@@ -275,7 +235,7 @@ func TestMetricsGate(t *testing.T) {
 // client trusting the certificate gets through.
 func TestMetricsGateTLS(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, cert := selfSigned(t, dir)
+	certFile, keyFile, cert := testenv.SelfSignedCert(t, dir)
 	file := filepath.Join(dir, "web.yml")
 	os.WriteFile(file, []byte("tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\n"), 0o600)
 	w, err := loadMetricsWeb(file)
