@@ -99,7 +99,6 @@ type cached struct {
 	gen    int
 	inv    map[string]placementapi.Inventory
 	traits []string
-	allocs map[string]map[string]int
 }
 
 // New returns a syncer; Run starts it.
