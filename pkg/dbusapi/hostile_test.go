@@ -32,6 +32,9 @@ type hostileCall struct {
 	emptyOK map[int]bool
 	// options are the method's own options with a valid value each.
 	options map[string]any
+	// bad are the method's own bad values, by argument index and name:
+	// values of the right type that only its meaning refuses.
+	bad map[int]map[string]any
 }
 
 // hostileCalls returns the valid starting call of every method, by
@@ -50,7 +53,7 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 		ManagerInterface + ".ListProfiles":            {path: mgr, args: []any{sim.DefaultL4}, emptyOK: map[int]bool{0: true}},
 		ManagerInterface + ".GetCapacity":             {path: mgr},
 		ManagerInterface + ".Plan":                    {path: mgr, args: []any{"acme", "L4-4Q", opts}, emptyOK: map[int]bool{0: true}, options: map[string]any{"gpu": sim.DefaultL4}},
-		ManagerInterface + ".CreateInstance":          {path: mgr, args: []any{"acme", "L4-4Q", opts}, options: create},
+		ManagerInterface + ".CreateInstance":          {path: mgr, args: []any{"acme", "L4-4Q", opts}, options: create, bad: map[int]map[string]any{1: badComputeNames}},
 		ManagerInterface + ".DestroyInstance":         {path: mgr, args: []any{inst, opts}, options: map[string]any{"detach": true}},
 		ManagerInterface + ".Attach":                  {path: mgr, args: []any{inst, "vm1", opts}, options: attach},
 		ManagerInterface + ".CreateAndAttach":         {path: mgr, args: []any{"acme", "L4-4Q", "vm1", opts}, options: both},
@@ -59,20 +62,20 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 		ManagerInterface + ".DefineTenant":            {path: mgr, args: []any{"beta", q, q, uint64(4), "guaranteed", opts}, emptyOK: map[int]bool{4: true}, options: map[string]any{"allowed-models": []string{"L4-24GB"}, "allowed-profiles": []string{"L4-4Q"}}},
 		ManagerInterface + ".SetQuota":                {path: mgr, args: []any{"acme", q, q, uint64(4), opts}},
 		ManagerInterface + ".UndefineTenant":          {path: mgr, args: []any{"acme", true, opts}},
-		ManagerInterface + ".Apply":                   {path: mgr, args: []any{layout, "", false, opts}, emptyOK: map[int]bool{1: true}, options: map[string]any{"name": "layout.yaml"}},
+		ManagerInterface + ".Apply":                   {path: mgr, args: []any{layout, "", false, opts}, emptyOK: map[int]bool{1: true}, options: map[string]any{"name": "layout.yaml"}, bad: map[int]map[string]any{0: badLayouts}},
 		ManagerInterface + ".Reconcile":               {path: mgr, args: []any{opts}},
 		ManagerInterface + ".Defragment":              {path: mgr, args: []any{"acme", "3g.40gb", true, opts}, options: map[string]any{"gpu": sim.DefaultH100MIG}},
 		ManagerInterface + ".SetMIGMode":              {path: mgr, args: []any{sim.DefaultH100TS, true, opts}},
 		ManagerInterface + ".SetHeterogeneous":        {path: mgr, args: []any{sim.DefaultL4, true, opts}},
 		ManagerInterface + ".ClearGPU":                {path: mgr, args: []any{sim.DefaultL4, opts}},
-		ManagerInterface + ".SetGPUScheduler":         {path: mgr, args: []any{sim.DefaultL4, "pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{1: true}},
+		ManagerInterface + ".SetGPUScheduler":         {path: mgr, args: []any{sim.DefaultL4, "pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{1: true}, bad: map[int]map[string]any{3: {"time slice 1µs": uint64(1), "time slice 999µs": uint64(999), "time slice 30001µs": uint64(30001), "time slice 2562047h": uint64(2562047 * 3600 * 1000000)}}},
 		ManagerInterface + ".GetShares":               {path: mgr},
 		ManagerInterface + ".GetFleetStatus":          {path: mgr},
 		ManagerInterface + ".Cancel":                  {path: mgr, args: []any{"op-1"}},
 		GPUInterface + ".SetMIGMode":                  {path: GPUPath(sim.DefaultH100TS), args: []any{true, opts}},
 		GPUInterface + ".SetHeterogeneous":            {path: GPUPath(sim.DefaultL4), args: []any{true, opts}},
 		GPUInterface + ".Clear":                       {path: GPUPath(sim.DefaultL4), args: []any{opts}},
-		GPUInterface + ".SetScheduler":                {path: GPUPath(sim.DefaultL4), args: []any{"pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{0: true}},
+		GPUInterface + ".SetScheduler":                {path: GPUPath(sim.DefaultL4), args: []any{"pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{0: true}, bad: map[int]map[string]any{2: {"time slice 1µs": uint64(1), "time slice 999µs": uint64(999), "time slice 30001µs": uint64(30001), "time slice 2562047h": uint64(2562047 * 3600 * 1000000)}}},
 		InstanceInterface + ".Destroy":                {path: InstancePath(inst), args: []any{opts}, options: map[string]any{"detach": true}},
 		InstanceInterface + ".Attach":                 {path: InstancePath(inst), args: []any{"vm1", opts}, options: attach},
 		InstanceInterface + ".Detach":                 {path: InstancePath(inst), args: []any{opts}},
@@ -85,6 +88,26 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 		objectManagerInterface + ".GetManagedObjects": {path: mgr},
 		introspectInterface + ".Introspect":           {path: mgr},
 	}
+}
+
+// badLayouts are layouts whose every value a pre-flight can check is
+// checked before the first change: out-of-range time slices, more compute
+// instances than a GPU instance holds, compute-instance names no spelling
+// makes valid.
+var badLayouts = map[string]any{
+	"layout with a 1ns time slice":           "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 1ns}}]\n",
+	"layout with a 31ms time slice":          "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 31ms}}]\n",
+	"layout with a 2562047h time slice":      "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 2562047h}}]\n",
+	"layout with 0c.3g.40gb":                 "version: v1\nlayout: [{gpu: '0000:41:00.0', instances: [{profile: 0c.3g.40gb, tenant: acme}]}]\n",
+	"layout with 4c.3g.40gb":                 "version: v1\nlayout: [{gpu: '0000:41:00.0', instances: [{profile: 4c.3g.40gb, tenant: acme}]}]\n",
+	"mig-parted layout with 7 of 1c.3g.40gb": "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1c.3g.40gb\": 7}\n",
+}
+
+// badComputeNames are compute-instance profile names no spelling makes
+// valid.
+var badComputeNames = map[string]any{
+	"profile 0c.3g.40gb": "0c.3g.40gb", "profile 4c.3g.40gb": "4c.3g.40gb", "profile -1c.3g.40gb": "-1c.3g.40gb",
+	"profile 1c.3g.40gbx": "1c.3g.40gbx", "profile 1c..3g.40gb": "1c..3g.40gb", "profile 1c.1c.3g.40gb": "1c.1c.3g.40gb",
 }
 
 // nilUUID names no instance: refused wherever an instance UUID goes.
@@ -156,6 +179,11 @@ func (c hostileCall) variants(def *methodDef) []hostileVariant {
 		args := append([]any(nil), c.args...)
 		args[i] = v
 		return args
+	}
+	for i, bad := range c.bad {
+		for n, v := range bad {
+			out = append(out, hostileVariant{name: n, path: c.path, args: with(i, v)})
+		}
 	}
 	for i, a := range c.args {
 		switch x := a.(type) {
