@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -128,22 +127,12 @@ func installPage(t *testing.T) string {
 	return data
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // startCockpitWS runs cockpit-ws with a local session (its cockpit-bridge
 // runs as the same user, on the private bus), as nobody when prefix says
 // so, and returns its base URL once it serves the page.
 func startCockpitWS(t *testing.T, bus *testbus.Bus, ws, bridge, data string, prefix []string) string {
 	t.Helper()
-	port := freePort(t)
+	port := metricsFreePort(t)
 	home, err := os.MkdirTemp("", "vgpud-cockpit-home-")
 	if err != nil {
 		t.Fatal(err)
