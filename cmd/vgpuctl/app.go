@@ -31,7 +31,7 @@ type api interface {
 	Capacity(ctx context.Context) ([]dbusapi.Capacity, error)
 	Plan(ctx context.Context, r dbusapi.PlanRequest) (dbusapi.Plan, error)
 	Create(ctx context.Context, r dbusapi.CreateRequest) (dbusapi.Instance, error)
-	Destroy(ctx context.Context, id string, detach bool) error
+	DestroyBehind(ctx context.Context, id string, detach bool) (string, error)
 	Attach(ctx context.Context, id, vm string, o dbusapi.AttachOptions) (dbusapi.Instance, error)
 	CreateAndAttach(ctx context.Context, r dbusapi.CreateRequest, vm string, o dbusapi.AttachOptions) (dbusapi.Instance, error)
 	Detach(ctx context.Context, id string) error

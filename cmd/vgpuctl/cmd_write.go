@@ -68,6 +68,7 @@ func (a *app) createCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			a.warnBehind("create", in.UUID, in.PlacementBehind)
 			return a.emit(instanceDoc{hdr("Instance"), in}, func(w io.Writer) error {
 				where := ""
 				if in.GPU != "" { // empty when the caller may change but not read
@@ -106,9 +107,11 @@ func (a *app) destroyCmd() *cobra.Command {
 				if err != nil {
 					return stop(err)
 				}
-				if err := c.Destroy(ctx, id, detach); err != nil {
+				behind, err := c.DestroyBehind(ctx, id, detach)
+				if err != nil {
 					return stop(err)
 				}
+				a.warnBehind("destroy", id, behind)
 				done = append(done, resultDoc{hdr("Result"), "destroy", id})
 				if a.output == "table" {
 					fmt.Fprintf(a.out, "destroyed %s\n", id)
@@ -168,6 +171,7 @@ again. Attaching an instance to the VM it is attached to is a no-op.`,
 			if err != nil {
 				return err
 			}
+			a.warnBehind("create", in.UUID, in.PlacementBehind)
 			return a.emit(instanceDoc{hdr("Instance"), in}, func(w io.Writer) error {
 				how := "configuration"
 				if in.Attachment != nil && in.Attachment.Live {
@@ -314,4 +318,13 @@ func foreignHints(fs []dbusapi.Foreign) []string {
 			"  (`nvidia-smi mig -dci -gi ID -i GPU`, then `-dgi`), then `vgpuctl create`")
 	}
 	return out
+}
+
+// warnBehind tells the operator, on standard error, that an operation
+// succeeded but left Placement to the sync (a scheduler reading it now
+// sees the old room). The exit code stays 0: the operation is done.
+func (a *app) warnBehind(op, id, behind string) {
+	if behind != "" {
+		fmt.Fprintf(a.err, "vgpuctl: warning: %s %s: Placement not brought up to date: %s\n", op, id, behind)
+	}
 }

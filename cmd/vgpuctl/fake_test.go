@@ -36,6 +36,8 @@ type fake struct {
 	// held, when set, is the scheduler GPU reports for every GPU (what
 	// the daemon holds after a pin).
 	held *dbusapi.GPUSchedulerState
+	// behind is what creates and destroys left Placement behind on.
+	behind string
 }
 
 func (f *fake) record(format string, args ...any) error {
@@ -191,17 +193,19 @@ func (f *fake) Create(_ context.Context, r dbusapi.CreateRequest) (dbusapi.Insta
 	f.mu.Lock()
 	f.created = r
 	f.mu.Unlock()
-	return fakeInstances()[0], f.record("Create %s %s %s", r.Tenant, r.Profile, r.GPU)
+	in := fakeInstances()[0]
+	in.PlacementBehind = f.behind
+	return in, f.record("Create %s %s %s", r.Tenant, r.Profile, r.GPU)
 }
 
-func (f *fake) Destroy(_ context.Context, id string, detach bool) error {
+func (f *fake) DestroyBehind(_ context.Context, id string, detach bool) (string, error) {
 	if err := f.record("Destroy %s %v", id, detach); err != nil {
-		return err
+		return "", err
 	}
 	if id == f.failDestroy {
-		return &dbusapi.Error{Name: dbusapi.NameBusy, Message: "instance " + id + " is attached; detach it first or give --detach"}
+		return "", &dbusapi.Error{Name: dbusapi.NameBusy, Message: "instance " + id + " is attached; detach it first or give --detach"}
 	}
-	return nil
+	return f.behind, nil
 }
 
 func (f *fake) Attach(_ context.Context, id, vm string, o dbusapi.AttachOptions) (dbusapi.Instance, error) {

@@ -546,3 +546,27 @@ func TestCreatePlacementConsumer(t *testing.T) {
 		t.Fatalf("create --placement-consumer: exit %d (%s), request %+v", code, errOut, f.created)
 	}
 }
+
+// TestPlacementBehindIsReported: a create or destroy that succeeded but
+// left Placement to the sync says so on standard error and still exits 0
+// (the operation is done), with -o json too (the JSON carries it as
+// placementBehind); one that kept its promise prints no warning.
+func TestPlacementBehindIsReported(t *testing.T) {
+	const lag = "allocation not written before carving (placement: unreachable); the sync writes it"
+	for _, args := range [][]string{
+		{"create", "3g.40gb", "--tenant", "acme"},
+		{"create", "3g.40gb", "--tenant", "acme", "-o", "json"},
+		{"destroy", migID},
+	} {
+		out, errOut, code := runFake(&fake{behind: lag}, args...)
+		if code != exitOK || !strings.Contains(errOut, "vgpuctl: warning: ") || !strings.Contains(errOut, lag) {
+			t.Errorf("%v: exit %d, stderr %q; want 0 and the warning", args, code, errOut)
+		}
+		if slices.Contains(args, "json") && !strings.Contains(out, `"placementBehind": "`+lag+`"`) {
+			t.Errorf("%v: the JSON does not carry placementBehind:\n%s", args, out)
+		}
+		if _, errOut, code := runFake(&fake{}, args...); code != exitOK || errOut != "" {
+			t.Errorf("%v with every promise kept: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+}

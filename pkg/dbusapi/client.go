@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/godbus/dbus/v5"
@@ -19,6 +20,10 @@ import (
 type Client struct {
 	conn *dbus.Conn
 	mgr  dbus.BusObject
+
+	// matching is set once the bus sends this connection PlacementBehind.
+	matchMu  sync.Mutex
+	matching bool
 }
 
 // Dial connects to the bus at address ("" is the system bus, honouring
@@ -385,23 +390,82 @@ func readBack[T any](ctx context.Context, read func(context.Context) (T, error),
 
 // Create admits and carves one instance and returns it. A caller who may
 // not read gets only what the reply says: its UUID, tenant and profile.
+// Its PlacementBehind says when the create did not keep its Placement
+// promise.
 func (c *Client) Create(ctx context.Context, r CreateRequest) (Instance, error) {
 	var path dbus.ObjectPath
 	var id string
+	behind := c.watchBehind(ctx)
 	if err := c.long(ctx, "create "+r.Profile, "CreateInstance", []any{r.Tenant, r.Profile}, r.options(), &path, &id); err != nil {
+		behind("")
 		return Instance{}, err
 	}
-	return readBack(ctx, func(ctx context.Context) (Instance, error) { return c.Instance(ctx, id) },
+	lag := behind(id)
+	in, err := readBack(ctx, func(ctx context.Context) (Instance, error) { return c.Instance(ctx, id) },
 		Instance{UUID: id, Tenant: r.Tenant, Profile: r.Profile})
+	in.PlacementBehind = lag
+	return in, err
 }
 
 // Destroy releases an instance; detach first detaches it from its VM.
 func (c *Client) Destroy(ctx context.Context, id string, detach bool) error {
+	_, err := c.DestroyBehind(ctx, id, detach)
+	return err
+}
+
+// DestroyBehind is Destroy that also returns what the destroy left
+// Placement behind on ("" when it kept its promise: the allocation
+// removed and the GPU's inventory published before it returned).
+func (c *Client) DestroyBehind(ctx context.Context, id string, detach bool) (string, error) {
 	o := map[string]dbus.Variant{}
 	if detach {
 		o["detach"] = dbus.MakeVariant(true)
 	}
-	return c.long(ctx, "destroy "+id, "DestroyInstance", []any{id}, o)
+	behind := c.watchBehind(ctx)
+	if err := c.long(ctx, "destroy "+id, "DestroyInstance", []any{id}, o); err != nil {
+		behind("")
+		return "", err
+	}
+	return behind(id), nil
+}
+
+// watchBehind starts collecting the PlacementBehind signals of a change
+// about to be called; the function it returns stops, and says what the
+// signals for instance id said. The daemon sends the signal before its
+// reply, and godbus hands a signal to a channel with room before it reads
+// the next message, so by the reply the signal is in the channel. Without
+// the match rule (the bus refused it) nothing is reported.
+func (c *Client) watchBehind(ctx context.Context) func(id string) string {
+	c.matchMu.Lock()
+	if !c.matching {
+		err := c.conn.AddMatchSignalContext(ctx, dbus.WithMatchSender(BusName), dbus.WithMatchObjectPath(ManagerPath),
+			dbus.WithMatchInterface(ManagerInterface), dbus.WithMatchMember("PlacementBehind"))
+		c.matching = err == nil
+	}
+	c.matchMu.Unlock()
+	ch := make(chan *dbus.Signal, 64)
+	c.conn.Signal(ch)
+	return func(id string) string {
+		defer c.conn.RemoveSignal(ch)
+		var said []string
+		for {
+			select {
+			case sig, ok := <-ch:
+				if !ok {
+					return strings.Join(said, "; ")
+				}
+				if sig.Name != ManagerInterface+".PlacementBehind" || len(sig.Body) != 3 {
+					continue
+				}
+				if got, _ := sig.Body[1].(string); got == id && id != "" {
+					detail, _ := sig.Body[2].(string)
+					said = append(said, detail)
+				}
+			default:
+				return strings.Join(said, "; ")
+			}
+		}
+	}
 }
 
 // AttachOptions modify Attach and CreateAndAttach.
@@ -448,11 +512,16 @@ func (c *Client) CreateAndAttach(ctx context.Context, r CreateRequest, vm string
 	var path dbus.ObjectPath
 	var id string
 	var live bool
+	behind := c.watchBehind(ctx)
 	if err := c.long(ctx, "attach a new "+r.Profile+" to "+vm, "CreateAndAttach", []any{r.Tenant, r.Profile, vm}, o, &path, &id, &live); err != nil {
+		behind("")
 		return Instance{}, err
 	}
-	return readBack(ctx, func(ctx context.Context) (Instance, error) { return c.Instance(ctx, id) },
+	lag := behind(id)
+	in, err := readBack(ctx, func(ctx context.Context) (Instance, error) { return c.Instance(ctx, id) },
 		Instance{UUID: id, Tenant: r.Tenant, Profile: r.Profile, Attachment: &Attachment{VM: vm, Live: live}})
+	in.PlacementBehind = lag
+	return in, err
 }
 
 // Detach removes an instance from its VM.
@@ -734,6 +803,8 @@ func eventFrom(sig *dbus.Signal) (Event, bool) {
 		e.Kind, e.ID, e.Message, e.Operation = "vm", s(0), s(1), s(2)
 	case ManagerInterface + ".PolicySwitched":
 		e.Kind, e.ID, e.Message = "gpu", s(0), s(1)
+	case ManagerInterface + ".PlacementBehind":
+		e.Operation, e.Kind, e.ID, e.Message = s(0), "instance", s(1), s(2)
 	case ManagerInterface + ".HostDrift":
 		e.Operation, e.ID, e.Message = s(0), s(1), s(2)
 		e.Kind = "gpu"

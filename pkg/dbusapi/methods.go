@@ -177,12 +177,23 @@ func (s *Service) createInstance(c *call, tenantName, profile string, options ma
 		return "", "", err
 	}
 	defer end()
+	ctx, outcome := manager.WithPlacementOutcome(ctx)
 	rec, err := s.m.Create(ctx, req)
 	s.sync()
 	if err != nil {
 		return "", "", cancelled(ctx, err)
 	}
+	s.placementBehind("create", rec.UUID, outcome)
 	return InstancePath(rec.UUID), rec.UUID, nil
+}
+
+// placementBehind tells the caller, before the reply goes (signals and
+// replies from one connection arrive in order), that the operation left
+// Placement to the sync.
+func (s *Service) placementBehind(op, id string, o *manager.PlacementOutcome) {
+	if detail := o.Behind(); detail != "" {
+		s.emit(ManagerPath, ManagerInterface+".PlacementBehind", op, id, detail)
+	}
 }
 
 // cancelled says, when the caller's timeout or Cancel ended an operation,
@@ -232,8 +243,12 @@ func (s *Service) destroy(c *call, id string, options map[string]dbus.Variant) e
 		return err
 	}
 	defer end()
+	ctx, outcome := manager.WithPlacementOutcome(ctx)
 	err = s.m.Destroy(ctx, id, manager.DestroyOptions{Detach: detach})
 	s.sync()
+	if err == nil {
+		s.placementBehind("destroy", id, outcome)
+	}
 	return cancelled(ctx, err)
 }
 
@@ -273,11 +288,13 @@ func (s *Service) createAndAttach(c *call, tenantName, profile, vm string, optio
 		return "", "", false, err
 	}
 	defer end()
+	ctx, outcome := manager.WithPlacementOutcome(ctx)
 	rec, a, err := s.m.CreateAndAttach(ctx, req, vm, ao)
 	s.sync()
 	if err != nil {
 		return "", "", false, cancelled(ctx, err)
 	}
+	s.placementBehind("create", rec.UUID, outcome)
 	return InstancePath(rec.UUID), rec.UUID, a.Live, nil
 }
 

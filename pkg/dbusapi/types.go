@@ -132,6 +132,12 @@ type Instance struct {
 	Updated      time.Time     `json:"updated"`
 	// Attachment is null when the instance is not attached to a VM.
 	Attachment *Attachment `json:"attachment"`
+	// PlacementBehind, set only in a create's result, says what the
+	// create left Placement behind on (its allocation not written before
+	// carving, or the GPU's inventory not published before returning,
+	// because Placement did not answer in time); the sync's next pass
+	// brings it up to date.
+	PlacementBehind string `json:"placementBehind,omitempty"`
 }
 
 // InstanceMIG is where a MIG or MIG-backed instance lives on its GPU.

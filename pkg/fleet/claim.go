@@ -265,8 +265,9 @@ func (s *Syncer) owner(ctx context.Context, consumer string) string {
 // change freed or took. It looks the GPU's provider up first, so it works
 // on a syncer that has not passed yet (an operation right after start).
 // Bounded by SettleTimeout (a quarter of it while Placement was last seen
-// unreachable); what it cannot do the next pass does, the removal at once.
-func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) {
+// unreachable); what it cannot do the next pass does, the removal at once,
+// and the error says what was left (the operation stands).
+func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 	start := time.Now()
 	outcome := "done"
 	defer func() {
@@ -275,25 +276,24 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) {
 	}()
 	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.SettleTimeout))
 	defer cancel()
-	later := func(what string, err error) {
+	later := func(what string, err error) error {
 		outcome = "failed"
 		if removed != "" {
 			s.Unclaim(removed)
 		}
 		s.log.Debug(what+" left for the next pass", "gpu", gpuUUID, "consumer", removed, "err", err)
 		s.Kick()
+		return fmt.Errorf("%s left for the next pass: %w", what, err)
 	}
 	p, ok, err := s.provider(gpuUUID)
 	if err != nil || !ok {
-		later("GPU's provider", errors.Join(err, placementapi.ErrNotFound))
-		return
+		return later("the GPU's provider", errors.Join(err, placementapi.ErrNotFound))
 	}
 	if removed != "" {
 		err := s.removeAllocation(ctx, removed)
 		s.reached(err)
 		if err != nil {
-			later("allocation of a destroyed instance", err)
-			return
+			return later("the allocation of destroyed instance "+removed, err)
 		}
 		s.mu.Lock()
 		s.settled[removed] = time.Now()
@@ -303,6 +303,7 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) {
 	s.reached(err)
 	if err != nil {
 		removed = ""
-		later("GPU inventory", err)
+		return later("the inventory of "+p.name, err)
 	}
+	return nil
 }

@@ -460,7 +460,8 @@ func TestSettleBounded(t *testing.T) {
 	before := counted(t, failed)
 	proxy.hang.Store(true)
 	done := make(chan error, 1)
-	go func() { done <- a.h.Manager.Destroy(context.Background(), rec.UUID, manager.DestroyOptions{}) }()
+	octx, outcome := manager.WithPlacementOutcome(context.Background())
+	go func() { done <- a.h.Manager.Destroy(octx, rec.UUID, manager.DestroyOptions{}) }()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -471,6 +472,10 @@ func TestSettleBounded(t *testing.T) {
 	}
 	if got := counted(t, failed); got != before+1 {
 		t.Fatalf("vgpud_fleet_settles_total{outcome=failed} = %v, want %v", got, before+1)
+	}
+	// The destroy's caller is told what was left to the pass.
+	if got := outcome.Behind(); !strings.Contains(got, "the allocation of destroyed instance "+rec.UUID+" left for the next pass") {
+		t.Fatalf("the destroy's outcome = %q, want its allocation named as left for the next pass", got)
 	}
 	proxy.hang.Store(false)
 	a.pass(t)

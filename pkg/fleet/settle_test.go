@@ -29,15 +29,19 @@ func TestSettleBeforeReturn(t *testing.T) {
 			}
 		}
 	}
-	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	octx, outcome := manager.WithPlacementOutcome(ctx)
+	rec, err := a.h.Manager.Create(octx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The first vGPU locks the L4 to its type: every other type's total
 	// falls, and so does the whole GPU's.
 	inSync("a create")
-	if err := a.h.Manager.Destroy(ctx, rec.UUID, manager.DestroyOptions{}); err != nil {
+	if err := a.h.Manager.Destroy(octx, rec.UUID, manager.DestroyOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	if got := outcome.Behind(); got != "" {
+		t.Fatalf("a create and destroy with Placement answering report it behind: %q", got)
 	}
 	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
 		t.Fatalf("allocation right after the destroy returned: %+v, %v", cons, err)

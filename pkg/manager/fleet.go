@@ -46,8 +46,10 @@ type Fleet interface {
 	// operation changed it, before the operation returns: the allocation
 	// of removed (an instance just destroyed; "" for none) goes and the
 	// GPU's capacity is published again. It must not fail or block the
-	// operation for long: what it cannot do the fleet's sync does.
-	Settle(ctx context.Context, gpu, removed string)
+	// operation for long: what it cannot do the fleet's sync does, and
+	// the error says what that is (the operation stands; its caller is
+	// told that Placement lags).
+	Settle(ctx context.Context, gpu, removed string) error
 }
 
 // FleetClaim is one instance's share of one GPU, as the fleet holds it.
@@ -202,6 +204,7 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 			return nil, fail(ErrNoCapacity, err, "the fleet has given the last room for %s on GPU %s away; retry or choose another GPU", c.Profile, d.g.PCI)
 		}
 		m.log.Warn("fleet claim not written; the sync writes it later", "instance", req.UUID, "err", err)
+		notePlacementBehind(ctx, fmt.Sprintf("allocation not written before carving (%s); the sync writes it", Message(err)))
 		return nil, nil
 	}
 	// The claim names this GPU: the admission must carve there.
@@ -334,7 +337,9 @@ func (m *Manager) fleetSettle(ctx context.Context, gpu, removed string) {
 			f.Unclaim(removed)
 		}
 	default:
-		f.Settle(ctx, gpu, removed)
+		if err := f.Settle(ctx, gpu, removed); err != nil {
+			notePlacementBehind(ctx, fmt.Sprintf("Placement not brought up to date before returning (%s); the sync's next pass does it", Message(err)))
+		}
 	}
 }
 

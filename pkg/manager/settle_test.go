@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -16,9 +17,19 @@ import (
 type recordingFleet struct {
 	mu                sync.Mutex
 	settled, unclaims []string
+	// claimErr and settleErr are what Claim and Settle answer (nil: a
+	// claim is not expected and fails).
+	claimErr, settleErr error
+	claimOK             bool
 }
 
 func (f *recordingFleet) Claim(context.Context, manager.FleetClaim) error {
+	if f.claimOK {
+		return nil
+	}
+	if f.claimErr != nil {
+		return f.claimErr
+	}
 	return errors.New("not asked in this test")
 }
 
@@ -34,10 +45,11 @@ func (f *recordingFleet) Adopt(context.Context, string) (manager.FleetClaim, err
 
 func (f *recordingFleet) Complete(context.Context, manager.FleetClaim) error { return nil }
 
-func (f *recordingFleet) Settle(_ context.Context, _, removed string) {
+func (f *recordingFleet) Settle(_ context.Context, _, removed string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.settled = append(f.settled, removed)
+	return f.settleErr
 }
 
 // TestReconcileLeavesSettleToTheFleet: a destroy a crash left, finished by
@@ -84,5 +96,56 @@ func TestReconcileLeavesSettleToTheFleet(t *testing.T) {
 	defer f.mu.Unlock()
 	if !slices.Equal(f.settled, []string{other.UUID}) {
 		t.Fatalf("a destroy outside reconcile settled %v; want %s", f.settled, other.UUID)
+	}
+}
+
+// TestOperationsReportWhatPlacementLacks: a create or destroy that
+// succeeds although Placement was not brought up to date (its claim not
+// written before carving, its GPU's inventory or its allocation removal
+// left to the sync) says so to its caller through the operation's
+// outcome; one that kept every promise says nothing.
+func TestOperationsReportWhatPlacementLacks(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	down := errors.New("placement: unreachable: connection refused")
+	f := &recordingFleet{claimErr: down, settleErr: down}
+	e.m.SetFleet(f)
+	defer e.m.SetFleet(nil)
+
+	ctx, o := manager.WithPlacementOutcome(context.Background())
+	rec, err := e.m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.Behind()
+	for _, want := range []string{"allocation not written before carving", "not brought up to date before returning", "unreachable"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("create's outcome %q does not say %q", got, want)
+		}
+	}
+
+	ctx, o = manager.WithPlacementOutcome(context.Background())
+	if err := e.m.Destroy(ctx, rec.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Behind(); !strings.Contains(got, "not brought up to date before returning") || strings.Contains(got, "carving") {
+		t.Errorf("destroy's outcome %q: want the settle left to the sync, nothing about a claim", got)
+	}
+
+	// Every promise kept: nothing to say.
+	f.mu.Lock()
+	f.claimOK, f.settleErr = true, nil
+	f.mu.Unlock()
+	ctx, o = manager.WithPlacementOutcome(context.Background())
+	rec, err = e.m.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.Behind(); got != "" {
+		t.Errorf("a create that kept its promises reports %q", got)
+	}
+	// An operation without an outcome (apply, reconcile) notes nowhere.
+	if err := e.m.Destroy(context.Background(), rec.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
