@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -432,14 +433,16 @@ func TestCLIVerbs(t *testing.T) {
 		}
 	}
 
-	// top shows entitled compute; without the share engine the rest is "-".
+	// top shows entitled compute. The instance runs no workload: until the
+	// share loop closes a window that covers it, achieved is unknown (null,
+	// "-"); after, it is 0. Which one depends on when the window closes.
 	r = d.ctl(t, "top", "-n", "1").must(t, "top")
 	fits100(t, "top", r.out)
 	if !strings.Contains(r.out, mig.UUID[:8]) || !strings.Contains(r.out, "0.428") {
 		t.Fatalf("top:\n%s", r.out)
 	}
 	tj := d.ctl(t, "top", "-n", "1", "-o", "json").must(t, "top -o json")
-	if !strings.Contains(tj.out, `"achievedMilli":null`) || !strings.Contains(tj.out, `"entitledMilli":428`) {
+	if !regexp.MustCompile(`"achievedMilli":(null|0)[,}]`).MatchString(tj.out) || !strings.Contains(tj.out, `"entitledMilli":428`) {
 		t.Fatalf("top -o json: %s", tj.out)
 	}
 
