@@ -330,23 +330,49 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 		// it once its grace is over. (A destroy removes its allocation
 		// itself, so passes remove only what no operation did.)
 		{manager.CrashFleetUnalloc, 1, func() {
-			q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_MIG_SLICE:1"}, "limit": {"100"}}
-			cands, err := pc.AllocationCandidates(ctx, q.Encode())
-			if err != nil {
+			// The earlier rounds' load may have filled this host's MIG
+			// GPUs (how many operations a round runs depends on the
+			// machine's speed): room first. A destroy removes its own
+			// allocation, so no pass reaches the crash point here.
+			died := func() bool {
+				select {
+				case <-d.done: // a pass reached the crash point already
+					return true
+				default:
+					return false
+				}
+			}
+			insts, err := d.client.Instances(ctx, "")
+			if err != nil && !died() {
 				t.Fatal(err)
 			}
-			for _, cand := range cands {
-				for p := range cand.Allocations {
-					if d.Owns(p) {
-						if err := pc.PutConsumer(ctx, uuid.NewString(), placementapi.Consumer{Allocations: cand.Allocations,
-							ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"}); err != nil {
-							t.Fatal(err)
-						}
+			for _, in := range insts {
+				if err := d.Destroy(ctx, in.UUID); err != nil && dbusapi.ErrorName(err) != dbusapi.NameNotFound {
+					if died() {
 						return
+					}
+					t.Fatal(err)
+				}
+			}
+			q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_MIG_SLICE:1"}, "limit": {"100"}}
+			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				cands, err := pc.AllocationCandidates(ctx, q.Encode())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, cand := range cands {
+					for p := range cand.Allocations {
+						if d.Owns(p) {
+							if err := pc.PutConsumer(ctx, uuid.NewString(), placementapi.Consumer{Allocations: cand.Allocations,
+								ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"}); err != nil {
+								t.Fatal(err)
+							}
+							return
+						}
 					}
 				}
 			}
-			t.Fatalf("%s: no candidate for a 1g.10gb claim", d.name)
+			t.Fatalf("%s: no candidate for a 1g.10gb claim within 20s of emptying the host", d.name)
 		}},
 	} {
 		logFrom := fileSize(t, d.logPath)
