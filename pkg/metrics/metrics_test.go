@@ -20,7 +20,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/metrics"
 	"github.com/vgpud/vgpud/pkg/share"
-	"github.com/vgpud/vgpud/pkg/share/sharetest"
+	"github.com/vgpud/vgpud/internal/testenv/sharetest"
 )
 
 // scrape serves one GET /metrics from c and returns the body.
