@@ -247,10 +247,8 @@ func unnamedFiles(rows []archRow, dir string, files []string) []string {
 		return []string{fmt.Sprintf("%s has no row whose first cell is `%s`", archDoc, dir)}
 	}
 	var problems []string
-	for _, f := range files {
-		if !regexp.MustCompile(`(^|[^\w./-])` + regexp.QuoteMeta(f) + `($|[^\w])`).MatchString(row.text) {
-			problems = append(problems, fmt.Sprintf("%s/%s is not named in the `%s` row of %s: add %s to that row with what it holds", dir, f, dir, archDoc, f))
-		}
+	for _, f := range unnamedInText(row.text, files) {
+		problems = append(problems, fmt.Sprintf("%s/%s is not named in the `%s` row of %s: add %s to that row with what it holds", dir, f, dir, archDoc, f))
 	}
 	return problems
 }
@@ -406,4 +404,30 @@ func hasHeading(doc, section string) bool {
 		}
 	}
 	return false
+}
+
+// TestManagerDocMap: pkg/manager's package doc (doc.go) places every file
+// of the package in its map.
+func TestManagerDocMap(t *testing.T) {
+	dir := filepath.Join("..", "..", "pkg", "manager")
+	files, err := goFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := readFile(t, filepath.Join(dir, "doc.go"))
+	files = slices.DeleteFunc(files, func(f string) bool { return f == "doc.go" })
+	for _, p := range unnamedInText(doc, files) {
+		t.Errorf("pkg/manager/%s is not in pkg/manager/doc.go's map of files: add it to its group (operations, recovery, views, ports)", p)
+	}
+}
+
+// unnamedInText returns the files text does not name.
+func unnamedInText(text string, files []string) []string {
+	var out []string
+	for _, f := range files {
+		if !regexp.MustCompile(`(^|[^\w./-])` + regexp.QuoteMeta(f) + `($|[^\w])`).MatchString(text) {
+			out = append(out, f)
+		}
+	}
+	return out
 }

@@ -1,17 +1,3 @@
-// Package manager holds vgpud's operations: create and destroy instances
-// for tenants, attach and detach them to VMs, tenant quotas, planning,
-// defragmentation and reconcile. Each operation writes an intent before it
-// touches the host, records every finished step, and commits or undoes
-// them in reverse on failure; a crash half-way is finished or undone by
-// reconcile at the next start. Admission (quota and capacity) is decided
-// under one lock, with the decision recorded before the lock is released,
-// so concurrent requests cannot over-commit a quota or a slot.
-//
-// The manager declares what it needs from the GPU backends, discovery,
-// libvirt and the store as small interfaces; transports (D-Bus) forward to
-// it and map its sentinel errors (errors.go) to their own names.
-//
-// Imports: internal/hostcall, pkg/discover, pkg/gpu, pkg/placement, pkg/profile, pkg/store, pkg/tenant, pkg/virt.
 package manager
 
 import (
