@@ -42,12 +42,21 @@ var novaLoadFlavors = []struct {
 	profile string
 	flavor  tplacement.Flavor
 }{
-	{"1g.10gb", tplacement.Flavor{ExtraSpecs: specs("resources1:CUSTOM_VGPUD_MIG_1G_10GB", "1", "resources1:CUSTOM_VGPUD_MIG_SLICE", "1")}},
-	{"3g.40gb", tplacement.Flavor{ExtraSpecs: specs("resources1:CUSTOM_VGPUD_MIG_3G_40GB", "1", "resources1:CUSTOM_VGPUD_MIG_SLICE", "4",
-		"trait1:CUSTOM_VGPUD_MODEL_H100_SXM5_80GB", "required")}},
-	{"L4-4Q", tplacement.Flavor{ExtraSpecs: specs("resources1:CUSTOM_VGPUD_L4_4Q", "1", "resources1:CUSTOM_VGPUD_VGPU_FB_MIB", "4096")}},
-	{"H100XM-8C", tplacement.Flavor{ExtraSpecs: specs("resources1:CUSTOM_VGPUD_H100XM_8C", "1")}},
-	{"H100XM-2-20C", tplacement.Flavor{ExtraSpecs: specs("resources1:CUSTOM_VGPUD_H100XM_2_20C", "1", "resources1:CUSTOM_VGPUD_MIG_SLICE", "2")}},
+	{"1g.10gb", novaFlavor("1g.10gb", tplacement.WithFramebuffer)},
+	{"3g.40gb", novaFlavor("3g.40gb", tplacement.WithFramebuffer, "trait1:CUSTOM_VGPUD_MODEL_H100_SXM5_80GB", "required")},
+	{"L4-4Q", novaFlavor("L4-4Q", tplacement.WithFramebuffer)},
+	{"H100XM-8C", novaFlavor("H100XM-8C", tplacement.ClassAlone)},
+	{"H100XM-2-20C", novaFlavor("H100XM-2-20C", tplacement.WithFramebuffer)},
+}
+
+// novaFlavor is profile's flavor from the one flavor table, in form, with
+// extra specs kv added.
+func novaFlavor(profile string, form tplacement.Form, kv ...string) tplacement.Flavor {
+	s := tplacement.FlavorOf(profile).ExtraSpecs(fleet.ClassName, form)
+	for k, v := range specs(kv...) {
+		s[k] = v
+	}
+	return tplacement.Flavor{ExtraSpecs: s}
 }
 
 // novaReschedules is what Nova retries on another host: a stale claim

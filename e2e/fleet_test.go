@@ -20,6 +20,7 @@ import (
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
+	"github.com/vgpud/vgpud/pkg/fleet"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
@@ -47,15 +48,7 @@ gpus:
 // fleetRequests are what the test's schedulers ask Placement for: each
 // MIG profile and MIG-backed type with its slices, as docs/fleet.md tells
 // a flavor to, time-sliced types and a whole GPU by their class alone.
-var fleetRequests = []tplacement.Request{
-	{Profile: "1g.10gb", Resources: "CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_MIG_SLICE:1"},
-	{Profile: "2g.20gb", Resources: "CUSTOM_VGPUD_MIG_2G_20GB:1,CUSTOM_VGPUD_MIG_SLICE:2"},
-	{Profile: "3g.40gb", Resources: "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
-	{Profile: "L4-4Q", Resources: "CUSTOM_VGPUD_L4_4Q:1"},
-	{Profile: "H100XM-8C", Resources: "CUSTOM_VGPUD_H100XM_8C:1"},
-	{Profile: "H100XM-2-20C", Resources: "CUSTOM_VGPUD_H100XM_2_20C:1,CUSTOM_VGPUD_MIG_SLICE:2"},
-	{Profile: "passthrough", Resources: "CUSTOM_VGPUD_PASSTHROUGH:1"},
-}
+var fleetRequests = tplacement.Requests(fleet.ClassName, tplacement.ClassAlone, tplacement.ChurnProfiles...)
 
 // fleetDaemon is one vgpud process publishing to Placement: its bus,
 // state directory and simulated host are its own.

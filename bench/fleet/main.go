@@ -83,16 +83,9 @@ func specs() []*sim.Spec {
 	}
 }
 
-var requests = []tplacement.Request{
-	{Profile: "1g.10gb", Resources: "CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_MIG_SLICE:1"},
-	{Profile: "2g.20gb", Resources: "CUSTOM_VGPUD_MIG_2G_20GB:1,CUSTOM_VGPUD_MIG_SLICE:2"},
-	{Profile: "3g.40gb", Resources: "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
-	// Time-sliced types with their framebuffer, as docs/fleet.md advises.
-	{Profile: "L4-4Q", Resources: "CUSTOM_VGPUD_L4_4Q:1,CUSTOM_VGPUD_VGPU_FB_MIB:4096"},
-	{Profile: "H100XM-8C", Resources: "CUSTOM_VGPUD_H100XM_8C:1,CUSTOM_VGPUD_VGPU_FB_MIB:8192"},
-	{Profile: "H100XM-2-20C", Resources: "CUSTOM_VGPUD_H100XM_2_20C:1,CUSTOM_VGPUD_MIG_SLICE:2"},
-	{Profile: "passthrough", Resources: "CUSTOM_VGPUD_PASSTHROUGH:1"},
-}
+// requests are the churn's profiles from the one flavor table, time-sliced
+// types with their framebuffer, as docs/fleet.md advises.
+var requests = tplacement.Requests(fleet.ClassName, tplacement.WithFramebuffer, tplacement.ChurnProfiles...)
 
 // Phase is one row of the results.
 type Phase struct {

@@ -2,7 +2,7 @@
 // (the NVIDIA driver through NVML, writes into sysfs). The caller gets its
 // answer at its deadline while the call runs on in its own goroutine; a
 // Tracker counts such abandoned calls until they return, so that an undo
-// can wait for the host to settle before it reads what the host holds. A
+// can wait for the host to quiesce (every abandoned call returned) before it reads what the host holds. A
 // call abandoned at its deadline may still take effect, and undoing from
 // a reading taken before it lands would leak the device it makes.
 //
@@ -78,8 +78,8 @@ func (t *Tracker) Abandoned() int {
 	return t.abandoned
 }
 
-// Settle waits until no abandoned call is running, or ctx ends.
-func (t *Tracker) Settle(ctx context.Context) error {
+// Quiesce waits until no abandoned call is running, or ctx ends.
+func (t *Tracker) Quiesce(ctx context.Context) error {
 	t.mu.Lock()
 	if t.abandoned == 0 {
 		t.mu.Unlock()

@@ -15,9 +15,9 @@ func TestReturnsTheAnswer(t *testing.T) {
 	}
 }
 
-// A call past its deadline is counted until it returns, and Settle waits
+// A call past its deadline is counted until it returns, and Quiesce waits
 // for it.
-func TestSettleWaitsForAbandonedCalls(t *testing.T) {
+func TestQuiesceWaitsForAbandonedCalls(t *testing.T) {
 	var tr Tracker
 	release := make(chan struct{})
 	ran := make(chan struct{})
@@ -32,20 +32,20 @@ func TestSettleWaitsForAbandonedCalls(t *testing.T) {
 	}
 	short, cancelShort := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancelShort()
-	if err := tr.Settle(short); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Settle with the call running = %v, want DeadlineExceeded", err)
+	if err := tr.Quiesce(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Quiesce with the call running = %v, want DeadlineExceeded", err)
 	}
-	settled := make(chan error, 1)
-	go func() { settled <- tr.Settle(context.Background()) }()
+	quiesced := make(chan error, 1)
+	go func() { quiesced <- tr.Quiesce(context.Background()) }()
 	close(release)
 	<-ran
-	if err := <-settled; err != nil {
-		t.Fatalf("Settle = %v", err)
+	if err := <-quiesced; err != nil {
+		t.Fatalf("Quiesce = %v", err)
 	}
 	if tr.Abandoned() != 0 {
 		t.Fatalf("abandoned = %d after the call returned", tr.Abandoned())
 	}
-	if err := tr.Settle(context.Background()); err != nil {
-		t.Fatalf("Settle with nothing running = %v", err)
+	if err := tr.Quiesce(context.Background()); err != nil {
+		t.Fatalf("Quiesce with nothing running = %v", err)
 	}
 }

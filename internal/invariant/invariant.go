@@ -19,7 +19,7 @@ import (
 )
 
 // Cost is what an instance takes of its tenant's quota, from the catalog
-// (ARCHITECTURE.md, "Shares"): VRAM in bytes and compute in milli-GPU.
+// (docs/metrics.md, "Shares: the definitions"): VRAM in bytes and compute in milli-GPU.
 func Cost(cat *profile.Catalog, in store.Instance) (vram, compute uint64, err error) {
 	m, ok := cat.Model(in.Model)
 	if !ok {

@@ -178,7 +178,7 @@ func fromDBus(ctx context.Context, what string, err error) error {
 		// passes and when the callee left the bus mid-call (it stopped
 		// or was killed): the latter is vgpud being unreachable.
 		if strings.Contains(strings.ToLower(msg), "disconnected") {
-			return &Error{Name: NameUnavailable, Message: what + ": vgpud left the bus before it answered (it stopped or was killed); its next start settles the operation; check `systemctl status vgpud`"}
+			return &Error{Name: NameUnavailable, Message: what + ": vgpud left the bus before it answered (it stopped or was killed); its next start resolves the operation; check `systemctl status vgpud`"}
 		}
 		return &Error{Name: NameTimeout, Message: what + ": vgpud did not answer in time; retry, or check `systemctl status vgpud`"}
 	case "org.freedesktop.DBus.Error.Timeout", "org.freedesktop.DBus.Error.TimedOut":

@@ -77,17 +77,10 @@ func Specs() []*sim.Spec {
 	}
 }
 
-// Requests are what the test's schedulers ask for.
+// Requests are what the test's schedulers ask for: the churn's profiles
+// from the one flavor table, time-sliced types by their class alone.
 func Requests() []tplacement.Request {
-	return []tplacement.Request{
-		{Profile: "1g.10gb", Resources: "CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_MIG_SLICE:1"},
-		{Profile: "2g.20gb", Resources: "CUSTOM_VGPUD_MIG_2G_20GB:1,CUSTOM_VGPUD_MIG_SLICE:2"},
-		{Profile: "3g.40gb", Resources: "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
-		{Profile: "L4-4Q", Resources: "CUSTOM_VGPUD_L4_4Q:1"},
-		{Profile: "H100XM-8C", Resources: "CUSTOM_VGPUD_H100XM_8C:1"},
-		{Profile: "H100XM-2-20C", Resources: "CUSTOM_VGPUD_H100XM_2_20C:1,CUSTOM_VGPUD_MIG_SLICE:2"},
-		{Profile: "passthrough", Resources: "CUSTOM_VGPUD_PASSTHROUGH:1"},
-	}
+	return tplacement.Requests(ClassName, tplacement.ClassAlone, tplacement.ChurnProfiles...)
 }
 
 // TestChurn: three hosts publish to one Placement; 1, 4 and 16 schedulers

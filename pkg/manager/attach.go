@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,8 +25,8 @@ type Virt interface {
 	// Domains lists every domain (name and UUID).
 	Domains(ctx context.Context) ([]virt.Domain, error)
 	Events(ctx context.Context) <-chan virt.Event
-	// Settle waits until calls that outran their deadline have returned.
-	Settle(ctx context.Context) error
+	// Quiesce waits until calls that outran their deadline have returned.
+	Quiesce(ctx context.Context) error
 }
 
 // AttachOptions modify Attach.
@@ -204,7 +203,7 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 	if err != nil {
 		if derr := m.dropIntent(intent); derr != nil {
 			// libvirt refused: the domain is as it was, and reconcile
-			// settles the intent left behind against it.
+			// resolves the intent left behind against it.
 			m.log.Error("drop the intent of a refused attach", "instance", rec.UUID, "vm", dom.Name, "err", derr)
 		}
 		cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, dom.Name)
@@ -231,16 +230,16 @@ func (m *Manager) Attach(ctx context.Context, id, domain string, opts AttachOpti
 // answer (a timeout, a cancel, a broken connection): libvirt is asked what
 // it holds now and that is recorded.
 func (m *Manager) attachUnclear(ctx context.Context, rec store.Instance, p attachPayload, domain, intent string, started time.Time, err error) (store.Attachment, error) {
-	a, held, serr := m.settleUnknown(ctx, rec, p, intent, true)
+	a, held, serr := m.resolveUnclear(ctx, rec, p, intent, true)
 	if serr == nil && held {
-		m.log.Info("attached (settled after an unclear answer)", "instance", rec.UUID, "vm", domain, "err", err)
+		m.log.Info("attached (resolved after an unclear answer)", "instance", rec.UUID, "vm", domain, "err", err)
 		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 		m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "attach", Took: m.now().Sub(started)})
 		return a, nil
 	}
 	cerr := classifyVirt(err, "attach %s to VM %s", rec.UUID, domain)
 	if serr != nil {
-		cerr = fail(ErrBackendFailure, err, "attach %s to VM %s: libvirt gave no clear answer and could not be asked again; vgpud settles it when libvirtd answers", rec.UUID, domain)
+		cerr = fail(ErrBackendFailure, err, "attach %s to VM %s: libvirt gave no clear answer and could not be asked again; vgpud resolves it when libvirtd answers", rec.UUID, domain)
 	}
 	m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "attach", Detail: Message(cerr), Took: m.now().Sub(started)})
 	return store.Attachment{}, cerr
@@ -318,14 +317,14 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	}
 	if err != nil && !refused(err) {
 		// The outcome is unknown: finish the detach with a fresh deadline.
-		if _, _, serr := m.settleUnknown(ctx, rec, attachPayload{Domain: att.Domain}, intent, false); serr == nil {
+		if _, _, serr := m.resolveUnclear(ctx, rec, attachPayload{Domain: att.Domain}, intent, false); serr == nil {
 			err = nil
 		} else {
 			cerr := fail(ErrBackendFailure, err, "detach %s from VM %s: libvirt gave no clear answer and could not be asked again; vgpud finishes the detach when libvirtd answers", rec.UUID, att.Domain)
 			m.emit(Event{Kind: EventOperationFailed, ID: rec.UUID, Op: "detach", Detail: Message(cerr), Took: m.now().Sub(started)})
 			return cerr
 		}
-		m.log.Info("detached (settled after an unclear answer)", "instance", rec.UUID, "vm", att.Domain)
+		m.log.Info("detached (resolved after an unclear answer)", "instance", rec.UUID, "vm", att.Domain)
 		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 		m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "detach", Took: m.now().Sub(started)})
 		return nil
@@ -333,7 +332,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if err != nil {
 		if derr := m.dropIntent(intent); derr != nil {
 			// libvirt refused: the domain is as it was, and reconcile
-			// settles the intent left behind against it.
+			// resolves the intent left behind against it.
 			m.log.Error("drop the intent of a refused detach", "instance", rec.UUID, "vm", att.Domain, "err", derr)
 		}
 		cerr := classifyVirt(err, "detach %s from VM %s", rec.UUID, att.Domain)
@@ -368,22 +367,22 @@ func refused(err error) bool {
 	return false
 }
 
-// settleTimeout bounds the look at libvirt after an unclear answer.
-const settleTimeout = 30 * time.Second
+// resolveTimeout bounds the look at libvirt after an unclear answer.
+const resolveTimeout = 30 * time.Second
 
-// settleUnknown settles an attach or detach whose libvirt call gave no
+// resolveUnclear resolves an attach or detach whose libvirt call gave no
 // clear answer, with its own deadline: libvirt is asked what it holds and
-// the record follows (settleAttach), and the intent is dropped. held says
-// whether the device ended attached, with the attachment then recorded.
-// When libvirt cannot be asked, the intent stays for reconcile.
-func (m *Manager) settleUnknown(ctx context.Context, rec store.Instance, p attachPayload, intent string, attach bool) (store.Attachment, bool, error) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+// the record follows (resolveAgainstDomain), and the intent is dropped.
+// held says whether the device ended attached, with the attachment then
+// recorded. When libvirt cannot be asked, the intent stays for reconcile.
+func (m *Manager) resolveUnclear(ctx context.Context, rec store.Instance, p attachPayload, intent string, attach bool) (store.Attachment, bool, error) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 	defer cancel()
-	if err := m.lv().Settle(sctx); err != nil {
+	if err := m.lv().Quiesce(sctx); err != nil {
 		return store.Attachment{}, false, err
 	}
-	if err := m.settleAttach(sctx, rec, p, attach); err != nil {
-		m.log.Warn("settle after an unclear libvirt answer; reconcile retries", "instance", rec.UUID, "vm", p.Domain, "err", err)
+	if err := m.resolveAgainstDomain(sctx, rec, p, attach); err != nil {
+		m.log.Warn("resolve after an unclear libvirt answer; reconcile retries", "instance", rec.UUID, "vm", p.Domain, "err", err)
 		return store.Attachment{}, false, err
 	}
 	var a store.Attachment
@@ -411,178 +410,4 @@ func busy(tx *store.Tx, instance string) error {
 		}
 	}
 	return nil
-}
-
-// CreateAndAttach creates an instance and attaches it; if the attach fails
-// the instance is destroyed again and the VM is left as it was. A crash
-// half-way is undone by reconcile the same way (an OpCreateAttach intent
-// spans both). A retry with the UUID of an instance that already exists
-// attaches it and never destroys it: that instance is not this call's.
-func (m *Manager) CreateAndAttach(ctx context.Context, req CreateRequest, domain string, opts AttachOptions) (store.Instance, store.Attachment, error) {
-	// Every argument is checked before libvirt is asked.
-	if err := checkVMRef(domain); err != nil {
-		return store.Instance{}, store.Attachment{}, err
-	}
-	if err := m.knownTenant(req.Tenant); err != nil {
-		return store.Instance{}, store.Attachment{}, err
-	}
-	if _, err := m.offersFor(req.Profile); err != nil {
-		return store.Instance{}, store.Attachment{}, err
-	}
-	if req.UUID != "" {
-		u, err := instanceUUID(req.UUID)
-		if err != nil {
-			return store.Instance{}, store.Attachment{}, err
-		}
-		req.UUID = u
-	}
-	done, err := m.begin()
-	if err != nil {
-		return store.Instance{}, store.Attachment{}, err
-	}
-	defer done()
-	if m.lv() == nil {
-		return store.Instance{}, store.Attachment{}, fail(ErrBackendFailure, nil, "libvirt is not configured for this daemon")
-	}
-	if _, err := m.lv().Domain(ctx, domain); err != nil {
-		return store.Instance{}, store.Attachment{}, classifyVirt(err, "attach a new %s to VM %s", req.Profile, domain)
-	}
-	opts.Tenant = ""
-	if req.UUID == "" {
-		req.UUID = uuid.NewString()
-	} else {
-		if err := m.refuseForeignUUID(ctx, req.UUID); err != nil {
-			return store.Instance{}, store.Attachment{}, err
-		}
-		if _, err := m.Instance(req.UUID); err == nil {
-			rec, err := m.Create(ctx, req) // checks tenant and profile match
-			if err != nil {
-				return store.Instance{}, store.Attachment{}, err
-			}
-			a, err := m.Attach(ctx, rec.UUID, domain, opts)
-			if err != nil {
-				return store.Instance{}, store.Attachment{}, err
-			}
-			return rec, a, nil
-		}
-	}
-	span := uuid.NewString()
-	defer m.inflight.add(span, req.UUID)()
-	payload, _ := json.Marshal(newAttachPayload(domain, opts)) // strings and bools: cannot fail
-	if err := m.db.Update(func(tx *store.Tx) error {
-		return tx.PutIntent(store.Intent{ID: span, Op: store.OpCreateAttach, Instance: req.UUID, Payload: payload, Started: m.now()})
-	}); err != nil {
-		return store.Instance{}, store.Attachment{}, classify(err, "create and attach %s", req.UUID)
-	}
-	dropSpan := func() {
-		if err := m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(span) }); err != nil {
-			m.log.Error("drop create-and-attach intent", "instance", req.UUID, "err", err)
-		}
-	}
-	rec, err := m.Create(ctx, req)
-	if err != nil {
-		dropSpan()
-		return store.Instance{}, store.Attachment{}, err
-	}
-	m.crash(CrashCreateAttach)
-	a, err := m.Attach(ctx, rec.UUID, domain, opts)
-	if err != nil {
-		if derr := m.Destroy(context.WithoutCancel(ctx), rec.UUID, DestroyOptions{}); derr != nil {
-			// The intent stays: reconcile destroys the instance later.
-			m.log.Error("undo create after failed attach; reconcile retries", "instance", rec.UUID, "err", derr)
-			return store.Instance{}, store.Attachment{}, err
-		}
-		dropSpan()
-		return store.Instance{}, store.Attachment{}, err
-	}
-	dropSpan()
-	return rec, a, nil
-}
-
-// WatchVirt follows libvirt's domain events until ctx ends: an undefined
-// VM's instances are released (policy "release") or detached in the record
-// only ("keep"); a started VM gets its devices checked and re-created by
-// reconcile if a reboot lost them. Every event is published as a VMEvent.
-func (m *Manager) WatchVirt(ctx context.Context, policy string) {
-	if m.lv() == nil {
-		return
-	}
-	m.confMu.Lock()
-	m.undefinePolicy = policy
-	m.confMu.Unlock()
-	for ev := range m.lv().Events(ctx) {
-		m.emit(Event{Kind: EventVM, ID: ev.UUID, Op: ev.Kind.String(), Detail: ev.Domain})
-		switch ev.Kind {
-		case virt.Undefined:
-			m.domainUndefined(ctx, ev, policy)
-		case virt.Stopped:
-			m.domainStopped(ev)
-			m.RetrySchedulers(ctx)
-		case virt.Started, virt.Reconnected:
-			if _, err := m.Reconcile(ctx); err != nil {
-				m.log.Warn("reconcile after VM event", "event", ev.Kind, "vm", ev.Domain, "err", err)
-			}
-		}
-	}
-}
-
-// domainStopped marks a stopped VM's attachments not live: its instances
-// may move again (defragment).
-func (m *Manager) domainStopped(ev virt.Event) {
-	var changed []string
-	err := m.db.Update(func(tx *store.Tx) error {
-		all, err := tx.Attachments()
-		if err != nil {
-			return err
-		}
-		for _, a := range all {
-			if a.Live && (a.DomainUUID == ev.UUID || (ev.UUID == "" && strings.EqualFold(a.Domain, ev.Domain))) {
-				a.Live = false
-				if err := tx.PutAttachment(a); err != nil {
-					return err
-				}
-				changed = append(changed, a.Instance)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		m.log.Warn("record that a VM stopped", "vm", ev.Domain, "err", err)
-	}
-	for _, id := range changed {
-		m.emit(Event{Kind: EventInstanceChanged, ID: id})
-	}
-}
-
-// domainUndefined drops the attachments of an undefined VM and, under the
-// "release" policy, destroys their instances.
-func (m *Manager) domainUndefined(ctx context.Context, ev virt.Event, policy string) {
-	var atts []store.Attachment
-	if err := m.db.View(func(tx *store.Tx) error {
-		all, err := tx.Attachments()
-		for _, a := range all {
-			if a.DomainUUID == ev.UUID || (ev.UUID == "" && strings.EqualFold(a.Domain, ev.Domain)) {
-				atts = append(atts, a)
-			}
-		}
-		return err
-	}); err != nil {
-		// Attachments not read here are the libvirt pass's: the next
-		// reconcile finds their VM gone and applies the policy.
-		m.log.Error("read attachments of undefined VM", "vm", ev.Domain, "err", err)
-	}
-	for _, a := range atts {
-		if err := m.db.Update(func(tx *store.Tx) error { return tx.DeleteAttachment(a.Instance) }); err != nil {
-			m.log.Error("forget attachment of undefined VM", "instance", a.Instance, "err", err)
-			continue
-		}
-		m.log.Info("VM undefined: attachment dropped", "vm", a.Domain, "instance", a.Instance, "policy", policy)
-		if policy == "release" {
-			if err := m.Destroy(ctx, a.Instance, DestroyOptions{}); err != nil {
-				m.log.Error("release instance of undefined VM", "instance", a.Instance, "err", err)
-			}
-		} else {
-			m.emit(Event{Kind: EventInstanceChanged, ID: a.Instance})
-		}
-	}
 }

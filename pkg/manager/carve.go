@@ -137,7 +137,7 @@ func (m *Manager) undoCarve(rec store.Instance, intent string, steps map[carveSt
 // counts only if the carve wrote its create and the kernel did not answer
 // that it existed (cause): another's mdev is never taken away.
 func (m *Manager) carvedParts(ctx context.Context, rec *store.Instance, steps map[carveStep]bool, cause error) (map[carveStep]bool, error) {
-	if err := m.settle(ctx); err != nil {
+	if err := m.quiesce(ctx); err != nil {
 		return nil, err
 	}
 	m.refreshGPU(ctx, rec.GPUUUID)

@@ -104,7 +104,7 @@ func (m *Manager) Defragment(ctx context.Context, req CreateRequest, apply bool)
 // move re-creates one instance at a new placement with the same identity:
 // release the old placement, carve the new one, re-point the config of a
 // stopped VM it is attached to. A failure at any step takes away what the
-// new placement got and carves the old one again; a crash is settled by
+// new placement got and carves the old one again; a crash is resolved by
 // reconcile from the intent's plan.
 func (m *Manager) move(ctx context.Context, mv placement.Move) error {
 	rec, att, err := m.instanceAndAttachment(mv.Instance)

@@ -160,9 +160,9 @@ func TestFailedMoveIsUndone(t *testing.T) {
 	}
 }
 
-// A crash half-way through a move is settled by the next start: every
+// A crash half-way through a move is resolved by the next start: every
 // instance is on the host once, nothing is left at the other placement.
-func TestCrashedMoveIsSettled(t *testing.T) {
+func TestCrashedMoveIsResolved(t *testing.T) {
 	for _, p := range []string{manager.CrashMoveRelease, manager.CrashMoveCarve} {
 		t.Run(p, func(t *testing.T) {
 			e := newEnv(t, nil)
@@ -179,7 +179,7 @@ func TestCrashedMoveIsSettled(t *testing.T) {
 			<-done
 			rep := e.restart()
 			if len(rep.Finished) != 1 {
-				t.Fatalf("start-up reconcile did not settle the move: %+v", rep)
+				t.Fatalf("start-up reconcile did not resolve the move: %+v", rep)
 			}
 			if got := len(strings.Split(placements(t, e), "\n")); got != n {
 				t.Fatalf("%d instances after the crash, want %d", got, n)

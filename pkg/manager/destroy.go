@@ -72,7 +72,7 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 	case err == nil:
 	case timedOut(ctx, err):
 		// A release call may still land: answer now, put the instance back
-		// once the host has settled (the intent stays held until then).
+		// once the host has quiesced (the intent stays held until then).
 		letGo := m.inflight.add(intent, rec.UUID)
 		m.background(func() {
 			defer letGo()
@@ -88,23 +88,23 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 }
 
 // putBack brings an instance back to ready after an operation (what) failed
-// half-way: once the host has settled, the parts the operation removed are
+// half-way: once the host has quiesced, the parts the operation removed are
 // carved again, as reconcile does after a reboot, and the operation's
 // intent is dropped. If that fails too the record is failed, with the
-// reason, and reconcile keeps trying. When the host does not settle (a
+// reason, and reconcile keeps trying. When the host does not quiesce (a
 // driver call hangs) the intent stays for reconcile.
 func (m *Manager) putBack(ctx context.Context, rec store.Instance, intent, what string) {
 	ctx, cancel := context.WithTimeout(ctx, undoTimeout)
 	defer cancel()
-	if err := m.settle(ctx); err != nil {
+	if err := m.quiesce(ctx); err != nil {
 		// A call that outran its deadline may still land: what the host
 		// holds is unknown, so the operation is left to reconcile (its
 		// intent stays).
-		rec.State, rec.Reason, rec.Updated = store.StateFailed, what+" did not finish (the driver did not answer); reconcile settles it", m.now()
+		rec.State, rec.Reason, rec.Updated = store.StateFailed, what+" did not finish (the driver did not answer); reconcile resolves it", m.now()
 		if err := m.db.Update(func(tx *store.Tx) error { return tx.PutInstance(&rec) }); err != nil {
 			m.log.Error("record the unfinished "+what, "instance", rec.UUID, "err", err)
 		}
-		m.log.Warn(what+" failed and the host has not settled; reconcile settles it", "instance", rec.UUID, "err", err)
+		m.log.Warn(what+" failed and the host has not quiesced; reconcile resolves it", "instance", rec.UUID, "err", err)
 		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID})
 		return
 	}

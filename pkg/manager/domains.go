@@ -39,7 +39,7 @@ func (m *Manager) reconcileAttachments(ctx context.Context, rep *ReconcileReport
 	var release []string
 	for _, a := range atts {
 		if m.inflight.busy(a.Instance) {
-			continue // an attach or detach in flight settles it
+			continue // an attach or detach in flight records it itself
 		}
 		if ctx.Err() != nil {
 			rep.Pending = append(rep.Pending, "attachments: libvirt pass ran out of time")
@@ -116,7 +116,7 @@ func (m *Manager) checkAttachment(ctx context.Context, a store.Attachment, r sto
 }
 
 // forgetAttachment drops an attachment unless an operation took the
-// instance meanwhile (it settles the record itself), and says whether it
+// instance meanwhile (it writes the record itself), and says whether it
 // did.
 func (m *Manager) forgetAttachment(a store.Attachment, why string, rep *ReconcileReport) bool {
 	if m.inflight.busy(a.Instance) {

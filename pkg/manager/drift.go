@@ -59,7 +59,7 @@ func (s *driftState) changed(now map[string]string) map[string]bool {
 }
 
 // CheckDrift is the periodic discovery: it re-reads the whole host and
-// compares every settled record with it. Instances whose devices vanished
+// compares every record at rest with it. Instances whose devices vanished
 // without an event (a driver reload, a GPU reset, `nvidia-smi mig -dgi` by
 // hand, a reboot the daemon outlived) are repaired at once by a reconcile
 // under the usual policy: re-created at their placement or another legal
@@ -136,9 +136,9 @@ func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
 	return rep, nil
 }
 
-// missing reports whether a settled record's devices are not all on the
+// missing reports whether a record at rest has devices are not all on the
 // host as last read. Records an operation or intent is in charge of are
-// not settled.
+// not at rest.
 func (m *Manager) missing(r store.Instance) bool {
 	if r.State != store.StateReady || m.inflight.busy(r.UUID) {
 		return false

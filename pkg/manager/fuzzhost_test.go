@@ -156,7 +156,7 @@ func (v *fuzzVirt) Events(ctx context.Context) <-chan virt.Event {
 	return ch
 }
 
-func (v *fuzzVirt) Settle(context.Context) error { return nil }
+func (v *fuzzVirt) Quiesce(context.Context) error { return nil }
 
 // diff compares the attachment records with the VMs' configs: a VM's
 // hostdevs must be the devices of the instances recorded as attached to

@@ -117,7 +117,7 @@ func (v *unreachableVirt) Attached(context.Context, string) ([]virt.Attached, er
 }
 func (v *unreachableVirt) Domains(context.Context) ([]virt.Domain, error) { return nil, v.down() }
 func (v *unreachableVirt) Events(context.Context) <-chan virt.Event       { return nil }
-func (v *unreachableVirt) Settle(context.Context) error                   { return nil }
+func (v *unreachableVirt) Quiesce(context.Context) error                  { return nil }
 
 // TestAttachChecksArgumentsBeforeLibvirt: a VM name that cannot be one,
 // an unknown tenant or profile is refused without asking libvirt, with

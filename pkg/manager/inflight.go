@@ -11,7 +11,7 @@ import "sync"
 //
 // An operation adds its intent before writing it and removes it after
 // deleting it, so an intent on disk that is absent from the set is either
-// a leftover or already deleted; reconcile claims it and reads it again
+// a leftover or already deleted; reconcile takes it and reads it again
 // to tell the two apart. Holders are counted: an operation that hands its
 // intent to a background undo adds it again before it lets go.
 type inflightSet struct {
@@ -44,8 +44,8 @@ func (l *inflightSet) hold(intent, instance string) {
 	e.holders++
 }
 
-// claim holds an intent unless someone holds it already.
-func (l *inflightSet) claim(intent, instance string) bool {
+// take holds an intent unless someone holds it already.
+func (l *inflightSet) take(intent, instance string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.ids[intent]; ok {

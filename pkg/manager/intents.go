@@ -12,7 +12,7 @@ import (
 	"github.com/vgpud/vgpud/pkg/virt"
 )
 
-// resolveLeftover resolves a claimed intent if it is still on disk: one
+// resolveLeftover resolves a taken intent if it is still on disk: one
 // that is gone was completed by its operation after Intents was read.
 func (m *Manager) resolveLeftover(ctx context.Context, it store.Intent, rep *ReconcileReport) error {
 	err := m.db.View(func(tx *store.Tx) error { _, err := tx.Intent(it.ID); return err })
@@ -25,7 +25,7 @@ func (m *Manager) resolveLeftover(ctx context.Context, it store.Intent, rep *Rec
 	return m.resolveIntent(ctx, it, rep)
 }
 
-// resolveIntent settles one intent a crash left, by the kind of its
+// resolveIntent resolves one intent a crash left, by the kind of its
 // operation, against the record it names (missing: the record is gone).
 func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *ReconcileReport) error {
 	var rec store.Instance
@@ -47,11 +47,11 @@ func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *Recon
 		return m.resolveCreateAttach(ctx, it, rec, missing, rep)
 	}
 	// No operation of the manager writes any other kind (the store allows
-	// OpReconcile): such an intent names nothing to settle.
+	// OpReconcile): such an intent names nothing to resolve.
 	return m.dropIntent(it.ID)
 }
 
-// dropIntent deletes a settled intent.
+// dropIntent deletes a resolved intent.
 func (m *Manager) dropIntent(id string) error {
 	return m.db.Update(func(tx *store.Tx) error { return tx.DeleteIntent(id) })
 }
@@ -125,7 +125,7 @@ func (m *Manager) resolveDestroy(ctx context.Context, it store.Intent, rec store
 	return nil
 }
 
-// resolveAttach settles an attach or a detach against the domain's XML;
+// resolveAttach resolves an attach or a detach against the domain's XML;
 // it waits (ErrBusy) while libvirt is not connected yet.
 func (m *Manager) resolveAttach(ctx context.Context, it store.Intent, rec store.Instance, missing bool, rep *ReconcileReport) error {
 	var p attachPayload
@@ -136,11 +136,11 @@ func (m *Manager) resolveAttach(ctx context.Context, it store.Intent, rec store.
 		m.log.Warn("read the VM of an interrupted attach or detach", "intent", it.ID, "op", it.Op, "instance", it.Instance, "err", err)
 	}
 	if v := m.lv(); v != nil && !virtReady(v) {
-		// Settled once libvirt is connected (it reconciles again).
+		// Resolved once libvirt is connected (it reconciles again).
 		return fail(ErrBusy, nil, "libvirt is not connected yet")
 	}
 	if !missing && m.lv() != nil && p.Domain != "" {
-		if err := m.settleAttach(ctx, rec, p, it.Op == store.OpAttach); err != nil {
+		if err := m.resolveAgainstDomain(ctx, rec, p, it.Op == store.OpAttach); err != nil {
 			return err
 		}
 	}
@@ -151,7 +151,7 @@ func (m *Manager) resolveAttach(ctx context.Context, it store.Intent, rec store.
 	return nil
 }
 
-// resolveMove settles a move from its plan (clearOtherPlacement).
+// resolveMove resolves a move from its plan (clearOtherPlacement).
 func (m *Manager) resolveMove(ctx context.Context, it store.Intent, rec store.Instance, missing bool, rep *ReconcileReport) error {
 	if missing {
 		return m.dropIntent(it.ID)
@@ -168,7 +168,7 @@ func (m *Manager) resolveMove(ctx context.Context, it store.Intent, rec store.In
 	return nil
 }
 
-// clearOtherPlacement settles a move a crash interrupted: the record names
+// clearOtherPlacement resolves a move a crash interrupted: the record names
 // the placement it holds (old or new), and whatever the host shows at the
 // other one, unless another record explains it, is taken away.
 func (m *Manager) clearOtherPlacement(ctx context.Context, rec store.Instance, payload []byte) error {
@@ -216,8 +216,8 @@ func (m *Manager) clearOtherPlacement(ctx context.Context, rec store.Instance, p
 	return m.release(ctx, &other, func(s carveStep) bool { return parts[s] }, false)
 }
 
-// resolveCreateAttach settles a create-and-attach a crash interrupted (its
-// create and attach intents, resolved first, settled each half): an
+// resolveCreateAttach resolves a create-and-attach a crash interrupted (its
+// create and attach intents, resolved first, resolved each half): an
 // instance it made that is not attached is destroyed, as the call would
 // have done.
 func (m *Manager) resolveCreateAttach(ctx context.Context, it store.Intent, rec store.Instance, missing bool, rep *ReconcileReport) error {
@@ -255,9 +255,9 @@ func (m *Manager) resolveCreateAttach(ctx context.Context, it store.Intent, rec 
 	return nil
 }
 
-// settleAttach finishes an attach (record what libvirt holds) or a detach
+// resolveAgainstDomain finishes an attach (record what libvirt holds) or a detach
 // (remove it from libvirt and the record) that a crash interrupted.
-func (m *Manager) settleAttach(ctx context.Context, rec store.Instance, p attachPayload, attach bool) error {
+func (m *Manager) resolveAgainstDomain(ctx context.Context, rec store.Instance, p attachPayload, attach bool) error {
 	h, err := m.hostdevOf(rec, p.Display, p.RamFB)
 	if err != nil {
 		return err

@@ -1,17 +1,3 @@
-// Package manager holds vgpud's operations: create and destroy instances
-// for tenants, attach and detach them to VMs, tenant quotas, planning,
-// defragmentation and reconcile. Each operation writes an intent before it
-// touches the host, records every finished step, and commits or undoes
-// them in reverse on failure; a crash half-way is finished or undone by
-// reconcile at the next start. Admission (quota and capacity) is decided
-// under one lock, with the decision recorded before the lock is released,
-// so concurrent requests cannot over-commit a quota or a slot.
-//
-// The manager declares what it needs from the GPU backends, discovery,
-// libvirt and the store as small interfaces; transports (D-Bus) forward to
-// it and map its sentinel errors (errors.go) to their own names.
-//
-// Imports: internal/hostcall, pkg/discover, pkg/gpu, pkg/placement, pkg/profile, pkg/store, pkg/tenant, pkg/virt.
 package manager
 
 import (
@@ -41,8 +27,8 @@ type MIGBackend interface {
 	CreateComputeInstance(ctx context.Context, gpuUUID string, giID, ciProfile, start int) (gpu.ComputeInstance, error)
 	DestroyComputeInstance(ctx context.Context, gpuUUID string, giID, ciID int) error
 	SetHeterogeneous(ctx context.Context, gpuUUID string, on bool) error
-	// Settle waits until calls that outran their deadline have returned.
-	Settle(ctx context.Context) error
+	// Quiesce waits until calls that outran their deadline have returned.
+	Quiesce(ctx context.Context) error
 }
 
 // VGPUBackend is what the manager needs from the sysfs backend. Its calls
@@ -194,7 +180,7 @@ type Manager struct {
 	// inflight: intents of operations in flight, which reconcile leaves
 	// alone.
 	inflight inflightSet
-	// calls counts sysfs calls that outran their deadline (see settle).
+	// calls counts sysfs calls that outran their deadline (see quiesce).
 	calls hostcall.Tracker
 
 	events *broadcaster
@@ -418,7 +404,7 @@ func (m *Manager) sysfsCall(ctx context.Context, fn func() error) error {
 
 // sysfsRead is sysfsCall for a call with a result. The result travels with
 // the error, so a call abandoned at the deadline writes nothing the caller
-// reads; settle waits for such calls.
+// reads; quiesce waits for such calls.
 func sysfsRead[T any](ctx context.Context, m *Manager, fn func() (T, error)) (T, error) {
 	type result struct {
 		v   T
@@ -435,14 +421,14 @@ func sysfsRead[T any](ctx context.Context, m *Manager, fn func() (T, error)) (T,
 	return r.v, r.err
 }
 
-// settle waits until every host call that outran its deadline (sysfs here,
+// quiesce waits until every host call that outran its deadline (sysfs here,
 // NVML in the backend) has returned: an undo that read the host before a
 // late call landed would leave that call's device behind.
-func (m *Manager) settle(ctx context.Context) error {
-	if err := m.calls.Settle(ctx); err != nil {
+func (m *Manager) quiesce(ctx context.Context) error {
+	if err := m.calls.Quiesce(ctx); err != nil {
 		return fmt.Errorf("wait for sysfs calls that timed out: %w", err)
 	}
-	if err := m.mig.Settle(ctx); err != nil {
+	if err := m.mig.Quiesce(ctx); err != nil {
 		return fmt.Errorf("wait for NVML calls that timed out: %w", err)
 	}
 	return nil

@@ -37,8 +37,8 @@ func (o offer) vram() uint64 {
 	return o.typ.FramebufferMiB << 20
 }
 
-// compute is the instance's entitled compute in milli-GPU (ARCHITECTURE.md,
-// "Shares"): MIG slices (the compute instance's own) over the grid's
+// compute is the instance's entitled compute in milli-GPU (docs/metrics.md,
+// "Shares: the definitions"): MIG slices (the compute instance's own) over the grid's
 // compute slices; a time-sliced vGPU 1000 over its type's maximum (its
 // FIXED_SHARE); a whole GPU 1000.
 func (o offer) compute() uint64 {

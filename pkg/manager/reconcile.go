@@ -95,7 +95,7 @@ func libvirtAbsent(ctx context.Context, v Virt) string {
 }
 
 // reconcileHost is reconcile's host pass, under the admission lock: the
-// intents a crash left are settled (resolveIntent), every record is
+// intents a crash left are resolved (resolveIntent), every record is
 // checked against the host (restore), and the devices no record explains
 // are listed (foreign).
 func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
@@ -124,12 +124,12 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	if err := m.db.View(func(tx *store.Tx) (err error) { intents, err = tx.Intents(); return err }); err != nil {
 		return rep, classify(err, "read intents")
 	}
-	// A create-and-attach is settled once its create and attach are.
+	// A create-and-attach is resolved once its create and attach are.
 	sort.SliceStable(intents, func(i, j int) bool {
 		return intents[i].Op != store.OpCreateAttach && intents[j].Op == store.OpCreateAttach
 	})
 	for _, it := range intents {
-		if !m.inflight.claim(it.ID, it.Instance) {
+		if !m.inflight.take(it.ID, it.Instance) {
 			continue // its operation is still running
 		}
 		err := m.resolveLeftover(ctx, it, &rep)

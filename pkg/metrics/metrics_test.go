@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/vgpud/vgpud/internal/testenv/sharetest"
 	"github.com/vgpud/vgpud/pkg/metrics"
 	"github.com/vgpud/vgpud/pkg/share"
-	"github.com/vgpud/vgpud/pkg/share/sharetest"
 )
 
 // scrape serves one GET /metrics from c and returns the body.

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpud/vgpud/internal/testenv/sharetest"
 	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 	"github.com/vgpud/vgpud/pkg/share"
-	"github.com/vgpud/vgpud/pkg/share/sharetest"
 )
 
 var (

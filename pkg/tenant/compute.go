@@ -1,7 +1,7 @@
 package tenant
 
-// Entitled compute per instance, in milli-GPU (see ARCHITECTURE.md,
-// "Shares"). Every helper rounds down, so the entitlements of instances that
+// Entitled compute per instance, in milli-GPU (see docs/metrics.md,
+// "Shares: the definitions"). Every helper rounds down, so the entitlements of instances that
 // fill a GPU never add up to more than the GPU (seven 1/7 MIG slices give
 // 7 × 142 = 994, not 1001), and admission against a compute quota never
 // counts an instance as more than it gets.

@@ -29,7 +29,7 @@ type Class string
 
 const (
 	// Guaranteed tenants are entitled to their instances' compute share
-	// (see ARCHITECTURE.md, "Shares").
+	// (see docs/metrics.md, "Shares: the definitions").
 	Guaranteed Class = "guaranteed"
 	// BestEffort tenants are entitled to nothing but may use idle time.
 	BestEffort Class = "best-effort"

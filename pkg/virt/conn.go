@@ -102,7 +102,7 @@ type Conn struct {
 	log   *slog.Logger
 	hub   *hub
 	locks keyedMutex
-	// calls counts libvirt calls abandoned at their deadline (Settle).
+	// calls counts libvirt calls abandoned at their deadline (Quiesce).
 	calls hostcall.Tracker
 
 	mu      sync.Mutex

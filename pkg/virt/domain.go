@@ -103,10 +103,10 @@ func (c *Conn) Domains(ctx context.Context) ([]Domain, error) {
 	return out, err
 }
 
-// Settle waits until the libvirt calls abandoned at their deadline have
+// Quiesce waits until the libvirt calls abandoned at their deadline have
 // returned: what libvirt holds afterwards includes their effect.
-func (c *Conn) Settle(ctx context.Context) error {
-	return c.calls.Settle(ctx)
+func (c *Conn) Quiesce(ctx context.Context) error {
+	return c.calls.Quiesce(ctx)
 }
 
 // Attached lists the hostdevs (mdev and PCI) in the domain's config and live

@@ -177,9 +177,9 @@ func (l *Lazy) Domains(ctx context.Context) ([]Domain, error) {
 	return c.Domains(ctx)
 }
 
-// Settle is Conn.Settle once connected. Before that it returns nil at once:
+// Quiesce is Conn.Quiesce once connected. Before that it returns nil at once:
 // with no connection yet no call can be in flight.
-func (l *Lazy) Settle(ctx context.Context) error {
+func (l *Lazy) Quiesce(ctx context.Context) error {
 	if !l.Ready() {
 		return nil
 	}
@@ -187,7 +187,7 @@ func (l *Lazy) Settle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.Settle(ctx)
+	return c.Quiesce(ctx)
 }
 
 // Events is Conn.Events once connected. Unlike the calls, it waits for the

@@ -13,7 +13,7 @@ import (
 )
 
 // Before the first connection, calls wait ReconnectWait and are refused
-// with ErrUnreachable, Settle has nothing to wait for, Events waits as long
+// with ErrUnreachable, Quiesce has nothing to wait for, Events waits as long
 // as its ctx lives, and Connect gives up when its ctx ends. No libvirtd is
 // needed: nothing listens on the socket.
 func TestLazyNotConnected(t *testing.T) {
@@ -72,13 +72,13 @@ func TestLazyNotConnected(t *testing.T) {
 		})
 	}
 
-	t.Run("Settle", func(t *testing.T) {
+	t.Run("Quiesce", func(t *testing.T) {
 		start := time.Now()
-		if err := l.Settle(ctx); err != nil {
-			t.Fatalf("Settle = %v", err)
+		if err := l.Quiesce(ctx); err != nil {
+			t.Fatalf("Quiesce = %v", err)
 		}
 		if elapsed := time.Since(start); elapsed >= wait {
-			t.Fatalf("Settle waited %v for a connection", elapsed)
+			t.Fatalf("Quiesce waited %v for a connection", elapsed)
 		}
 	})
 
@@ -181,8 +181,8 @@ func TestLazyConnect(t *testing.T) {
 			t.Fatal("no Defined event within 20s through Events subscribed before the connection")
 		}
 	}
-	if err := l.Settle(ctx); err != nil {
-		t.Fatalf("Settle = %v", err)
+	if err := l.Quiesce(ctx); err != nil {
+		t.Fatalf("Quiesce = %v", err)
 	}
 
 	// Once connected, TryConnect has nothing to do and Connect calls

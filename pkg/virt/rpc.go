@@ -25,7 +25,7 @@ type rpc struct {
 
 // call runs fn, returning early with ErrTimeout (or the cancellation) when
 // the context ends first; the abandoned call is counted until it returns
-// (Settle). Errors from libvirtd are mapped by code.
+// (Quiesce). Errors from libvirtd are mapped by code.
 func call[T any](r *rpc, fn func(l *libvirt.Libvirt) (T, error)) (T, error) {
 	type result struct {
 		v   T

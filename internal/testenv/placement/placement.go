@@ -12,7 +12,7 @@
 // python3-nova is not installed; VGPUD_TEST_REQUIRE_SERVICES=1 turns that
 // skip into a failure.
 //
-// Imports: pkg/placementapi.
+// Imports: pkg/placementapi, pkg/store.
 package placement
 
 import (

@@ -107,7 +107,7 @@ func TestAbandonedCallsDoNotRace(t *testing.T) {
 				t.Errorf("observed %s: %v, want ERROR_TIMEOUT", tt.op, ret)
 			}
 			// Let the abandoned call return while the caller holds got.
-			if err := b.Settle(context.Background()); err != nil {
+			if err := b.Quiesce(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("after a timeout: %+v", got)
@@ -185,7 +185,7 @@ func TestMIGActivityAfterAbandonedMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := b.Settle(bg); err != nil {
+	if err := b.Quiesce(bg); err != nil {
 		t.Fatal(err)
 	}
 

@@ -7,7 +7,7 @@
 //
 // Every call runs with a deadline: a driver call that does not return in
 // time is reported as gpu.ErrTimeout, and its effect is unknown until it
-// returns (Settle waits for that). Errors wrap a pkg/gpu sentinel and the nvml.Return.
+// returns (Quiesce waits for that). Errors wrap a pkg/gpu sentinel and the nvml.Return.
 //
 // Imports: internal/hostcall, pkg/gpu, pkg/profile.
 package nvml
@@ -142,7 +142,7 @@ func wrap(ret gonvml.Return) error {
 // call runs fn with the context's deadline (DefaultCallTimeout when it has
 // none) and returns what fn returned, with its code as an error. A driver
 // call cannot be interrupted: one that outruns the deadline fails with
-// gpu.ErrTimeout and runs on in its own goroutine (Settle waits for it).
+// gpu.ErrTimeout and runs on in its own goroutine (Quiesce waits for it).
 // fn's result reaches the caller only when fn returned in time, so fn must
 // hand back what it reads instead of assigning variables the caller can
 // see: an abandoned fn would write them while the caller reads them.
@@ -201,10 +201,10 @@ func (b *Backend) do(ctx context.Context, op string, fn func() gonvml.Return) er
 	return err
 }
 
-// Settle waits until every driver call that outran its deadline has
+// Quiesce waits until every driver call that outran its deadline has
 // returned, so that what the host shows next includes its effect.
-func (b *Backend) Settle(ctx context.Context) error {
-	return b.calls.Settle(ctx)
+func (b *Backend) Quiesce(ctx context.Context) error {
+	return b.calls.Quiesce(ctx)
 }
 
 // Init loads NVML. Without the driver it returns gpu.ErrDriverNotLoaded.

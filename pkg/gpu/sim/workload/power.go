@@ -9,7 +9,7 @@ import (
 
 // Calibration holds the workload model's constants. The defaults are set
 // so that the model reproduces published isolation figures (see
-// docs/metrics.md, "Simulator calibration"):
+// docs/metrics.md, "Calibration"):
 //
 //   - time slicing: a noisy neighbour costs a victim running at 80% of its
 //     fixed share about 25% of its throughput under the best-effort

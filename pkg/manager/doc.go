@@ -1,0 +1,73 @@
+// Package manager holds vgpud's operations: create and destroy instances
+// for tenants, attach and detach them to VMs, tenant quotas, planning,
+// defragmentation and reconcile. Each operation writes an intent before it
+// touches the host, records every finished step, and commits or undoes
+// them in reverse on failure; a crash half-way is finished or undone by
+// reconcile at the next start. Admission (quota and capacity) is decided
+// under one lock, with the decision recorded before the lock is released,
+// so concurrent requests cannot over-commit a quota or a slot.
+//
+// The manager declares what it needs from the GPU backends, discovery,
+// libvirt and the store as small interfaces; transports (D-Bus) forward to
+// it and map its sentinel errors (errors.go) to their own names.
+//
+// # Words
+//
+// An operation (create, destroy, attach, detach, move, create-and-attach)
+// writes an intent, the record of what it is doing, before it touches the
+// host. A crash leaves the intent behind; reconcile resolves it (finishes or
+// undoes the operation). Reconcile then restores every record whose
+// devices the host no longer holds (re-creates them); recovery is that
+// restore of all GPUs side by side. A host quiesces when every call that
+// outran its deadline has returned. After an operation the fleet (OpenStack
+// Placement) is settled: told what changed; claims are Placement's too.
+// docs/architecture.md, "Words", has the whole glossary.
+//
+// # Files
+//
+// Operations, what callers ask for:
+//
+//   - manager.go: the Manager, its ports' wiring, its locks and their
+//     order, host reads (Refresh) and sysfs calls bounded by a deadline
+//   - create.go, decide.go, carve.go: a create's admission, the decision
+//     where it goes, and its host steps; compute.go: compute instances in
+//     a shared GPU instance; offers.go: profile names and what each costs
+//   - destroy.go, release.go: a destroy, and taking an instance off the
+//     host in reverse (also an undo's)
+//   - attach.go: attach and detach, and their unclear libvirt answers;
+//     createattach.go: create-and-attach under one intent
+//   - defrag.go: Defragment's moves; plan.go: Plan and Capacity
+//   - gpus.go: GPU operations (MIG mode, heterogeneous mode, failed and
+//     lost GPUs, clear); sched.go: vGPU scheduler pins
+//   - tenants.go: tenants and quotas; args.go: argument checks and names
+//   - drain.go: Shutdown waits for operations in flight
+//   - fleet.go: the claim hooks of a create and the host as Placement
+//     counts it
+//
+// Recovery, after a crash, a reboot or a change behind vgpud's back:
+//
+//   - reconcile.go: the pass (intents, then the host, then libvirt)
+//   - intents.go: resolving each intent a crash left; inflight.go: the
+//     intents this process is working on, which reconcile leaves alone
+//   - recovery.go: restoring all GPUs side by side; restore.go: one
+//     record's devices back on the host
+//   - domains.go: the libvirt pass (attachments of VMs that are gone,
+//     moved devices, live flags); virtevents.go: libvirt's domain events
+//   - drift.go: the periodic comparison of records with the host
+//   - ownership.go: which devices are vgpud's; present.go: which of a
+//     record's parts the host holds; foreign.go: devices no record explains
+//   - crash.go: crash points at every step boundary
+//
+// Views, what callers read:
+//
+//   - view.go: the snapshot an admission decides on, instance views
+//   - events.go: events to subscribers; refusal.go: why a request does
+//     not fit, in words; errors.go: the sentinels and their translation
+//
+// Ports, what the manager needs from others, declared here as interfaces:
+// MIGBackend, VGPUBackend, NVMLBackend, SysfsBackend and Discoverer
+// (manager.go), Virt (attach.go), SchedulerBackend (sched.go), Fleet
+// (fleet.go).
+//
+// Imports: internal/hostcall, pkg/discover, pkg/gpu, pkg/placement, pkg/profile, pkg/store, pkg/tenant, pkg/virt.
+package manager
