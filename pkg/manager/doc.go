@@ -42,7 +42,8 @@
 //   - tenants.go: tenants and quotas; args.go: argument checks and names
 //   - drain.go: Shutdown waits for operations in flight
 //   - fleet.go: the claim hooks of a create and the host as Placement
-//     counts it
+//     counts it; behind.go: what an operation left Placement behind on,
+//     for its caller
 //
 // Recovery, after a crash, a reboot or a change behind vgpud's back:
 //
