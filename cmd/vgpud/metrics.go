@@ -17,6 +17,7 @@ import (
 	nvmlbackend "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/metrics"
+	"github.com/vgpud/vgpud/pkg/metrics/forward"
 	"github.com/vgpud/vgpud/pkg/metricsweb"
 	"github.com/vgpud/vgpud/pkg/share"
 	"github.com/vgpud/vgpud/pkg/share/managersource"
@@ -123,7 +124,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			d.log.Error("share loop", "err", err)
 		}
 	})
-	run(func() { metrics.Forward(rctx, events, col, loop, src, d.log) })
+	run(func() { forward.Events(rctx, events, col, loop, src, d.log) })
 	return func() {
 		cancel()
 		unsubscribe()

@@ -1,4 +1,4 @@
-package metrics_test
+package forward_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/metrics"
+	"github.com/vgpud/vgpud/pkg/metrics/forward"
 	"github.com/vgpud/vgpud/pkg/share"
 )
 
@@ -40,7 +41,7 @@ func TestForwardEventsDurations(t *testing.T) {
 		events <- e
 	}
 	close(events)
-	metrics.Forward(context.Background(), events, col, loop, share.NewCache(src, time.Minute), slog.New(slog.DiscardHandler))
+	forward.Events(context.Background(), events, col, loop, share.NewCache(src, time.Minute), slog.New(slog.DiscardHandler))
 	if err := col.Collect(context.Background()); err != nil {
 		t.Fatal(err)
 	}
