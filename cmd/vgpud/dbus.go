@@ -33,7 +33,7 @@ func startDBus(ctx context.Context, d *daemon) (stop func(), err error) {
 		Version: version.Version,
 		Apply:   dbusapi.NewApplier(d.mgr, apply.Limits{MaxChanges: d.cfg.ApplyMaxChanges, Concurrency: d.cfg.GPUConcurrency}),
 		Shares:  d.shares,
-		Fleet:   d.fleet,
+		Fleet:   fleetStatus{d.fleet},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("D-Bus API: %w", err)

@@ -8,13 +8,15 @@ import (
 	"github.com/vgpud/vgpud/pkg/uevent"
 )
 
-// The fault watcher's wiring: pkg/health follows uevents and NVML events;
-// the daemon hands it the manager, the host's backends, the uevent source
-// (the kernel's, or the simulated host's ring), the reloadable settings
-// and a way to tell systemd the new state.
+// The fault watcher's wiring: pkg/health follows uevents and NVML events
+// and runs the periodic discovery; the daemon hands it the manager, the
+// host's backends, the uevent source (the kernel's, or the simulated
+// host's ring), the reloadable settings and a way to tell systemd the new
+// state.
 
-// startFaultWatch follows uevents and NVML events until ctx ends; stop
-// waits for the operation in flight to finish.
+// startFaultWatch follows uevents and NVML events, and compares the host
+// with the records every discoveryInterval, until ctx ends; stop waits
+// for the operation in flight to finish.
 func startFaultWatch(ctx context.Context, d *daemon) (stop func()) {
 	return newFaultWatch(d).Start(ctx)
 }
@@ -27,10 +29,13 @@ func newFaultWatch(d *daemon) *health.Watcher {
 		// Read on every use: a reload's fault settings apply at once.
 		Settings: func() health.Settings {
 			l := d.cfg.Reloadable()
-			return health.Settings{CriticalXIDs: l.CriticalXIDs, UeventSettle: l.UeventSettle, RecoverProbe: l.RecoverProbe}
+			return health.Settings{CriticalXIDs: l.CriticalXIDs, UeventSettle: l.UeventSettle, RecoverProbe: l.RecoverProbe,
+				DiscoveryInterval: l.DiscoveryInterval}
 		},
-		Status: func() { d.notify.Status(d.statusLine()) },
-		Logger: d.log.With("component", "faults"),
+		// The periodic discovery logs as the daemon.
+		Discovery: health.Discovery{Manager: d.mgr, Driver: d.host.nvml, Logger: d.log},
+		Status:    func() { d.notify.Status(d.statusLine()) },
+		Logger:    d.log.With("component", "faults"),
 	}
 	if h := d.host.sim; h != nil {
 		cfg.OpenUevents = h.UeventSource

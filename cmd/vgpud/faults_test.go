@@ -15,6 +15,7 @@ import (
 
 	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
@@ -23,7 +24,7 @@ import (
 // testConfig builds a configuration the way main does: flags over a file.
 // yaml is the file's content; "" means short fault timings, set in the
 // file (not as flags) so that a reload can change them.
-func testConfig(t *testing.T, stateDir, yaml string, args ...string) *Config {
+func testConfig(t *testing.T, stateDir, yaml string, args ...string) *config.Config {
 	t.Helper()
 	if yaml == "" {
 		yaml = "ueventSettle: 50ms\nrecoverProbe: 100ms\n"
@@ -32,15 +33,15 @@ func testConfig(t *testing.T, stateDir, yaml string, args ...string) *Config {
 	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := defaultConfig()
+	cfg := config.Default()
 	fs := pflag.NewFlagSet("vgpud", pflag.ContinueOnError)
-	cfg.bindFlags(fs)
+	cfg.BindFlags(fs)
 	base := []string{"--config", file, "--state-dir", stateDir, "--sim", "--metrics-listen", "", "--libvirt-socket", "",
 		"--profiles-dir", "", "--driver-wait", "2s", "--log-level", "debug"}
 	if err := fs.Parse(append(base, args...)); err != nil {
 		t.Fatal(err)
 	}
-	if err := cfg.load(fs); err != nil {
+	if err := cfg.Load(fs); err != nil {
 		t.Fatalf("load configuration: %v", err)
 	}
 	return cfg
@@ -63,7 +64,7 @@ type testDaemon struct {
 
 // openSimHost opens (creating) the simulated host in the state dir, as a
 // second process would: the daemon and the test share it by its lock.
-func openSimHost(t *testing.T, cfg *Config) *sim.Host {
+func openSimHost(t *testing.T, cfg *config.Config) *sim.Host {
 	t.Helper()
 	cat, err := loadCatalog(cfg)
 	if err != nil {
@@ -80,7 +81,7 @@ func openSimHost(t *testing.T, cfg *Config) *sim.Host {
 // launch starts the daemon: start (driver wait, reconcile) then, when
 // run is set, the main loop (notify, watchdog, signals, fault watch).
 // ctx nil means a context the harness cancels at cleanup.
-func launch(t *testing.T, cfg *Config, ctx context.Context, run bool) *testDaemon {
+func launch(t *testing.T, cfg *config.Config, ctx context.Context, run bool) *testDaemon {
 	t.Helper()
 	logs := &testenv.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -171,7 +172,7 @@ func TestFaultWatchWiring(t *testing.T) {
 	h := td.d.host.sim
 	m := td.d.mgr
 
-	if err := os.WriteFile(cfg.file, []byte("ueventSettle: 50ms\nrecoverProbe: 100ms\ncriticalXIDs: [13, 79]\n"), 0o644); err != nil {
+	if err := os.WriteFile(cfg.File(), []byte("ueventSettle: 50ms\nrecoverProbe: 100ms\ncriticalXIDs: [13, 79]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	mark := notify.Count()

@@ -3,17 +3,28 @@ package main
 import (
 	"context"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
 	"github.com/vgpud/vgpud/pkg/fleet"
 )
 
-// FleetStatus serves D-Bus GetFleetStatus from the running syncer; with
-// none (no fleet: section, or one without an endpoint) it is
-// dbusapi.ErrNoFleet.
-func (r *fleetRunner) FleetStatus(ctx context.Context) (dbusapi.FleetStatus, error) {
-	r.mu.Lock()
-	s := r.syncer
-	r.mu.Unlock()
+// fleetSettings are the fleet: section's settings for pkg/fleet's runner;
+// nil (no section, or one without an endpoint) publishes nothing.
+func fleetSettings(f *config.FleetConfig) *fleet.Settings {
+	if f == nil || f.Endpoint == "" {
+		return nil
+	}
+	return &fleet.Settings{Endpoint: f.Endpoint, TokenFile: f.TokenFile, Host: f.Host, RootUUID: f.RootUUID, ParentUUID: f.ParentUUID,
+		SyncInterval: f.SyncInterval.Duration, Grace: f.Grace.Duration, Timeout: f.Timeout.Duration, ClaimTimeout: f.ClaimTimeout.Duration}
+}
+
+// fleetStatus serves D-Bus GetFleetStatus from the runner's syncer.
+type fleetStatus struct{ r *fleet.Runner }
+
+// FleetStatus is the running syncer's status; with none (no fleet:
+// section, or one without an endpoint) it is dbusapi.ErrNoFleet.
+func (f fleetStatus) FleetStatus(ctx context.Context) (dbusapi.FleetStatus, error) {
+	s := f.r.Syncer()
 	if s == nil {
 		return dbusapi.FleetStatus{}, dbusapi.ErrNoFleet
 	}

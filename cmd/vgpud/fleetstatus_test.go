@@ -41,7 +41,7 @@ func TestFleetStatusMirrored(t *testing.T) {
 // TestFleetStatusWithoutFleet: a daemon without a fleet: section answers
 // ErrNoFleet, which D-Bus names Unavailable with how to configure one.
 func TestFleetStatusWithoutFleet(t *testing.T) {
-	r := newFleetRunner()
+	r := fleetStatus{fleet.NewRunner(fleet.RunnerConfig{})}
 	if _, err := r.FleetStatus(context.Background()); !errors.Is(err, dbusapi.ErrNoFleet) {
 		t.Fatalf("FleetStatus without a fleet = %v, want ErrNoFleet", err)
 	}

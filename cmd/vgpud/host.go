@@ -8,6 +8,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	nvmlbackend "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
@@ -24,20 +25,20 @@ type host struct {
 	sysfs *sysfs.Sysfs
 }
 
-func newLogger(cfg *Config) *slog.Logger {
+func newLogger(cfg *config.Config) *slog.Logger {
 	l, _ := newLeveledLogger(cfg)
 	return l
 }
 
 // newLeveledLogger returns a logger whose level SIGHUP can change.
-func newLeveledLogger(cfg *Config) (*slog.Logger, *slog.LevelVar) {
-	lvl, _ := cfg.level()
+func newLeveledLogger(cfg *config.Config) (*slog.Logger, *slog.LevelVar) {
+	lvl, _ := cfg.Level()
 	v := &slog.LevelVar{}
 	v.Set(lvl)
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: v})), v
 }
 
-func loadCatalog(cfg *Config) (*profile.Catalog, error) {
+func loadCatalog(cfg *config.Config) (*profile.Catalog, error) {
 	cat, err := profile.Load(profiles.FS, cfg.ProfilesDir)
 	if err != nil {
 		return nil, fmt.Errorf("load GPU catalog: %w", err)
@@ -46,7 +47,7 @@ func loadCatalog(cfg *Config) (*profile.Catalog, error) {
 }
 
 // openSim opens (creating on first use) the simulated host under the state dir.
-func openSim(cfg *Config, cat *profile.Catalog, log *slog.Logger) (*sim.Host, error) {
+func openSim(cfg *config.Config, cat *profile.Catalog, log *slog.Logger) (*sim.Host, error) {
 	var spec *sim.Spec
 	if cfg.SimHost != "" {
 		s, err := sim.LoadSpec(cfg.SimHost)
@@ -55,10 +56,10 @@ func openSim(cfg *Config, cat *profile.Catalog, log *slog.Logger) (*sim.Host, er
 		}
 		spec = s
 	}
-	return sim.Open(cfg.simDir(), spec, cat, sim.OpenOptions{Logger: log.With("component", "sim"), Mirror: cfg.SimMirror})
+	return sim.Open(cfg.SimDir(), spec, cat, sim.OpenOptions{Logger: log.With("component", "sim"), Mirror: cfg.SimMirror})
 }
 
-func openHost(cfg *Config, log *slog.Logger, observe nvmlbackend.Observer) (*host, error) {
+func openHost(cfg *config.Config, log *slog.Logger, observe nvmlbackend.Observer) (*host, error) {
 	cat, err := loadCatalog(cfg)
 	if err != nil {
 		return nil, err

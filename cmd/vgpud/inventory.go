@@ -13,18 +13,19 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/discover"
 	"github.com/vgpud/vgpud/pkg/gpu"
 )
 
-func inventoryCmd(cfg *Config) *cobra.Command {
+func inventoryCmd(cfg *config.Config) *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
 		Use:   "inventory",
 		Short: "Discover the host's GPUs through NVML and sysfs and print them",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cfg.load(cmd.Flags()); err != nil {
+			if err := loadConfig(cfg, cmd.Flags()); err != nil {
 				return err
 			}
 			if output != "table" && output != "json" && output != "yaml" {

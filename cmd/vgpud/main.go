@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/version"
 )
 
@@ -55,16 +56,26 @@ type usageError struct{ error }
 
 func (usageError) ExitCode() int { return 2 }
 
+// loadConfig loads cfg from its file and the flags fs parsed; a
+// configuration that does not validate is a usage error (exit status 2).
+func loadConfig(cfg *config.Config, fs *pflag.FlagSet) error {
+	err := cfg.Load(fs)
+	if inv := (*config.InvalidError)(nil); errors.As(err, &inv) {
+		return usageError{err}
+	}
+	return err
+}
+
 func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return rootCmd(defaultConfig(), serve).ExecuteContext(ctx)
+	return rootCmd(config.Default(), serve).ExecuteContext(ctx)
 }
 
 // rootCmd is the command line: flags bound to cfg, and serve run with the
 // loaded configuration when no subcommand is given (tests pass their own
 // serve to see what the command line loaded).
-func rootCmd(cfg *Config, serve func(context.Context, *Config) error) *cobra.Command {
+func rootCmd(cfg *config.Config, serve func(context.Context, *config.Config) error) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "vgpud",
 		Short:         "vgpud carves NVIDIA GPUs into MIG instances and vGPUs for libvirt VMs",
@@ -73,7 +84,7 @@ func rootCmd(cfg *Config, serve func(context.Context, *Config) error) *cobra.Com
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cfg.load(cmd.Flags()); err != nil {
+			if err := loadConfig(cfg, cmd.Flags()); err != nil {
 				return err
 			}
 			return serve(cmd.Context(), cfg)
@@ -81,7 +92,7 @@ func rootCmd(cfg *Config, serve func(context.Context, *Config) error) *cobra.Com
 	}
 	root.SetVersionTemplate("vgpud {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	cfg.bindFlags(root.PersistentFlags())
+	cfg.BindFlags(root.PersistentFlags())
 	sim := simCmd(cfg)
 	helpOnly(sim, root.HelpFunc(), simFlags)
 	root.AddCommand(inventoryCmd(cfg), sim, genDocsCmd())

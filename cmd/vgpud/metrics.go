@@ -5,17 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	nvmlbackend "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/metrics"
+	"github.com/vgpud/vgpud/pkg/metrics/forward"
+	"github.com/vgpud/vgpud/pkg/metricsweb"
 	"github.com/vgpud/vgpud/pkg/share"
 	"github.com/vgpud/vgpud/pkg/share/managersource"
 	"github.com/vgpud/vgpud/pkg/share/nvmldriver"
@@ -64,7 +67,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 		col, err = metrics.New(metrics.Config{
 			Interval: d.cfg.CollectInterval.Duration, Source: src, Shares: loop, Version: version.Version,
 			Hostname: host, DriverVersion: drv.Version, NVMLVersion: drv.NVMLVersion, Simulated: d.host.sim != nil,
-			Process: true, Extra: d.fleet.reg, Logger: d.log.With("component", "metrics"),
+			Process: true, Extra: d.fleet.Registry(), Logger: d.log.With("component", "metrics"),
 		})
 		if err != nil {
 			cancel()
@@ -73,7 +76,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 		}
 		web := d.metricsWeb
 		if web == nil {
-			if web, err = loadMetricsWeb(d.cfg.MetricsWebConfigFile); err != nil {
+			if web, err = metricsweb.Load(d.cfg.MetricsWebConfigFile); err != nil {
 				cancel()
 				unsubscribe()
 				return nil, err
@@ -92,7 +95,7 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			if prev != nil {
 				prev(op, took, ret)
 			}
-			col.ObserveNVML(op, took, returnCode(ret))
+			col.ObserveNVML(op, took, metrics.ReturnCode(ret))
 		})
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", col.Handler())
@@ -103,25 +106,25 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 			}
 			fmt.Fprintln(w, "vgpud: metrics at /metrics")
 		})
-		gate := newMetricsGate(web, mux)
+		gate := metricsweb.NewGate(web, mux)
 		d.metricsGate = gate
 		srv = &http.Server{Handler: gate, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second,
 			ErrorLog: slog.NewLogLogger(d.log.With("component", "metrics").Handler(), slog.LevelDebug)}
 		run(func() { col.Run(rctx) })
 		run(func() {
-			if err := srv.Serve(gate.listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := srv.Serve(gate.Listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				d.log.Error("metrics endpoint", "err", err)
 			}
 		})
 		d.log.Info("metrics endpoint listening", "addr", ln.Addr().String(), "interval", d.cfg.CollectInterval.Duration,
-			"tls", web.tls != nil, "basicAuthUsers", len(web.users), "webConfig", web.file)
+			"tls", web.TLS(), "basicAuthUsers", web.Users(), "webConfig", web.File())
 	}
 	run(func() {
 		if err := loop.Run(rctx); err != nil {
 			d.log.Error("share loop", "err", err)
 		}
 	})
-	run(func() { forwardEvents(rctx, d, events, col, loop, src) })
+	run(func() { forward.Events(rctx, events, col, loop, src, d.log) })
 	return func() {
 		cancel()
 		unsubscribe()
@@ -134,48 +137,6 @@ func startMetrics(ctx context.Context, d *daemon) (stop func(), err error) {
 	}, nil
 }
 
-// forwardEvents counts the manager's events in the metrics and lets the
-// share loop retry a pending policy switch as soon as a VM changes state.
-func forwardEvents(ctx context.Context, d *daemon, events <-chan manager.Event, col *metrics.Collector, loop *share.Loop, inv *share.Cache) {
-	for {
-		var e manager.Event
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return
-		case e, ok = <-events:
-			if !ok {
-				return
-			}
-		}
-		switch e.Kind {
-		case manager.EventVM:
-			loop.Kick()
-		case manager.EventInstanceAdded, manager.EventInstanceChanged, manager.EventInstanceRemoved,
-			manager.EventTenantAdded, manager.EventTenantChanged, manager.EventTenantRemoved, manager.EventGPUChanged, manager.EventGPULost:
-			inv.Invalidate()
-		}
-		if col == nil {
-			continue
-		}
-		switch e.Kind {
-		case manager.EventXID:
-			code, err := strconv.ParseUint(e.Detail, 10, 64)
-			if err != nil {
-				d.log.Debug("XID event without a number", "detail", e.Detail)
-				continue
-			}
-			col.Observe(metrics.Event{Kind: metrics.EventXID, GPU: e.ID, XID: code})
-		case manager.EventGPULost:
-			col.Observe(metrics.Event{Kind: metrics.EventGPULost, GPU: e.ID})
-		case manager.EventDrift:
-			col.Observe(metrics.Event{Kind: metrics.EventDrift, Op: e.Op})
-		case manager.EventOperationDone, manager.EventOperationFailed:
-			col.Observe(metrics.Event{Kind: metrics.EventOperation, Op: e.Op, OK: e.Kind == manager.EventOperationDone, Duration: e.Took})
-		}
-	}
-}
-
 // inventoryMaxAge bounds how long a cached inventory is used without a
 // manager event saying it changed (events a slow subscriber lost).
 const inventoryMaxAge = 30 * time.Second
@@ -186,42 +147,12 @@ const inventoryMaxAge = 30 * time.Second
 func nvmlObserver(d *daemon) nvmlbackend.Observer {
 	return func(op string, took time.Duration, ret gonvml.Return) {
 		if took >= slowNVMLCall {
-			d.log.Warn("slow NVML call", "op", op, "took", took, "ret", returnCode(ret))
+			d.log.Warn("slow NVML call", "op", op, "took", took, "ret", metrics.ReturnCode(ret))
 		}
 	}
 }
 
-// returnCode is an NVML return code as a metric label ("" for success).
-func returnCode(ret gonvml.Return) string {
-	switch ret {
-	case gonvml.SUCCESS:
-		return ""
-	case gonvml.ERROR_NOT_SUPPORTED:
-		return "not_supported"
-	case gonvml.ERROR_INVALID_ARGUMENT:
-		return "invalid_argument"
-	case gonvml.ERROR_NOT_FOUND:
-		return "not_found"
-	case gonvml.ERROR_GPU_IS_LOST:
-		return "gpu_is_lost"
-	case gonvml.ERROR_TIMEOUT:
-		return "timeout"
-	case gonvml.ERROR_IN_USE:
-		return "in_use"
-	case gonvml.ERROR_INSUFFICIENT_RESOURCES:
-		return "insufficient_resources"
-	case gonvml.ERROR_UNINITIALIZED:
-		return "uninitialized"
-	case gonvml.ERROR_NO_PERMISSION:
-		return "no_permission"
-	case gonvml.ERROR_RESET_REQUIRED:
-		return "reset_required"
-	case gonvml.ERROR_LIBRARY_NOT_FOUND, gonvml.ERROR_DRIVER_NOT_LOADED:
-		return "driver_not_loaded"
-	case gonvml.ERROR_ARGUMENT_VERSION_MISMATCH:
-		return "argument_version_mismatch"
-	case gonvml.ERROR_UNKNOWN:
-		return "unknown"
-	}
-	return "code_" + strconv.Itoa(int(ret))
+// listenMetrics binds cfg's metrics endpoint (pkg/metricsweb).
+func listenMetrics(cfg *config.Config) (net.Listener, error) {
+	return metricsweb.Listen(cfg.MetricsListen, cfg.MetricsSocketMode.FileMode(), cfg.MetricsSocketGroup)
 }

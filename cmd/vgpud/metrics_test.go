@@ -2,66 +2,14 @@ package main
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/vgpud/vgpud/pkg/manager"
-	"github.com/vgpud/vgpud/pkg/metrics"
-	"github.com/vgpud/vgpud/pkg/share"
+	"github.com/vgpud/vgpud/pkg/config"
 )
-
-// noDriver is a share loop driver for a loop that never runs.
-type noDriver struct{}
-
-func (noDriver) GPU(string) share.GPUDriver { return nil }
-
-// Every operation's duration reaches the histogram, not only creates'.
-func TestForwardEventsDurations(t *testing.T) {
-	src := share.SourceFunc(func(context.Context) (share.Inventory, error) { return share.Inventory{}, nil })
-	col, err := metrics.New(metrics.Config{Source: src})
-	if err != nil {
-		t.Fatal(err)
-	}
-	loop, err := share.New(src, noDriver{}, share.Config{Mode: share.Observe})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{log: slog.New(slog.DiscardHandler)}
-	events := make(chan manager.Event, 8)
-	for _, e := range []manager.Event{
-		{Kind: manager.EventOperationDone, Op: "create", Took: 2 * time.Second},
-		{Kind: manager.EventOperationDone, Op: "attach", Took: 300 * time.Millisecond},
-		{Kind: manager.EventOperationFailed, Op: "detach", Took: 40 * time.Millisecond},
-		{Kind: manager.EventOperationDone, Op: "destroy", Took: 700 * time.Millisecond},
-	} {
-		events <- e
-	}
-	close(events)
-	forwardEvents(context.Background(), d, events, col, loop, share.NewCache(src, time.Minute))
-	if err := col.Collect(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	rec := httptest.NewRecorder()
-	col.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	body, _ := io.ReadAll(rec.Body)
-	for _, want := range []string{
-		`vgpud_operation_duration_seconds_sum{op="create",outcome="success"} 2`,
-		`vgpud_operation_duration_seconds_sum{op="attach",outcome="success"} 0.3`,
-		`vgpud_operation_duration_seconds_sum{op="detach",outcome="failure"} 0.04`,
-		`vgpud_operation_duration_seconds_sum{op="destroy",outcome="success"} 0.7`,
-	} {
-		if !strings.Contains(string(body), want+"\n") {
-			t.Errorf("exposition lacks %s", want)
-		}
-	}
-}
 
 // A metrics port another process holds ends the start at once: no state
 // is opened, no host touched, no reconcile run.
@@ -71,7 +19,7 @@ func TestMetricsPortTakenExitsFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cfg := defaultConfig()
+	cfg := config.Default()
 	cfg.StateDir = filepath.Join(t.TempDir(), "state")
 	cfg.MetricsListen = ln.Addr().String()
 	err = serve(context.Background(), cfg)

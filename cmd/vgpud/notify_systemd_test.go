@@ -15,7 +15,9 @@ import (
 
 	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/health"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -248,7 +250,7 @@ func TestNotifyUnitMatchesDaemon(t *testing.T) {
 	if wd := dur("WatchdogSec"); wd < 10*time.Second {
 		t.Fatalf("WatchdogSec=%v is shorter than a slow reload or catalog read", wd)
 	}
-	if start := dur("TimeoutStartSec"); start < defaultConfig().DriverWait.Duration+startMargin/2 {
-		t.Fatalf("TimeoutStartSec=%v does not cover the default driver wait %v (EXTEND_TIMEOUT_USEC covers longer ones)", start, defaultConfig().DriverWait.Duration)
+	if start := dur("TimeoutStartSec"); start < config.Default().DriverWait.Duration+health.StartMargin/2 {
+		t.Fatalf("TimeoutStartSec=%v does not cover the default driver wait %v (EXTEND_TIMEOUT_USEC covers longer ones)", start, config.Default().DriverWait.Duration)
 	}
 }

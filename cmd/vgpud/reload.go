@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"reflect"
-	"slices"
-	"sort"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/config"
+	"github.com/vgpud/vgpud/pkg/metricsweb"
 	"github.com/vgpud/vgpud/pkg/profile"
 )
-
-// reloadableKeys are the settings reload applies to the running daemon.
-var reloadableKeys = map[string]bool{"criticalXIDs": true, "ueventSettle": true, "recoverProbe": true, "discoveryInterval": true, "logLevel": true, "fleet": true, "metricsWebConfigFile": true}
 
 // reloadTimeout bounds the host re-read that ends a reload.
 const reloadTimeout = 30 * time.Second
@@ -29,9 +25,8 @@ const reloadTimeout = 30 * time.Second
 func (d *daemon) reload(ctx context.Context) {
 	d.notify.Reloading()
 	defer func() { d.notify.Ready(d.statusLine()) }()
-	next := defaultConfig()
-	next.flags = d.cfg.flags
-	if err := next.load(nil); err != nil {
+	next, err := d.cfg.Reload()
+	if err != nil {
 		d.log.Error("reload refused: configuration invalid; keeping the running one", "err", err)
 		return
 	}
@@ -42,16 +37,16 @@ func (d *daemon) reload(ctx context.Context) {
 	}
 	// The metrics endpoint's web configuration is re-read whether or not
 	// its path changed (certificates and users change inside the file).
-	var web *metricsWeb
+	var web *metricsweb.Web
 	if d.metricsGate != nil {
-		if web, err = loadMetricsWeb(next.MetricsWebConfigFile); err != nil {
+		if web, err = metricsweb.Load(next.MetricsWebConfigFile); err != nil {
 			d.log.Error("reload refused: metrics web configuration invalid; keeping the running one", "err", err)
 			return
 		}
 	}
-	applied, restart := changedSettings(running(d.cfg), next)
-	d.cfg.applyReloadable(next)
-	if lvl, err := next.level(); err == nil && d.level != nil {
+	applied, restart := config.Changed(d.cfg.Running(), next)
+	d.cfg.ApplyReloadable(next)
+	if lvl, err := next.Level(); err == nil && d.level != nil {
 		d.level.Set(lvl)
 	}
 	if !reflect.DeepEqual(cat.Models(), d.catalog().Models()) {
@@ -61,7 +56,7 @@ func (d *daemon) reload(ctx context.Context) {
 		d.mgr.SetCatalog(cat)
 		applied = append(applied, "catalog")
 	}
-	if err := d.fleet.apply(ctx, d, next.Fleet); err != nil {
+	if err := d.fleet.Apply(ctx, fleetSettings(next.Fleet)); err != nil {
 		// The running sync (or none) goes on with the settings in force.
 		d.log.Error("reload: fleet settings refused; the running fleet settings are kept", "err", err)
 	} else {
@@ -69,10 +64,10 @@ func (d *daemon) reload(ctx context.Context) {
 	}
 	d.cfg.MetricsWebConfigFile = next.MetricsWebConfigFile
 	if web != nil {
-		d.metricsGate.set(web)
-		d.log.Info("metrics endpoint: web configuration applied", "file", web.file, "tls", web.tls != nil, "basicAuthUsers", len(web.users))
+		d.metricsGate.Set(web)
+		d.log.Info("metrics endpoint: web configuration applied", "file", web.File(), "tls", web.TLS(), "basicAuthUsers", web.Users())
 	}
-	d.log.Info("configuration reloaded", "file", next.file, "applied", applied)
+	d.log.Info("configuration reloaded", "file", next.File(), "applied", applied)
 	if len(restart) > 0 {
 		d.log.Warn("changed settings take effect at the next start", "settings", restart)
 	}
@@ -93,63 +88,4 @@ func (d *daemon) catalog() *profile.Catalog {
 		return c
 	}
 	return d.host.cat
-}
-
-// changedSettings compares two configurations key by key (the file's
-// keys), split into those reload applies and those needing a restart.
-// Both are effective values (file and flags together), so a key is named
-// only when what would be in force differs from what is.
-func changedSettings(old, next *Config) (applied, restart []string) {
-	a, b := settingsMap(old), settingsMap(next)
-	keys := map[string]bool{}
-	for k := range a {
-		keys[k] = true
-	}
-	for k := range b {
-		keys[k] = true
-	}
-	// The file format's version is not a setting: nothing changes with it.
-	delete(keys, "version")
-	for k := range keys {
-		if reflect.DeepEqual(a[k], b[k]) {
-			continue
-		}
-		if reloadableKeys[k] {
-			applied = append(applied, k)
-		} else {
-			restart = append(restart, k)
-		}
-	}
-	sort.Strings(applied)
-	sort.Strings(restart)
-	return applied, restart
-}
-
-// running is the configuration in force: what the daemon started with,
-// with the reloadable settings a reload may since have changed.
-func running(c *Config) *Config {
-	cur := *c
-	l := c.Reloadable()
-	cur.CriticalXIDs = nil
-	for x := range l.CriticalXIDs {
-		cur.CriticalXIDs = append(cur.CriticalXIDs, uint(x))
-	}
-	cur.UeventSettle, cur.RecoverProbe = Duration{l.UeventSettle}, Duration{l.RecoverProbe}
-	cur.DiscoveryInterval = Duration{l.DiscoveryInterval}
-	cur.LogLevel = l.LogLevel
-	return &cur
-}
-
-func settingsMap(c *Config) map[string]any {
-	cp := *c
-	cp.CriticalXIDs = slices.Clone(c.CriticalXIDs)
-	slices.Sort(cp.CriticalXIDs)
-	cp.CriticalXIDs = slices.Compact(cp.CriticalXIDs)
-	data, err := json.Marshal(&cp)
-	if err != nil {
-		return nil
-	}
-	var m map[string]any
-	_ = json.Unmarshal(data, &m)
-	return m
 }

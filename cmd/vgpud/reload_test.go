@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,6 +13,7 @@ import (
 	"github.com/vgpud/vgpud/internal/testenv"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -26,7 +26,7 @@ func TestReload(t *testing.T) {
 	notify := listenNotify(t)
 	dir := t.TempDir()
 	cfg := testConfig(t, dir, "")
-	file := cfg.file
+	file := cfg.File()
 	td := launch(t, cfg, nil, true)
 	notify.Await("READY=1", 0, 30*time.Second, func(m testenv.NotifyMsg) bool { return m.Has("READY=1") })
 	td.waitStarted()
@@ -37,23 +37,23 @@ func TestReload(t *testing.T) {
 	tests := []struct {
 		name       string
 		yaml       string
-		reloadable func(l *Reloadable) bool
+		reloadable func(l *config.Reloadable) bool
 		wantLog    string
 	}{
 		{name: "fault-settings-apply", yaml: "ueventSettle: 80ms\nrecoverProbe: 300ms\ncriticalXIDs: [79, 48]\ndiscoveryInterval: 7s\n",
-			reloadable: func(l *Reloadable) bool {
+			reloadable: func(l *config.Reloadable) bool {
 				return l.UeventSettle == 80*time.Millisecond && l.RecoverProbe == 300*time.Millisecond && !l.CriticalXIDs[94] &&
 					l.DiscoveryInterval == 7*time.Second
 			},
 			wantLog: "applied=\"[criticalXIDs discoveryInterval recoverProbe ueventSettle]\""},
 		{name: "restart-settings-named", yaml: "ueventSettle: 80ms\nrecoverProbe: 300ms\ncriticalXIDs: [79, 48]\nundefinePolicy: keep\ncollectInterval: 2s\n",
-			reloadable: func(l *Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
+			reloadable: func(l *config.Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
 			wantLog:    "settings=\"[collectInterval undefinePolicy]\""},
 		{name: "invalid-refused", yaml: "ueventSettle: 1ms\n",
-			reloadable: func(l *Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
+			reloadable: func(l *config.Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
 			wantLog:    "reload refused: configuration invalid"},
 		{name: "unknown-key-refused", yaml: "ueventSetle: 90ms\n",
-			reloadable: func(l *Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
+			reloadable: func(l *config.Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
 			wantLog:    `unknown field \"ueventSetle\"`},
 	}
 	for _, tt := range tests {
@@ -130,8 +130,8 @@ func TestReloadKeepsFlags(t *testing.T) {
 	if err := os.WriteFile(file, []byte(fileYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := defaultConfig()
-	root := rootCmd(cfg, func(context.Context, *Config) error { return nil })
+	cfg := config.Default()
+	root := rootCmd(cfg, func(context.Context, *config.Config) error { return nil })
 	root.SetArgs([]string{"--config", file, "--state-dir", t.TempDir(), "--sim", "--bus-address", bus.Address(),
 		"--metrics-listen", "", "--libvirt-socket", "", "--profiles-dir", "", "--driver-wait", "2s",
 		"--log-level", "debug", "--critical-xids", "79,94"})
@@ -180,50 +180,5 @@ func TestReloadKeepsFlags(t *testing.T) {
 			}
 			flagsWin(t)
 		})
-	}
-}
-
-func TestChangedSettings(t *testing.T) {
-	base := defaultConfig()
-	tests := []struct {
-		name             string
-		change           func(c *Config)
-		applied, restart string
-	}{
-		{name: "nothing", change: func(*Config) {}, applied: "[]", restart: "[]"},
-		{name: "xids-reordered-is-no-change", change: func(c *Config) {
-			c.CriticalXIDs = []uint{120, 119, 95, 94, 79, 64, 62, 48}
-		}, applied: "[]", restart: "[]"},
-		{name: "reloadable", change: func(c *Config) { c.UeventSettle = Duration{time.Second} }, applied: "[ueventSettle]", restart: "[]"},
-		{name: "restart", change: func(c *Config) { c.StateDir = "/srv"; c.LogLevel = "debug" }, applied: "[logLevel]", restart: "[stateDir]"},
-		{name: "version-is-not-a-setting", change: func(c *Config) { c.Version = "v1" }, applied: "[]", restart: "[]"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			next := defaultConfig()
-			tt.change(next)
-			a, r := changedSettings(base, next)
-			if fmt.Sprint(a) != tt.applied || fmt.Sprint(r) != tt.restart {
-				t.Fatalf("applied %v restart %v, want %s %s", a, r, tt.applied, tt.restart)
-			}
-		})
-	}
-}
-
-// TestRunningFollowsReload: what a reload applied is what the next reload
-// compares with, so a change is named once, not again at every reload.
-func TestRunningFollowsReload(t *testing.T) {
-	c, err := loadWith(t, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	next := defaultConfig()
-	next.LogLevel, next.UeventSettle = "debug", Duration{time.Second}
-	if a, r := changedSettings(running(c), next); fmt.Sprint(a) != "[logLevel ueventSettle]" || len(r) != 0 {
-		t.Fatalf("first reload: applied %v restart %v", a, r)
-	}
-	c.applyReloadable(next)
-	if a, r := changedSettings(running(c), next); len(a) != 0 || len(r) != 0 {
-		t.Fatalf("the same file again: applied %v restart %v, want nothing", a, r)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -13,9 +14,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
+	"github.com/vgpud/vgpud/pkg/discover"
+	"github.com/vgpud/vgpud/pkg/fleet"
 	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/health"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/metricsweb"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/virt"
@@ -36,7 +42,7 @@ const schedulerRetry = 2 * time.Second
 
 // daemon is the running daemon's wiring, one typed struct.
 type daemon struct {
-	cfg    *Config
+	cfg    *config.Config
 	log    *slog.Logger
 	level  *slog.LevelVar
 	host   *host
@@ -54,21 +60,21 @@ type daemon struct {
 	// metricsLn is the metrics endpoint's socket, bound first thing at
 	// start so a taken port ends the start before the host is touched.
 	metricsLn net.Listener
-	// metricsWeb is the web configuration read at start (metricsweb.go);
+	// metricsWeb is the web configuration read at start (pkg/metricsweb);
 	// metricsGate serves under it and takes what a reload reads.
-	metricsWeb  *metricsWeb
-	metricsGate *metricsGate
-	// fleet runs the Placement sync (fleet.go).
-	fleet *fleetRunner
+	metricsWeb  *metricsweb.Web
+	metricsGate *metricsweb.Gate
+	// fleet runs the Placement sync (set by start, once the manager is).
+	fleet *fleet.Runner
 	// crash is the crash hook of $VGPUD_CRASH_AT (nil: none), given to the
 	// manager and to the fleet's syncer.
 	crash func(string)
 }
 
 // serve runs the daemon until ctx ends (SIGTERM/SIGINT).
-func serve(ctx context.Context, cfg *Config) error {
+func serve(ctx context.Context, cfg *config.Config) error {
 	log, level := newLeveledLogger(cfg)
-	d := &daemon{cfg: cfg, log: log, level: level, notify: newNotifier(log), fleet: newFleetRunner()}
+	d := &daemon{cfg: cfg, log: log, level: level, notify: newNotifier(log)}
 	defer d.close()
 	if err := d.start(ctx); err != nil {
 		return err
@@ -89,12 +95,12 @@ func (d *daemon) start(ctx context.Context) error {
 		// start-up reconcile.
 		// The web configuration first: a file that does not validate is
 		// a configuration error, and nothing is bound.
-		web, err := loadMetricsWeb(cfg.MetricsWebConfigFile)
+		web, err := metricsweb.Load(cfg.MetricsWebConfigFile)
 		if err != nil {
 			return usageError{err}
 		}
 		ln, err := listenMetrics(cfg)
-		if errors.Is(err, errMetricsWeb) {
+		if errors.Is(err, metricsweb.ErrAccess) {
 			return usageError{err} // the socket's group or path as configured
 		} else if err != nil {
 			return err
@@ -116,7 +122,9 @@ func (d *daemon) start(ctx context.Context) error {
 	}
 	d.host = h
 	degraded := ""
-	if err := d.waitDriver(ctx); err != nil {
+	err = health.WaitDriver(ctx, health.Startup{Driver: h.nvml, Inventory: discover.Host{NVML: h.nvml, Sysfs: h.sysfs},
+		Catalog: h.cat, Wait: cfg.DriverWait.Duration, Notify: d.notify, Logger: log})
+	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -144,14 +152,12 @@ func (d *daemon) start(ctx context.Context) error {
 		Logger: log.With("component", "manager"), Crash: crash, Degraded: degraded, BootID: h.bootID,
 		UndefinePolicy: d.cfg.UndefinePolicy, RecoveryConcurrency: d.cfg.GPUConcurrency,
 	})
+	d.fleet = fleet.NewRunner(fleet.RunnerConfig{Host: d.mgr, Logger: log, Crash: crash})
 	if degraded == "" {
 		d.notify.Status("reconciling")
 		// A fleet scheduler's create a crash cut off is settled against
 		// its allocation (docs/fleet.md): the syncer is there, not running.
-		if d.fleet == nil {
-			d.fleet = newFleetRunner()
-		}
-		d.fleet.prepare(d, cfg.Fleet)
+		d.fleet.Prepare(fleetSettings(cfg.Fleet))
 		rep, err := d.mgr.Reconcile(ctx)
 		if err != nil {
 			return fmt.Errorf("reconcile at start: %w", err)
@@ -165,7 +171,7 @@ func (d *daemon) start(ctx context.Context) error {
 
 func (d *daemon) run(ctx context.Context) error {
 	if d.fleet == nil {
-		d.fleet = newFleetRunner()
+		d.fleet = fleet.NewRunner(fleet.RunnerConfig{Host: d.mgr, Logger: d.log, Crash: d.crash})
 	}
 	stopMetrics, err := startMetrics(ctx, d)
 	if err != nil {
@@ -179,10 +185,10 @@ func (d *daemon) run(ctx context.Context) error {
 	defer stopBus()
 	stopFaults := startFaultWatch(ctx, d)
 	defer stopFaults()
-	if err := d.fleet.apply(ctx, d, d.cfg.Fleet); err != nil {
+	if err := d.fleet.Apply(ctx, fleetSettings(d.cfg.Fleet)); err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
-	defer d.fleet.stop(d)
+	defer d.fleet.Stop()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if d.virt != nil {
@@ -194,7 +200,6 @@ func (d *daemon) run(ctx context.Context) error {
 			}
 		})
 	}
-	go d.watchHost(wctx)
 	// A pinned scheduler setting the driver refused while VMs ran is set
 	// once they stop; not every stop is a libvirt event vgpud sees.
 	go d.mgr.WatchSchedulers(wctx, schedulerRetry)
@@ -299,68 +304,6 @@ func (d *daemon) statusLine() string {
 	return s
 }
 
-// watchHost is the periodic discovery: every discoveryInterval it re-reads
-// the host and compares the records with it (manager.CheckDrift), so
-// devices that vanish or appear without an event are repaired or reported
-// within one interval (uevents and NVML events refine this, see
-// pkg/health). The interval is read again after each pass, so a reload
-// that changes it applies from the next one. While degraded it looks for
-// the driver every driverPoll, so a driver that loads late is picked up
-// within seconds.
-func (d *daemon) watchHost(ctx context.Context) {
-	t := time.NewTimer(d.cfg.Reloadable().DiscoveryInterval)
-	defer t.Stop()
-	poll := time.NewTicker(driverPoll)
-	defer poll.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-poll.C:
-			if d.mgr.Degraded() == "" {
-				continue
-			}
-			if err := d.host.nvml.Init(ctx); err == nil {
-				d.log.Info("NVIDIA driver appeared: leaving degraded mode")
-				d.mgr.SetDegraded("")
-				if _, err := d.mgr.Reconcile(ctx); err != nil {
-					d.log.Warn("reconcile", "err", err)
-				}
-				d.notify.Status(d.statusLine())
-			}
-		case <-t.C:
-			if d.mgr.Degraded() == "" {
-				d.checkDrift(ctx)
-			}
-			t.Reset(d.cfg.Reloadable().DiscoveryInterval)
-		}
-	}
-}
-
-// checkDrift runs one periodic comparison, bounded by driftTimeout.
-func (d *daemon) checkDrift(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, driftTimeout)
-	defer cancel()
-	rep, err := d.mgr.CheckDrift(ctx)
-	if err != nil {
-		d.log.Warn("periodic discovery", "err", err)
-		return
-	}
-	if rep.Reconcile != nil {
-		r := rep.Reconcile
-		d.log.Info("host changed: reconciled", "vanished", len(rep.Missing), "recreated", len(r.Recreated),
-			"lost", len(r.Lost), "failed", len(r.Failed), "foreign", len(r.Foreign), "pending", len(r.Pending))
-		d.notify.Status(d.statusLine())
-	}
-}
-
-// driverPoll is how often a degraded daemon looks for the driver.
-const driverPoll = 2 * time.Second
-
-// driftTimeout bounds one periodic discovery and the repair it starts
-// (a reconcile re-creating what a reboot took).
-const driftTimeout = 2 * time.Minute
-
 func (d *daemon) close() {
 	if d.metricsLn != nil {
 		d.metricsLn.Close() // the server closed it already when it ran
@@ -374,4 +317,9 @@ func (d *daemon) close() {
 	if d.db != nil {
 		d.db.Close()
 	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return !errors.Is(err, fs.ErrNotExist)
 }

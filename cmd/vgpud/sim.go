@@ -6,15 +6,16 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
 // withSimHost makes a sim subcommand's RunE: it loads the configuration and
 // opens the simulated host for fn.
-func withSimHost(cfg *Config) func(fn func(h *sim.Host, args []string) error) func(*cobra.Command, []string) error {
+func withSimHost(cfg *config.Config) func(fn func(h *sim.Host, args []string) error) func(*cobra.Command, []string) error {
 	return func(fn func(h *sim.Host, args []string) error) func(*cobra.Command, []string) error {
 		return func(c *cobra.Command, args []string) error {
-			if err := cfg.load(c.Flags()); err != nil {
+			if err := loadConfig(cfg, c.Flags()); err != nil {
 				return err
 			}
 			cat, err := loadCatalog(cfg)
@@ -34,7 +35,7 @@ func withSimHost(cfg *Config) func(fn func(h *sim.Host, args []string) error) fu
 // simCmd drives the simulated host: what a real host's hardware, kernel or
 // administrator would do (reboot, lose a GPU, inject faults). It works
 // while the daemon runs: both share the host's directory and lock.
-func simCmd(cfg *Config) *cobra.Command {
+func simCmd(cfg *config.Config) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Drive the simulated GPU host (reboot, faults, GPU loss, VM device use)",

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 )
 
@@ -13,8 +14,8 @@ import (
 // and returns the per-operation settings it left.
 func simLatency(t *testing.T, dir string, args ...string) (sim.Latency, error) {
 	t.Helper()
-	cfg := defaultConfig()
-	root := rootCmd(cfg, func(context.Context, *Config) error { return nil })
+	cfg := config.Default()
+	root := rootCmd(cfg, func(context.Context, *config.Config) error { return nil })
 	root.SetArgs(append([]string{"--state-dir", dir, "--profiles-dir", "", "sim", "latency"}, args...))
 	err := root.Execute()
 	h := openSimHost(t, cfg)

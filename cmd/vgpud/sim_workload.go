@@ -8,13 +8,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vgpud/vgpud/pkg/config"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sim/workload"
 )
 
 // simWorkloadCmds drive the simulated host's workload model: what the
 // tenants' VMs and jobs run (vgpud sim workload, workloads, power-cap).
-func simWorkloadCmds(cfg *Config) []*cobra.Command {
+func simWorkloadCmds(cfg *config.Config) []*cobra.Command {
 	withHost := withSimHost(cfg)
 	var w workload.Workload
 	var kernel, period time.Duration

@@ -25,19 +25,19 @@ type floor struct {
 var floors = []floor{
 	{name: "base", pkgs: []string{
 		"pkg/gpu", "pkg/profile", "pkg/tenant", "pkg/version", "pkg/uevent", "pkg/placementapi",
-		"pkg/gpu/sim/workload", "internal/hostcall", "profiles", "dashboards",
+		"pkg/gpu/sim/workload", "internal/hostcall", "pkg/metricsweb", "profiles", "dashboards",
 	}},
 	{name: "backends", mayImport: []string{"base"}, pkgs: []string{
 		"pkg/gpu/nvml", "pkg/gpu/sysfs", "pkg/gpu/sim", "pkg/virt", "pkg/store", "pkg/placement", "pkg/share",
 	}},
 	{name: "views", mayImport: []string{"base", "backends"}, pkgs: []string{
-		"pkg/discover", "pkg/share/nvmldriver", "pkg/metrics", "internal/invariant",
+		"pkg/discover", "pkg/share/nvmldriver", "pkg/metrics", "pkg/config", "internal/invariant",
 	}},
 	{name: "manager", mayImport: []string{"base", "backends", "views"}, pkgs: []string{
 		"pkg/manager",
 	}},
 	{name: "services", mayImport: []string{"base", "backends", "views", "manager"}, pkgs: []string{
-		"pkg/apply", "pkg/fleet", "pkg/health", "pkg/share/managersource",
+		"pkg/apply", "pkg/fleet", "pkg/health", "pkg/share/managersource", "pkg/metrics/forward",
 	}},
 	{name: "api", mayImport: []string{"base", "backends", "views", "manager", "services"}, pkgs: []string{
 		"pkg/dbusapi",

@@ -21,5 +21,9 @@
 // provider and consumer is written on its own, and the refusal is named
 // in Status and counted.
 //
+// The daemon holds one Runner (runner.go): it makes the syncer for the
+// settings in force, hands it to the manager, and on a reload replaces it,
+// or keeps the running one when the new settings cannot be used.
+//
 // Imports: pkg/gpu, pkg/manager, pkg/placementapi, pkg/store.
 package fleet

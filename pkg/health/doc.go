@@ -16,11 +16,19 @@
 // UeventSettle, and a storm at least every ten settle periods, so a
 // thousand events cause a handful of re-reads, not a thousand.
 //
+// Beside the events it runs the periodic discovery (discovery.go): every
+// DiscoveryInterval the records are compared with the whole host
+// (manager.CheckDrift), and a daemon degraded for want of a driver looks
+// for it every few seconds. Before any of this, WaitDriver (startup.go)
+// holds the start until the driver is loaded and the SR-IOV VFs are there,
+// up to driverWait.
+//
 // It owns the uevent and NVML event intake, the debouncer, the failure
-// state machine and the XID catalogue. It reaches the manager, discovery
+// state machine, the XID catalogue, the periodic discovery and the
+// start-up wait for the driver. It reaches the manager, discovery
 // and the event sources through the interfaces of Config; of their
 // packages it uses the types only (pkg/manager's events and reports,
 // pkg/gpu/nvml's Event). Only cmd/vgpud (and tests) import it.
 //
-// Imports: pkg/gpu, pkg/gpu/nvml, pkg/manager, pkg/uevent.
+// Imports: pkg/gpu, pkg/gpu/nvml, pkg/manager, pkg/profile, pkg/uevent.
 package health

@@ -73,6 +73,8 @@ type Settings struct {
 	UeventSettle time.Duration
 	// RecoverProbe is how often a failed GPU is re-read.
 	RecoverProbe time.Duration
+	// DiscoveryInterval paces the periodic discovery (discovery.go).
+	DiscoveryInterval time.Duration
 }
 
 // Config is the watcher's wiring.
@@ -94,6 +96,9 @@ type Config struct {
 	// Now dates events, batches and failures; time.Now when nil. The
 	// timers and back-offs run on real time.
 	Now func() time.Time
+	// Discovery is the periodic discovery beside the events (discovery.go);
+	// its Manager nil: none.
+	Discovery Discovery
 }
 
 // Stats counts what the watcher saw and did (tests and logs read it).
@@ -121,6 +126,7 @@ type Watcher struct {
 	settings    func() Settings
 	status      func()
 	now         func() time.Time
+	discovery   Discovery
 
 	uev      chan uevent.Event
 	xidCh    chan nvmlbackend.Event
@@ -152,6 +158,7 @@ func New(cfg Config) *Watcher {
 		settings:    cfg.Settings,
 		status:      cfg.Status,
 		now:         cfg.Now,
+		discovery:   cfg.Discovery,
 	}
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
@@ -168,8 +175,9 @@ func New(cfg Config) *Watcher {
 // Stats returns the watcher's counters.
 func (w *Watcher) Stats() *Stats { return &w.stats }
 
-// Start follows uevents and NVML events until ctx ends; stop waits for the
-// operation in flight to finish. Start is called once.
+// Start follows uevents and NVML events, and runs the periodic discovery,
+// until ctx ends; stop waits for the operation in flight to finish. Start
+// is called once.
 func (w *Watcher) Start(ctx context.Context) (stop func()) {
 	w.uev = make(chan uevent.Event, 4096)
 	w.xidCh = make(chan nvmlbackend.Event, 256)
@@ -197,6 +205,10 @@ func (w *Watcher) Start(ctx context.Context) (stop func()) {
 	if w.events != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); w.watchXIDs(ctx) }()
+	}
+	if w.discovery.Manager != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.discover(ctx) }()
 	}
 	return func() { cancel(); wg.Wait() }
 }

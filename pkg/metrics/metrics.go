@@ -15,8 +15,8 @@
 // Every family has the vgpud_ prefix; docs/metrics.md lists them. GPU
 // labels are dcgm-exporter's (gpu: the NVML index, UUID, pci_bus_id), so
 // vgpud's series join with DCGM's. It imports pkg/share (for its snapshot
-// and inventory types) and pkg/gpu (for the GPU states); cmd/vgpud wires
-// it.
+// and inventory types) and pkg/gpu (for the GPU states); the manager's
+// events reach it through pkg/metrics/forward; cmd/vgpud wires it.
 //
 // Imports: pkg/gpu, pkg/share.
 package metrics

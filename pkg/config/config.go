@@ -1,9 +1,20 @@
-package main
+// Package config is the daemon's configuration: /etc/vgpud/vgpud.yaml
+// (format v1, read strictly: an unknown key is an error), the command-line
+// flags that override it, the defaults, and the validation that names the
+// key at fault. It also says which settings a reload (SIGHUP) applies to
+// the running daemon (Reloadable, Changed) and keeps the holder that
+// running parts read them from.
+//
+// It only reads and checks: opening what the settings name (the state, the
+// host, libvirt, the metrics endpoint, Placement) is cmd/vgpud's wiring.
+// Only cmd/vgpud (and tests) import it.
+//
+// Imports: pkg/metricsweb, pkg/placementapi, pkg/virt.
+package config
 
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -17,13 +28,12 @@ import (
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
-	"github.com/vgpud/vgpud/pkg/apply"
-	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/metricsweb"
 	"github.com/vgpud/vgpud/pkg/virt"
 )
 
-// defaultConfigPath is read when --config is not given; absent is fine.
-const defaultConfigPath = "/etc/vgpud/vgpud.yaml"
+// DefaultPath is read when --config is not given; absent is fine.
+const DefaultPath = "/etc/vgpud/vgpud.yaml"
 
 // Config is the daemon's whole configuration: /etc/vgpud/vgpud.yaml, with
 // command-line flags overriding the file.
@@ -55,7 +65,7 @@ type Config struct {
 	// unix:PATH for a Unix socket ("" disables it).
 	MetricsListen string `json:"metricsListen,omitempty"`
 	// MetricsWebConfigFile is an exporter-toolkit web configuration file
-	// (TLS, basic auth; metricsweb.go) for the endpoint; "" serves plain
+	// (TLS, basic auth; pkg/metricsweb) for the endpoint; "" serves plain
 	// HTTP to whoever can connect. Applied on SIGHUP.
 	MetricsWebConfigFile string `json:"metricsWebConfigFile,omitempty"`
 	// MetricsSocketMode and MetricsSocketGroup are a unix: endpoint's
@@ -96,14 +106,14 @@ type Config struct {
 	// different GPUs side by side, so recovery takes about as long as the
 	// slowest GPU.
 	GPUConcurrency int `json:"gpuConcurrency,omitempty"`
-	// Fleet publishes the host's GPUs to OpenStack Placement (fleet.go,
+	// Fleet publishes the host's GPUs to OpenStack Placement (pkg/fleet,
 	// docs/fleet.md); applied on SIGHUP.
 	Fleet *FleetConfig `json:"fleet,omitempty"`
 
 	file  string
 	flags *flagValues
-	// reloadable holds the settings running parts read on every use; load
-	// keeps the holder and reload swaps what it holds (see Reloadable).
+	// reloadable holds the settings running parts read on every use; Load
+	// keeps the holder and a reload swaps what it holds (see Reloadable).
 	reloadable *atomic.Pointer[Reloadable]
 }
 
@@ -113,7 +123,7 @@ type Reloadable struct {
 	CriticalXIDs map[uint64]bool
 	UeventSettle time.Duration
 	RecoverProbe time.Duration
-	// DiscoveryInterval paces the periodic discovery (serve.go watchHost).
+	// DiscoveryInterval paces the periodic discovery (pkg/health).
 	DiscoveryInterval time.Duration
 	// LogLevel is the level a reload set (the logger holds it; it is kept
 	// here so the next reload compares with what is in force).
@@ -137,8 +147,8 @@ func (c *Config) reloadableValues() *Reloadable {
 	return l
 }
 
-// applyReloadable makes next's reloadable settings the ones in force.
-func (c *Config) applyReloadable(next *Config) {
+// ApplyReloadable makes next's reloadable settings the ones in force.
+func (c *Config) ApplyReloadable(next *Config) {
 	if c.reloadable == nil {
 		c.reloadable = new(atomic.Pointer[Reloadable])
 	}
@@ -152,30 +162,15 @@ func (c *Config) applyReloadable(next *Config) {
 // faults (13, 31, 43, 45) are not: the guest's program failed, not the GPU.
 var defaultCriticalXIDs = []uint{48, 62, 64, 79, 94, 95, 119, 120}
 
-// Duration is a time.Duration written as "30s" in YAML.
-type Duration struct{ time.Duration }
-
-// UnmarshalJSON reads "30s".
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	s := strings.Trim(string(b), `"`)
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("duration %q: %w", s, err)
-	}
-	d.Duration = v
-	return nil
-}
-
-// MarshalJSON writes "30s".
-func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
-
 // StateDirEnv names the default state directory in place of
 // /var/lib/vgpud, so `vgpud sim` verbs and `vgpud inventory` find a
 // daemon's state without --state-dir each time (a configuration file's
 // stateDir and the flag still win).
 const StateDirEnv = "VGPUD_STATE_DIR"
 
-func defaultConfig() *Config {
+// Default is the configuration with nothing set: what an empty file and
+// no flags give.
+func Default() *Config {
 	stateDir := "/var/lib/vgpud"
 	if d := os.Getenv(StateDirEnv); d != "" {
 		stateDir = d
@@ -196,12 +191,12 @@ func defaultConfig() *Config {
 		UeventSettle:      Duration{500 * time.Millisecond},
 		RecoverProbe:      Duration{5 * time.Second},
 		DiscoveryInterval: Duration{time.Minute},
-		ApplyMaxChanges:   apply.DefaultMaxChanges,
-		GPUConcurrency:    manager.DefaultRecoveryConcurrency,
+		ApplyMaxChanges:   DefaultApplyMaxChanges,
+		GPUConcurrency:    DefaultGPUConcurrency,
 	}
 }
 
-// flagValues holds the flags' raw values until load decides which win.
+// flagValues holds the flags' raw values until Load decides which win.
 type flagValues struct {
 	cfg  Config
 	file string
@@ -211,10 +206,12 @@ type flagValues struct {
 	given []string
 }
 
-func (c *Config) bindFlags(fs *pflag.FlagSet) {
+// BindFlags defines the daemon's flags on fs, each defaulting to c's
+// value; Load applies those the command line set.
+func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	v := &flagValues{cfg: *c}
 	c.flags = v
-	fs.StringVar(&v.file, "config", "", "configuration file (default "+defaultConfigPath+" when present)")
+	fs.StringVar(&v.file, "config", "", "configuration file (default "+DefaultPath+" when present)")
 	fs.StringVar(&v.cfg.StateDir, "state-dir", c.StateDir, "state directory (state.db; the simulated host under sim/); $"+StateDirEnv+" sets its default")
 	fs.BoolVar(&v.cfg.Sim, "sim", false, "run on the simulated GPU host instead of the NVIDIA driver")
 	fs.StringVar(&v.cfg.SimHost, "sim-host", "", "simulated host description (YAML); default: the built-in host")
@@ -239,12 +236,13 @@ func (c *Config) bindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&v.cfg.DiscoveryInterval.Duration, "discovery-interval", c.DiscoveryInterval.Duration, "how often the host is re-read and compared with the records without an event")
 }
 
-// load reads the configuration file, then applies the flags the user set:
+// Load reads the configuration file, then applies the flags the user set:
 // those fs saw parsed, or with fs nil (SIGHUP) those the load at start saw.
-// The names are kept rather than a flag set: the set bindFlags was given
+// The names are kept rather than a flag set: the set BindFlags was given
 // is not always the one parsed (cobra parses a command's merged set, and
-// visiting its persistent set then finds nothing set).
-func (c *Config) load(fs *pflag.FlagSet) error {
+// visiting its persistent set then finds nothing set). A file that reads
+// but does not validate is an *InvalidError.
+func (c *Config) Load(fs *pflag.FlagSet) error {
 	v := c.flags
 	if fs != nil {
 		v.given = nil
@@ -252,9 +250,9 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 	}
 	file, explicit := v.file, v.file != ""
 	if !explicit {
-		file = defaultConfigPath
+		file = DefaultPath
 	}
-	next := defaultConfig()
+	next := Default()
 	data, err := os.ReadFile(file)
 	switch {
 	case err == nil:
@@ -319,7 +317,7 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 		if next.file != "" {
 			where = next.file + " (or flags)"
 		}
-		return usageError{fmt.Errorf("configuration %s: %w", where, err)}
+		return &InvalidError{fmt.Errorf("configuration %s: %w", where, err)}
 	}
 	next.flags = v
 	holder := c.reloadable
@@ -327,7 +325,7 @@ func (c *Config) load(fs *pflag.FlagSet) error {
 	// The holder outlives a load: parts that kept it see what a later
 	// reload applies.
 	c.reloadable = holder
-	c.applyReloadable(next)
+	c.ApplyReloadable(next)
 	return nil
 }
 
@@ -373,7 +371,7 @@ func (c *Config) validate() error {
 	if err := c.validateMetricsAccess(); err != nil {
 		return err
 	}
-	if _, err := c.level(); err != nil {
+	if _, err := c.Level(); err != nil {
 		return err
 	}
 	if c.DriverWait.Duration < 0 || c.DriverWait.Duration > time.Hour {
@@ -411,9 +409,9 @@ func (c *Config) validate() error {
 
 // validateMetricsAccess checks the metrics endpoint's address and access
 // settings; the web configuration file's contents are read when the
-// endpoint starts and at each reload (loadMetricsWeb).
+// endpoint starts and at each reload (metricsweb.Load).
 func (c *Config) validateMetricsAccess() error {
-	path, isUnix := strings.CutPrefix(c.MetricsListen, unixPrefix)
+	path, isUnix := strings.CutPrefix(c.MetricsListen, metricsweb.UnixPrefix)
 	switch {
 	case c.MetricsListen == "":
 	case isUnix:
@@ -439,6 +437,15 @@ func (c *Config) validateMetricsAccess() error {
 	return nil
 }
 
+// DefaultGPUConcurrency is gpuConcurrency's default: the manager's
+// (manager.DefaultRecoveryConcurrency; a test keeps them equal, so this
+// package need not import the manager).
+const DefaultGPUConcurrency = 16
+
+// DefaultApplyMaxChanges is applyMaxChanges' default: pkg/apply's
+// (apply.DefaultMaxChanges; a test keeps them equal).
+const DefaultApplyMaxChanges = 1024
+
 // maxGPUConcurrency caps gpuConcurrency at the most GPUs a host has.
 const maxGPUConcurrency = 64
 
@@ -446,7 +453,8 @@ const maxGPUConcurrency = 64
 // operation, and a document beyond this is better split.
 const maxApplyChanges = 65536
 
-func (c *Config) level() (slog.Level, error) {
+// Level is LogLevel as a slog level.
+func (c *Config) Level() (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return l, fmt.Errorf("logLevel: %q must be debug, info, warn or error", c.LogLevel)
@@ -454,10 +462,24 @@ func (c *Config) level() (slog.Level, error) {
 	return l, nil
 }
 
-// simDir is where the simulated host lives.
-func (c *Config) simDir() string { return filepath.Join(c.StateDir, "sim") }
+// SimDir is where the simulated host lives.
+func (c *Config) SimDir() string { return filepath.Join(c.StateDir, "sim") }
 
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return !errors.Is(err, fs.ErrNotExist)
+// File is the configuration file the last Load read ("": none).
+func (c *Config) File() string { return c.file }
+
+// Reload loads the configuration again with the flags the load at start
+// saw, as a SIGHUP does; c is not changed.
+func (c *Config) Reload() (*Config, error) {
+	next := Default()
+	next.flags = c.flags
+	return next, next.Load(nil)
 }
+
+// InvalidError is a configuration that was read but does not validate;
+// the message names the key at fault.
+type InvalidError struct{ Err error }
+
+func (e *InvalidError) Error() string { return e.Err.Error() }
+
+func (e *InvalidError) Unwrap() error { return e.Err }

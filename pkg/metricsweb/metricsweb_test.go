@@ -1,4 +1,4 @@
-package main
+package metricsweb
 
 import (
 	"crypto/tls"
@@ -28,60 +28,6 @@ func bcryptHash(t testing.TB, pass string) string {
 		t.Fatal(err)
 	}
 	return string(h)
-}
-
-// The metrics access keys of vgpud.yaml and their flags: unix: addresses,
-// socket mode and group, the web configuration file; every mistake named.
-func TestMetricsAccessConfig(t *testing.T) {
-	c, err := loadWith(t, "metricsListen: unix:/run/vgpud/metrics.sock\nmetricsSocketMode: \"0640\"\nmetricsSocketGroup: vgpud\nmetricsWebConfigFile: /etc/vgpud/web.yml\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.MetricsListen != "unix:/run/vgpud/metrics.sock" || c.MetricsSocketMode.FileMode() != 0o640 || c.MetricsSocketGroup != "vgpud" || c.MetricsWebConfigFile != "/etc/vgpud/web.yml" {
-		t.Fatalf("file values not taken: %+v", c)
-	}
-	c, err = loadWith(t, "metricsListen: unix:/run/vgpud/metrics.sock\nmetricsSocketMode: \"0640\"\n", "--metrics-socket-mode", "0600", "--metrics-web-config-file", "/etc/x.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.MetricsSocketMode.FileMode() != 0o600 || c.MetricsWebConfigFile != "/etc/x.yml" {
-		t.Fatalf("flags must win over the file: %+v", c)
-	}
-	c, err = loadWith(t, "metricsListen: unix:/run/vgpud/metrics.sock\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.MetricsSocketMode.FileMode() != 0o660 || c.MetricsSocketGroup != "" {
-		t.Fatalf("socket defaults: mode %v group %q, want 0660 and the daemon's", c.MetricsSocketMode.FileMode(), c.MetricsSocketGroup)
-	}
-
-	for _, tt := range []struct {
-		name, yaml string
-		args       []string
-		want       string
-	}{
-		{name: "relative-socket", yaml: "metricsListen: unix:metrics.sock\n", want: "metricsListen: \"unix:metrics.sock\": a Unix socket is unix: and an absolute path"},
-		{name: "socket-dir", yaml: "metricsListen: unix:/run/vgpud/\n", want: "a Unix socket is unix: and an absolute path"},
-		{name: "socket-too-long", yaml: "metricsListen: unix:/" + strings.Repeat("s", 110) + "\n", want: "at most 102 bytes"},
-		{name: "no-port", yaml: "metricsListen: localhost\n", want: "metricsListen: \"localhost\""},
-		{name: "mode-without-socket", yaml: "metricsSocketMode: \"0660\"\n", want: "metricsSocketMode, metricsSocketGroup: only with a unix: metricsListen"},
-		{name: "group-without-socket", args: []string{"--metrics-socket-group", "vgpud"}, want: "only with a unix: metricsListen"},
-		{name: "mode-unquoted", yaml: "metricsListen: unix:/run/m.sock\nmetricsSocketMode: 0660\n", want: "write it quoted"},
-		{name: "mode-decimal", yaml: "metricsListen: unix:/run/m.sock\nmetricsSocketMode: \"660\"\n", want: "is not a mode"},
-		{name: "mode-too-wide", yaml: "metricsListen: unix:/run/m.sock\nmetricsSocketMode: \"01777\"\n", want: "is not a mode"},
-		{name: "mode-no-write", yaml: "metricsListen: unix:/run/m.sock\nmetricsSocketMode: \"0444\"\n", want: "lets no one connect"},
-		{name: "relative-web-config", yaml: "metricsWebConfigFile: web.yml\n", want: "metricsWebConfigFile: \"web.yml\" must be an absolute path"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := loadWith(t, tt.yaml, tt.args...)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("load: %v, want an error containing %q", err, tt.want)
-			}
-		})
-	}
-	if _, err := loadWith(t, "", "--metrics-listen", "unix:/run/m.sock", "--metrics-socket-mode", "660"); err == nil || !strings.Contains(err.Error(), "is not a mode") {
-		t.Fatalf("--metrics-socket-mode 660: %v", err)
-	}
 }
 
 // The web configuration file: each mistake is an error naming the file
@@ -119,7 +65,7 @@ func TestLoadMetricsWeb(t *testing.T) {
 			}
 			return p
 		}(), want: "not a regular file"},
-		{name: "huge", file: write("huge.yml", "#"+strings.Repeat("x", maxWebConfigSize)+"\n"), want: "at most 1048576"},
+		{name: "huge", file: write("huge.yml", "#"+strings.Repeat("x", maxConfigSize)+"\n"), want: "at most 1048576"},
 		{name: "yaml", file: write("bad.yml", "basic_auth_users: [\n"), want: "yaml"},
 		{name: "unknown-key", file: write("unknown.yml", "basic_auth_user:\n  a: b\n"), want: "basic_auth_user"},
 		{name: "bad-hash", file: write("hash.yml", "basic_auth_users:\n  prom: s3cret\n"), want: `basic_auth_users: "prom": not a bcrypt hash`},
@@ -140,9 +86,9 @@ func TestLoadMetricsWeb(t *testing.T) {
 		{name: "rate-no-burst", file: write("rate.yml", "rate_limit:\n  interval: 1s\n"), want: "rate_limit: burst must be at least 1"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			w, err := loadMetricsWeb(tt.file)
-			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "metricsWebConfigFile "+tt.file) || !errors.Is(err, errMetricsWeb) {
-				t.Fatalf("loadMetricsWeb: %v, %v; want an error naming the file and containing %q", w, err, tt.want)
+			w, err := Load(tt.file)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "metricsWebConfigFile "+tt.file) || !errors.Is(err, ErrAccess) {
+				t.Fatalf("Load: %v, %v; want an error naming the file and containing %q", w, err, tt.want)
 			}
 		})
 	}
@@ -153,18 +99,18 @@ func TestLoadMetricsWeb(t *testing.T) {
 			t.Skip("root reads any file")
 		}
 		os.Chmod(unreadable, 0)
-		if _, err := loadMetricsWeb(unreadable); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		if _, err := Load(unreadable); err == nil || !strings.Contains(err.Error(), "permission denied") {
 			t.Fatalf("unreadable: %v", err)
 		}
 	})
 
-	w, err := loadMetricsWeb("")
+	w, err := Load("")
 	if err != nil || w.tls != nil || len(w.users) != 0 {
 		t.Fatalf("no file: %+v %v, want plain HTTP, no users", w, err)
 	}
 	// Relative certificate paths are the file's directory's, as
 	// exporter-toolkit reads them.
-	w, err = loadMetricsWeb(write("good.yml", "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\nbasic_auth_users:\n  prom: '"+hash+"'\nhttp_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\nrate_limit:\n  interval: 1s\n  burst: 10\n"))
+	w, err = Load(write("good.yml", "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\nbasic_auth_users:\n  prom: '"+hash+"'\nhttp_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\nrate_limit:\n  interval: 1s\n  burst: 10\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +134,7 @@ func TestMetricsGate(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "web.yml")
 	os.WriteFile(file, []byte("basic_auth_users:\n  prom: '"+bcryptHash(t, "s3cret")+"'\n"), 0o600)
-	w, err := loadMetricsWeb(file)
+	w, err := Load(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +142,7 @@ func TestMetricsGate(t *testing.T) {
 	if cost, err := bcrypt.Cost(fakeHash); err != nil || cost != bcrypt.DefaultCost {
 		t.Fatalf("fakeHash: cost %d, %v; want a bcrypt hash of cost %d", cost, err, bcrypt.DefaultCost)
 	}
-	g := newMetricsGate(w, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { rw.Write([]byte("metrics")) }))
+	g := NewGate(w, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { rw.Write([]byte("metrics")) }))
 	do := func(user, pass string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
 		if user != "" {
@@ -220,12 +166,12 @@ func TestMetricsGate(t *testing.T) {
 			t.Fatalf("right credentials: %d %q", rec.Code, rec.Body)
 		}
 	}
-	open, _ := loadMetricsWeb("")
-	g.set(open)
+	open, _ := Load("")
+	g.Set(open)
 	if rec := do("", ""); rec.Code != http.StatusOK {
 		t.Fatalf("after the policy was replaced by an open one: %d", rec.Code)
 	}
-	g.set(w)
+	g.Set(w)
 	if rec := do("", ""); rec.Code != http.StatusUnauthorized {
 		t.Fatalf("after the policy came back: %d", rec.Code)
 	}
@@ -238,17 +184,17 @@ func TestMetricsGateTLS(t *testing.T) {
 	certFile, keyFile, cert := testenv.SelfSignedCert(t, dir)
 	file := filepath.Join(dir, "web.yml")
 	os.WriteFile(file, []byte("tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\n"), 0o600)
-	w, err := loadMetricsWeb(file)
+	w, err := Load(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newMetricsGate(w, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { rw.Write([]byte("metrics")) }))
+	g := NewGate(w, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { rw.Write([]byte("metrics")) }))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(g.listener(ln))
+	go srv.Serve(g.Listener(ln))
 	defer srv.Close()
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
@@ -269,8 +215,8 @@ func TestMetricsGateTLS(t *testing.T) {
 		}
 	}
 	// Reloaded to plain HTTP: the next connection is plain.
-	open, _ := loadMetricsWeb("")
-	g.set(open)
+	open, _ := Load("")
+	g.Set(open)
 	r, err = (&http.Client{Timeout: 10 * time.Second}).Get("http://" + ln.Addr().String() + "/metrics")
 	if err != nil {
 		t.Fatal(err)

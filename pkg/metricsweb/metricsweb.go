@@ -1,4 +1,18 @@
-package main
+// Package metricsweb decides who may read the metrics endpoint. It serves
+// tenant names and instance UUIDs, which the D-Bus policy shows to members
+// of group vgpud only; who may read them is the operator's choice: the
+// listen address (loopback by default), a Unix socket with a mode and
+// group (Listen), and the Prometheus exporters' web configuration file
+// (exporter-toolkit's format: TLS, client certificates, basic auth with
+// bcrypt hashes, response headers, a rate limit), as node_exporter's
+// --web.config.file reads it (Load), enforced per connection and request
+// by a Gate that a reload points at a new reading.
+//
+// It knows nothing of the metrics themselves: the daemon puts pkg/metrics'
+// handler behind the Gate.
+//
+// Imports: nothing from vgpud.
+package metricsweb
 
 import (
 	"crypto/sha256"
@@ -25,29 +39,21 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// The metrics endpoint serves tenant names and instance UUIDs, which the
-// D-Bus policy shows to members of group vgpud only. Who may read it is
-// the operator's choice: the listen address (loopback by default), a
-// Unix socket with a mode and group, and the Prometheus exporters' web
-// configuration file (exporter-toolkit's format: TLS, client
-// certificates, basic auth with bcrypt hashes, response headers, a rate
-// limit), as node_exporter's --web.config.file reads it.
-
-// errMetricsWeb is wrapped by every error of the metrics endpoint's
+// ErrAccess is wrapped by every error of the metrics endpoint's
 // access settings (web configuration file, Unix socket).
-var errMetricsWeb = errors.New("metrics endpoint access")
+var ErrAccess = errors.New("metrics endpoint access")
 
-// maxWebConfigSize bounds the web configuration file: it is a few lines.
-const maxWebConfigSize = 1 << 20
+// maxConfigSize bounds the web configuration file: it is a few lines.
+const maxConfigSize = 1 << 20
 
-// unixPrefix marks a metricsListen that is a Unix socket path.
-const unixPrefix = "unix:"
+// UnixPrefix marks a metricsListen that is a Unix socket path.
+const UnixPrefix = "unix:"
 
-// metricsWeb is one reading of the web configuration file: what the
+// Web is one reading of the web configuration file: what the
 // endpoint enforces until the next reload. Certificates, keys and client
 // CAs are read when the file is, not at each connection, so a reload
 // that fails keeps serving with what the last good one read.
-type metricsWeb struct {
+type Web struct {
 	file string
 	// tls is nil for plain HTTP.
 	tls *tls.Config
@@ -65,6 +71,15 @@ type metricsWeb struct {
 	bcryptMu sync.Mutex
 }
 
+// File is the web configuration file read ("": none, plain HTTP).
+func (w *Web) File() string { return w.file }
+
+// TLS reports whether the endpoint serves TLS.
+func (w *Web) TLS() bool { return w.tls != nil }
+
+// Users is how many basic-auth users the file names (0: no auth).
+func (w *Web) Users() int { return len(w.users) }
+
 // authCacheSize bounds the comparison cache; it is emptied when full.
 const authCacheSize = 100
 
@@ -74,17 +89,17 @@ const authCacheSize = 100
 // would cost every vgpud command, sim verbs included, a bcrypt round.
 var fakeHash = []byte("$2a$10$60GWJG0/HvjIwWW9A2iwwex7CNTu/aEbwxREQUlG54ziVPjDL.VIe")
 
-// loadMetricsWeb reads a web configuration file; "" is plain HTTP for
-// everyone who can connect. Errors name the file and the key.
-func loadMetricsWeb(path string) (*metricsWeb, error) {
-	w := &metricsWeb{file: path}
+// Load reads a web configuration file; "" is plain HTTP for everyone who
+// can connect. Errors name the file and the key and wrap ErrAccess.
+func Load(path string) (*Web, error) {
+	w := &Web{file: path}
 	if path == "" {
 		return w, nil
 	}
-	fail := func(format string, a ...any) (*metricsWeb, error) {
-		return nil, fmt.Errorf("%w: metricsWebConfigFile %s: %s", errMetricsWeb, path, fmt.Sprintf(format, a...))
+	fail := func(format string, a ...any) (*Web, error) {
+		return nil, fmt.Errorf("%w: metricsWebConfigFile %s: %s", ErrAccess, path, fmt.Sprintf(format, a...))
 	}
-	data, err := readSmallFile(path, maxWebConfigSize)
+	data, err := readSmallFile(path, maxConfigSize)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -131,8 +146,8 @@ func loadMetricsWeb(path string) (*metricsWeb, error) {
 			}
 			if st, err := os.Stat(f.path); err == nil && !st.Mode().IsRegular() {
 				return fail("tls_server_config: %s %s: not a regular file (%s)", f.key, f.path, st.Mode().Type())
-			} else if err == nil && st.Size() > maxWebConfigSize {
-				return fail("tls_server_config: %s %s: %d bytes; at most %d", f.key, f.path, st.Size(), maxWebConfigSize)
+			} else if err == nil && st.Size() > maxConfigSize {
+				return fail("tls_server_config: %s %s: %d bytes; at most %d", f.key, f.path, st.Size(), maxConfigSize)
 			}
 		}
 		cfg, err := web.ConfigToTLSConfig(&c.TLSConfig)
@@ -189,7 +204,7 @@ func readSmallFile(path string, limit int64) ([]byte, error) {
 }
 
 // authorized reports whether r carries a user and password of the file.
-func (w *metricsWeb) authorized(r *http.Request) bool {
+func (w *Web) authorized(r *http.Request) bool {
 	user, pass, ok := r.BasicAuth()
 	if !ok {
 		return false
@@ -225,22 +240,22 @@ func (w *metricsWeb) authorized(r *http.Request) bool {
 	return okc && known
 }
 
-// metricsGate serves the metrics endpoint under the web configuration in
-// force; a reload replaces it (set) for the next connection and request.
-type metricsGate struct {
-	cur  atomic.Pointer[metricsWeb]
+// Gate serves the metrics endpoint under the web configuration in
+// force; a reload replaces it (Set) for the next connection and request.
+type Gate struct {
+	cur  atomic.Pointer[Web]
 	next http.Handler
 }
 
-func newMetricsGate(w *metricsWeb, next http.Handler) *metricsGate {
-	g := &metricsGate{next: next}
+func NewGate(w *Web, next http.Handler) *Gate {
+	g := &Gate{next: next}
 	g.cur.Store(w)
 	return g
 }
 
-func (g *metricsGate) set(w *metricsWeb) { g.cur.Store(w) }
+func (g *Gate) Set(w *Web) { g.cur.Store(w) }
 
-func (g *metricsGate) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+func (g *Gate) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	w := g.cur.Load()
 	if w.limiter != nil && !w.limiter.Allow() {
 		http.Error(rw, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
@@ -265,11 +280,11 @@ func (g *metricsGate) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 
 // listener wraps ln so that each connection accepted is TLS when the web
 // configuration in force says so (the HTTP server runs the handshake).
-func (g *metricsGate) listener(ln net.Listener) net.Listener { return gateListener{ln, g} }
+func (g *Gate) Listener(ln net.Listener) net.Listener { return gateListener{ln, g} }
 
 type gateListener struct {
 	net.Listener
-	g *metricsGate
+	g *Gate
 }
 
 func (l gateListener) Accept() (net.Conn, error) {
@@ -283,20 +298,21 @@ func (l gateListener) Accept() (net.Conn, error) {
 	return c, nil
 }
 
-// listenMetrics binds metricsListen: host:port, or unix:PATH made with
-// metricsSocketMode and metricsSocketGroup.
-func listenMetrics(cfg *Config) (net.Listener, error) {
-	path, isUnix := strings.CutPrefix(cfg.MetricsListen, unixPrefix)
+// Listen binds the endpoint's address (metricsListen): host:port, or
+// unix:PATH made with mode and group (metricsSocketMode and
+// metricsSocketGroup; group "" is the daemon's).
+func Listen(addr string, mode fs.FileMode, group string) (net.Listener, error) {
+	path, isUnix := strings.CutPrefix(addr, UnixPrefix)
 	if !isUnix {
-		ln, err := net.Listen("tcp", cfg.MetricsListen)
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			return nil, fmt.Errorf("metrics endpoint %s: %w", cfg.MetricsListen, err)
+			return nil, fmt.Errorf("metrics endpoint %s: %w", addr, err)
 		}
 		return ln, nil
 	}
-	ln, err := listenUnixSocket(path, cfg.MetricsSocketMode.FileMode(), cfg.MetricsSocketGroup)
+	ln, err := listenUnixSocket(path, mode, group)
 	if err != nil {
-		return nil, fmt.Errorf("metrics endpoint %s: %w", cfg.MetricsListen, err)
+		return nil, fmt.Errorf("metrics endpoint %s: %w", addr, err)
 	}
 	return ln, nil
 }
@@ -312,17 +328,17 @@ func listenUnixSocket(path string, mode fs.FileMode, group string) (net.Listener
 	if group != "" {
 		g, err := lookupGroup(group)
 		if err != nil {
-			return nil, fmt.Errorf("%w: metricsSocketGroup %q: %v", errMetricsWeb, group, err)
+			return nil, fmt.Errorf("%w: metricsSocketGroup %q: %v", ErrAccess, group, err)
 		}
 		gid = g
 	}
 	if st, err := os.Lstat(path); err == nil {
 		if st.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("%w: %s exists and is not a socket (%s); not replaced", errMetricsWeb, path, st.Mode().Type())
+			return nil, fmt.Errorf("%w: %s exists and is not a socket (%s); not replaced", ErrAccess, path, st.Mode().Type())
 		}
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
-			return nil, fmt.Errorf("%w: %s: another process serves on it", errMetricsWeb, path)
+			return nil, fmt.Errorf("%w: %s: another process serves on it", ErrAccess, path)
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
@@ -349,7 +365,7 @@ func listenUnixSocket(path string, mode fs.FileMode, group string) (net.Listener
 		return undo(err)
 	} else if sys, ok := st.Sys().(*syscall.Stat_t); gid >= 0 && (!ok || int(sys.Gid) != gid) {
 		if err := os.Chown(tmp, -1, gid); err != nil {
-			return undo(fmt.Errorf("%w: metricsSocketGroup %q: %v (vgpud under its unit cannot change a file's group: put the socket in /run/vgpud, whose group is vgpud)", errMetricsWeb, group, err))
+			return undo(fmt.Errorf("%w: metricsSocketGroup %q: %v (vgpud under its unit cannot change a file's group: put the socket in /run/vgpud, whose group is vgpud)", ErrAccess, group, err))
 		}
 	}
 	if err := os.Chmod(tmp, mode); err != nil {
@@ -408,60 +424,3 @@ func lookupGroup(name string) (int, error) {
 	}
 	return strconv.Atoi(g.Gid)
 }
-
-// SocketMode is a Unix socket's permission bits, written as an octal
-// string ("0660") in the file and on the command line.
-type SocketMode struct{ mode fs.FileMode }
-
-// FileMode is the mode (0660 when unset).
-func (m SocketMode) FileMode() fs.FileMode {
-	if m.mode == 0 {
-		return defaultSocketMode
-	}
-	return m.mode
-}
-
-// defaultSocketMode: the owner (root) and the socket's group.
-const defaultSocketMode fs.FileMode = 0o660
-
-func parseSocketMode(s string) (SocketMode, error) {
-	v, err := strconv.ParseUint(s, 8, 32)
-	if err != nil || v == 0 || v > 0o777 || !strings.HasPrefix(s, "0") {
-		return SocketMode{}, fmt.Errorf("%q is not a mode: write permission bits in octal with a leading 0, quoted in YAML (\"0660\")", s)
-	}
-	// Connecting needs write permission: a mode without any w bit is
-	// no endpoint at all.
-	if v&0o222 == 0 {
-		return SocketMode{}, fmt.Errorf("%q lets no one connect (connecting to a socket needs its w bit)", s)
-	}
-	return SocketMode{fs.FileMode(v)}, nil
-}
-
-// String is the mode as written ("0660").
-func (m SocketMode) String() string { return fmt.Sprintf("%#o", uint32(m.FileMode())) }
-
-// Set parses a flag value.
-func (m *SocketMode) Set(s string) error {
-	v, err := parseSocketMode(s)
-	if err != nil {
-		return err
-	}
-	*m = v
-	return nil
-}
-
-// Type names the flag's value.
-func (m *SocketMode) Type() string { return "mode" }
-
-// UnmarshalJSON reads "0660" (a string: YAML reads an unquoted 0660 as
-// the number 432, and 660 as six hundred and sixty).
-func (m *SocketMode) UnmarshalJSON(b []byte) error {
-	s, err := strconv.Unquote(string(b))
-	if err != nil {
-		return fmt.Errorf("%s is not a mode: write it quoted, in octal (\"0660\")", b)
-	}
-	return m.Set(s)
-}
-
-// MarshalJSON writes "0660".
-func (m SocketMode) MarshalJSON() ([]byte, error) { return []byte(strconv.Quote(m.String())), nil }

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"context"
@@ -21,45 +21,13 @@ import (
 	"github.com/vgpud/vgpud/internal/testenv"
 	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
-	"github.com/vgpud/vgpud/pkg/fleet"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
-func TestConfigFleetSection(t *testing.T) {
-	c, err := loadWith(t, "version: v1\nfleet:\n  endpoint: http://127.0.0.1:8778\n  host: gpu-7\n  syncInterval: 30s\n  grace: 90s\n  parentUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d2\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := c.Fleet
-	if f == nil || f.Endpoint != "http://127.0.0.1:8778" || f.Host != "gpu-7" || f.SyncInterval.Duration != 30*time.Second || f.Grace.Duration != 90*time.Second || f.ParentUUID == "" {
-		t.Fatalf("fleet = %+v", f)
-	}
-	if _, err := loadWith(t, "version: v1\nfleet:\n  endpont: x\n"); err == nil {
-		t.Fatal("a misspelt fleet key was accepted")
-	}
-	for _, bad := range []string{
-		"fleet:\n  endpoint: placement:8778\n",
-		"fleet:\n  endpoint: http://admin:secret@p:8778\n",
-		"fleet:\n  endpoint: http://p:99999\n",
-		"fleet:\n  endpoint: http://p:8778\n  parentUUID: nope\n",
-		"fleet:\n  endpoint: http://p:8778\n  grace: -1s\n",
-		"fleet:\n  endpoint: http://p:8778\n  rootUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d2\n  parentUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d3\n",
-	} {
-		if _, err := loadWith(t, "version: v1\n"+bad); err == nil {
-			t.Errorf("accepted %q", bad)
-		} else if strings.Contains(err.Error(), "secret") {
-			t.Errorf("the refusal of %q shows the password: %v", bad, err)
-		}
-	}
-	if !reloadableKeys["fleet"] {
-		t.Fatal("fleet is not applied on SIGHUP")
-	}
-}
-
 // tokenServer is a Placement stand-in that records the token of each
-// request (the version check apply makes is enough here).
+// request (the version check Apply makes is enough here).
 type tokenServer struct {
 	mu     sync.Mutex
 	tokens []string
@@ -78,7 +46,7 @@ func (s *tokenServer) saw(tok string) bool {
 	return slices.Contains(s.tokens, tok)
 }
 
-// TestFleetTokenFile: the token file is re-read on every apply (a rotated
+// TestFleetTokenFile: the token file is re-read on every Apply (a rotated
 // token at the same path reaches Placement), one that cannot be used (gone,
 // a FIFO, open to other users) is refused at once by name with the running
 // syncer kept, and a FIFO does not hold the reload.
@@ -87,26 +55,25 @@ func TestFleetTokenFile(t *testing.T) {
 	srv := httptest.NewServer(ts)
 	t.Cleanup(srv.Close)
 	h := simhost.Start(t, simhost.Options{})
-	d := &daemon{mgr: h.Manager, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	r := newFleetRunner()
-	t.Cleanup(func() { r.stop(d) })
+	r := NewRunner(RunnerConfig{Host: h.Manager, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	t.Cleanup(r.Stop)
 	ctx := context.Background()
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "token")
 	if err := os.WriteFile(tok, []byte("first\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := func() *FleetConfig {
-		return &FleetConfig{Endpoint: srv.URL, TokenFile: tok, Host: "hosta", SyncInterval: Duration{time.Hour}}
+	cfg := func() *Settings {
+		return &Settings{Endpoint: srv.URL, TokenFile: tok, Host: "hosta", SyncInterval: time.Hour}
 	}
-	if err := r.apply(ctx, d, cfg()); err != nil || !ts.saw("first") {
+	if err := r.Apply(ctx, cfg()); err != nil || !ts.saw("first") {
 		t.Fatalf("apply = %v; Placement saw %v", err, ts.tokens)
 	}
 	// Rotated in place: the same settings, a new token.
 	if err := os.WriteFile(tok, []byte("second\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.apply(ctx, d, cfg()); err != nil || !ts.saw("second") || r.token != "second" {
+	if err := r.Apply(ctx, cfg()); err != nil || !ts.saw("second") || r.token != "second" {
 		t.Fatalf("apply after rotation = %v; Placement saw %v", err, ts.tokens)
 	}
 	running := r.syncer
@@ -123,7 +90,7 @@ func TestFleetTokenFile(t *testing.T) {
 		if err := os.Chmod(tok, mode); err != nil {
 			t.Fatal(err)
 		}
-		err := r.apply(ctx, d, cfg())
+		err := r.Apply(ctx, cfg())
 		kept(fmt.Sprintf("mode %04o", mode), err, errTokenFileMode)
 		if !strings.Contains(err.Error(), "chmod 600") {
 			t.Fatalf("mode %04o: %v does not say which mode to set", mode, err)
@@ -132,12 +99,12 @@ func TestFleetTokenFile(t *testing.T) {
 	if err := os.Remove(tok); err != nil {
 		t.Fatal(err)
 	}
-	kept("gone", r.apply(ctx, d, cfg()), fs.ErrNotExist)
+	kept("gone", r.Apply(ctx, cfg()), fs.ErrNotExist)
 	if err := syscall.Mkfifo(tok, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- r.apply(ctx, d, cfg()) }()
+	go func() { done <- r.Apply(ctx, cfg()) }()
 	select {
 	case err := <-done:
 		kept("fifo", err, errTokenFileKind)
@@ -150,7 +117,7 @@ func TestFleetTokenFile(t *testing.T) {
 	}
 	c := cfg()
 	c.TokenFile = big
-	kept("too large", r.apply(ctx, d, c), errTokenFileSize)
+	kept("too large", r.Apply(ctx, c), errTokenFileSize)
 }
 
 // TestFleetHostChangeRetiresOldTree: a reload that moves the host to
@@ -166,33 +133,32 @@ func TestFleetHostChangeRetiresOldTree(t *testing.T) {
 	}
 	h := simhost.Start(t, simhost.Options{})
 	simhost.DefineTenant(t, h.Manager, "acme")
-	d := &daemon{mgr: h.Manager, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	r := newFleetRunner()
-	t.Cleanup(func() { r.stop(d) })
+	r := NewRunner(RunnerConfig{Host: h.Manager, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	t.Cleanup(r.Stop)
 	ctx := context.Background()
-	cfg := func(host string) *FleetConfig {
-		return &FleetConfig{Endpoint: srv.URL(), Host: host, SyncInterval: Duration{time.Hour}}
+	cfg := func(host string) *Settings {
+		return &Settings{Endpoint: srv.URL(), Host: host, SyncInterval: time.Hour}
 	}
 	treeOf := func(host string) int {
-		tree, err := c.Tree(ctx, fleet.RootUUID(host))
+		tree, err := c.Tree(ctx, RootUUID(host))
 		if err != nil {
 			return -1
 		}
 		return len(tree)
 	}
-	if err := r.apply(ctx, d, cfg("old-host")); err != nil {
+	if err := r.Apply(ctx, cfg("old-host")); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, "the old host's tree published", 30*time.Second, func() bool { return treeOf("old-host") == 5 })
 	inst := simhost.MustCreate(t, h.Manager, "acme", "L4-4Q", sim.DefaultL4)
 	running := r.syncer
-	if err := r.apply(ctx, d, cfg("new-host")); !errors.Is(err, errFleetTreeInUse) || r.syncer != running || r.cancel == nil {
+	if err := r.Apply(ctx, cfg("new-host")); !errors.Is(err, errTreeInUse) || r.syncer != running || r.cancel == nil {
 		t.Fatalf("host change with an instance = %v (syncer kept: %v)", err, r.syncer == running)
 	}
 	if err := h.Manager.Destroy(ctx, inst.UUID, manager.DestroyOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.apply(ctx, d, cfg("new-host")); err != nil {
+	if err := r.Apply(ctx, cfg("new-host")); err != nil {
 		t.Fatal(err)
 	}
 	if n := treeOf("old-host"); n != 0 {
