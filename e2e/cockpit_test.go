@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -496,7 +498,14 @@ func TestCockpitPage(t *testing.T) {
 	// Attach the A10-4Q (an mdev) to a VM of the private libvirtd.
 	row := fmt.Sprintf(`#instances tr[data-uuid=%q]`, mdev.UUID)
 	t.Logf("attach at %v", time.Since(start).Round(time.Millisecond))
-	b.run("attach", chromedp.SendKeys(chromedp.CSS(row+" .vm-input"), vm), chromedp.Click(chromedp.CSS(row+" button.attach")))
+	// The VM field is a choice of libvirt's VMs (ListDomains), with state.
+	b.waitJS("the VM chooser", fmt.Sprintf(`document.querySelector('%s select.vm-select') !== null`, row))
+	choices := eval[[]string](b, "VM choices", fmt.Sprintf(`Array.from(document.querySelector('%s select.vm-select').options).map(o=>o.textContent)`, row))
+	if !slices.Contains(choices, vm+" (shut off)") {
+		t.Errorf("VM chooser offers %q, want %q among them", choices, vm+" (shut off)")
+	}
+	b.setSelect(row+" select.vm-select", vm)
+	b.run("attach", chromedp.Click(chromedp.CSS(row+" button.attach")))
 	b.waitJS("the attachment", fmt.Sprintf(`document.querySelector('%s td.vm').textContent.indexOf(%q) === 0`, row, vm))
 	xml := lv.Virsh(t, "dumpxml", "--inactive", vm)
 	if !strings.Contains(xml, mdev.UUID) || !strings.Contains(xml, "type='mdev'") {
@@ -534,6 +543,13 @@ func TestCockpitPage(t *testing.T) {
 	b.waitJS("initech's new quota", `document.querySelector('#tenants tr[data-tenant="initech"]').textContent.indexOf("/ 20 GiB") >= 0`)
 	if q := show(); q.VRAM == nil || *q.VRAM != 20<<30 || q.Compute == nil || *q.Compute != 1500 {
 		t.Errorf("initech after Set quota: %+v", q)
+	}
+	// An empty field is an unlimited quota (sent as the unlimited option:
+	// Cockpit's bridge cannot send UINT64_MAX).
+	b.run("make initech's compute unlimited", chromedp.SetValue(chromedp.CSS("#tf-compute"), ""), chromedp.Click(chromedp.CSS("#tf-setquota")))
+	b.waitJS("initech's unlimited compute", `document.querySelector('#tenants tr[data-tenant="initech"]').textContent.indexOf("unlimited") >= 0`)
+	if q := show(); q.Compute != nil || q.VRAM == nil || *q.VRAM != 20<<30 {
+		t.Errorf("initech after an empty compute quota: %+v (want compute unlimited, VRAM 20GiB)", q)
 	}
 	b.screenshot("5-tenants")
 	// Activity follows vgpud's share readings while it is shown: a workload
@@ -576,45 +592,93 @@ func TestCockpitPage(t *testing.T) {
 }
 
 // TestCockpitPagePlainUser: a session vgpud refuses (the bridge as uid
-// 65534, outside group vgpud) gets the page with the reason and no control
-// that changes anything, and vgpud refuses a change sent over its bridge.
+// 65534, outside group vgpud) gets the page with the reason and no data; a
+// member of group vgpud where groupAccess is read gets the data, read-only,
+// with vgpud's reason (GetAccess). Neither has a control that changes
+// anything, and vgpud refuses a change sent over their bridge.
 func TestCockpitPagePlainUser(t *testing.T) {
 	chromium, ws, bridge := cockpitTools(t)
 	artefacts := cockpitArtefacts(t)
-	bus := testbus.Start(t)
-	d := startBusDaemon(t, bus, busDaemonOpts{})
-	d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB", "--compute", "unlimited").must(t, "define acme")
-	before := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out
-
-	data := installPage(t)
-	base := startCockpitWS(t, bus, ws, bridge, data, asNobody)
-	b := newBrowser(t, chromium, artefacts)
-	b.run("load the page", chromedp.Navigate(base+cockpitPage))
-	b.waitJS("the access banner", `!document.querySelector("#access").hidden`)
-	banner := eval[string](b, "banner", `document.querySelector("#access").textContent`)
-	if !strings.Contains(banner, "dev.vgpud1.Error.AccessDenied") {
-		t.Errorf("access banner: %q", banner)
-	}
-	enabled := eval[[]string](b, "enabled controls", `Array.from(document.querySelectorAll("button.manage")).filter(x => !x.disabled).map(x => x.id || x.textContent)`)
-	if len(enabled) != 0 {
-		t.Errorf("a refused session has enabled change controls: %v", enabled)
-	}
-	// Past the page: the same call through the session's bridge is refused
-	// by vgpud.
 	type callResult struct {
 		Name    string `json:"name"`
 		Message string `json:"message"`
 	}
-	res := eval[callResult](b, "create through the bridge", `window.vgpudPage.client.call("/dev/vgpud1", "dev.vgpud1.Manager", "CreateInstance",
-		["acme", "1g.10gb", {}], {type: "ssa{sv}"}).then(() => ({name: "", message: "accepted"}), e => ({name: e.name, message: e.message}))`)
-	if res.Name != "dev.vgpud1.Error.AccessDenied" {
-		t.Errorf("CreateInstance from the plain user's session: %+v", res)
+	// page loads the page as the session prefix runs the bridge as, checks
+	// what every refused session shares, and returns the browser and the
+	// access banner's text.
+	page := func(t *testing.T, bus *testbus.Bus, prefix []string, shot string) (*browser, string) {
+		data := installPage(t)
+		base := startCockpitWS(t, bus, ws, bridge, data, prefix)
+		b := newBrowser(t, chromium, artefacts)
+		b.run("load the page", chromedp.Navigate(base+cockpitPage))
+		b.waitJS("the access banner", `!document.querySelector("#access").hidden`)
+		banner := eval[string](b, "banner", `document.querySelector("#access").textContent`)
+		for _, tab := range []string{"gpus", "tenants", "instances"} {
+			b.tab(tab)
+			b.screenshot(shot + "-" + tab)
+		}
+		enabled := eval[[]string](b, "enabled controls", `Array.from(document.querySelectorAll("button.manage")).filter(x => !x.disabled).map(x => x.id || x.textContent)`)
+		if len(enabled) != 0 {
+			t.Errorf("a refused session has enabled change controls: %v", enabled)
+		}
+		// Past the page: the same call through the session's bridge is
+		// refused by vgpud.
+		res := eval[callResult](b, "create through the bridge", `window.vgpudPage.client.call("/dev/vgpud1", "dev.vgpud1.Manager", "CreateInstance",
+			["acme", "1g.10gb", {}], {type: "ssa{sv}"}).then(() => ({name: "", message: "accepted"}), e => ({name: e.name, message: e.message}))`)
+		if res.Name != "dev.vgpud1.Error.AccessDenied" {
+			t.Errorf("CreateInstance from the session: %+v", res)
+		}
+		return b, banner
 	}
-	for _, tab := range []string{"gpus", "tenants", "instances"} {
-		b.tab(tab)
-	}
-	b.screenshot("plain-user")
-	if after := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out; after != before {
-		t.Errorf("instances changed under a plain user:\n%s\n%s", before, after)
-	}
+
+	t.Run("no access", func(t *testing.T) {
+		bus := testbus.Start(t)
+		d := startBusDaemon(t, bus, busDaemonOpts{})
+		d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB", "--compute", "unlimited").must(t, "define acme")
+		before := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out
+		b, banner := page(t, bus, asNobody, "plain-user")
+		if !strings.Contains(banner, "dev.vgpud1.Error.AccessDenied") || !strings.Contains(banner, "reading vgpud's state needs root") {
+			t.Errorf("access banner: %q", banner)
+		}
+		if n := eval[int](b, "GPU cards", `document.querySelectorAll("article.gpu").length`); n != 0 {
+			t.Errorf("a session that may not read shows %d GPUs", n)
+		}
+		if after := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out; after != before {
+			t.Errorf("instances changed under a plain user:\n%s\n%s", before, after)
+		}
+	})
+
+	t.Run("read-only group member", func(t *testing.T) {
+		grp, err := user.LookupGroup("vgpud")
+		if err != nil {
+			t.Fatalf("group vgpud: %v (scripts/install-deps.sh creates it)", err)
+		}
+		conf := filepath.Join(t.TempDir(), "vgpud.yaml")
+		if err := os.WriteFile(conf, []byte("groupAccess: read\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		bus := testbus.Start(t)
+		d := startBusDaemon(t, bus, busDaemonOpts{args: []string{"--config", conf}})
+		d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB", "--compute", "unlimited").must(t, "define acme")
+		d.ctl(t, "create", "1g.10gb", "--tenant", "acme").must(t, "create 1g.10gb")
+		before := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out
+		member := []string{"setpriv", "--reuid=65534", "--regid=65534", "--groups=" + grp.Gid}
+		b, banner := page(t, bus, member, "read-only")
+		if !strings.HasPrefix(banner, "Read-only") || !strings.Contains(banner, "groupAccess is read") {
+			t.Errorf("access banner: %q", banner)
+		}
+		if lvl := eval[string](b, "access level", `document.querySelector("#access").dataset.level`); lvl != "read" {
+			t.Errorf("access level %q, want read", lvl)
+		}
+		// The data is there: the instance in its row, the tenant, the GPUs.
+		b.waitJS("the instance", `document.querySelectorAll("#instances tr[data-uuid]").length === 1`)
+		b.tab("tenants")
+		b.waitJS("the tenant", `document.querySelector('#tenants tr[data-tenant="acme"]') !== null`)
+		b.tab("gpus")
+		b.waitJS("the GPUs with the slot grid", `document.querySelectorAll("article.gpu").length > 0 && document.querySelectorAll("article.gpu .gi").length === 1`)
+		b.screenshot("read-only-gpus-data")
+		if after := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out; after != before {
+			t.Errorf("instances changed under a read-only member:\n%s\n%s", before, after)
+		}
+	})
 }
