@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -12,15 +11,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
 	"github.com/vgpud/vgpud/internal/testenv"
+	browserenv "github.com/vgpud/vgpud/internal/testenv/browser"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 )
@@ -41,17 +39,12 @@ const (
 	cockpitBudget = 150 * time.Second
 )
 
-// cockpitTools finds chromium, cockpit-ws and cockpit-bridge, skipping (or,
+// cockpitTools finds chromium, cockpit-ws, cockpit-bridge and Cockpit's
+// shell (cockpit-system), skipping (or,
 // with VGPUD_TEST_REQUIRE_SERVICES=1, failing) the test when one is absent.
 func cockpitTools(t *testing.T) (chromium, ws, bridge string) {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			chromium = p
-			break
-		}
-	}
-	if chromium == "" {
+	if chromium = browserenv.Chromium(); chromium == "" {
 		skipMissing(t, "chromium is not installed (apt-get install chromium)")
 	}
 	for _, p := range []string{"/usr/lib/cockpit/cockpit-ws", "/usr/libexec/cockpit-ws"} {
@@ -71,6 +64,9 @@ func cockpitTools(t *testing.T) (chromium, ws, bridge string) {
 		if _, err := os.Stat("/usr/share/cockpit/base1/cockpit.js.gz"); err != nil {
 			skipMissing(t, "Cockpit's base1 package (cockpit.js) is not installed (cockpit-bridge)")
 		}
+	}
+	if _, err := os.Stat("/usr/share/cockpit/shell/manifest.json"); err != nil {
+		skipMissing(t, "Cockpit's shell is not installed (apt-get install cockpit-system)")
 	}
 	return chromium, ws, p
 }
@@ -208,116 +204,36 @@ func startCockpitWS(t *testing.T, bus *testbus.Bus, ws, bridge, data string, pre
 	return base
 }
 
-// browser is a headless chromium tab.
+// browser is a headless chromium tab (internal/testenv/browser) with the
+// page's own steps.
 type browser struct {
-	t   *testing.T
-	ctx context.Context
-	dir string // screenshots
+	*browserenv.Browser
+	t testing.TB
 }
 
 func newBrowser(t *testing.T, chromium, artefacts string) *browser {
 	t.Helper()
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromium),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1400, 1000),
-	}
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(acancel)
-	bctx, bcancel := chromedp.NewContext(actx)
-	t.Cleanup(bcancel)
-	// The first Do starts the browser; the budget applies to what follows.
-	if err := chromedp.Do(bctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	var mu sync.Mutex
-	var console []string
-	if err := chromedp.Listen(bctx, func(ev any) {
-		var line string
-		switch e := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			var parts []string
-			for _, a := range e.Args {
-				parts = append(parts, string(a.Value)+a.Description)
-			}
-			line = string(e.Type) + ": " + strings.Join(parts, " ")
-		case *runtime.EventExceptionThrown:
-			line = "exception: " + e.ExceptionDetails.Text
-			if e.ExceptionDetails.Exception != nil {
-				line += " " + e.ExceptionDetails.Exception.Description
-			}
-		default:
-			return
-		}
-		mu.Lock()
-		console = append(console, line)
-		mu.Unlock()
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if t.Failed() && len(console) > 0 {
-			t.Logf("browser console:\n%s", strings.Join(console, "\n"))
-		}
-	})
-	ctx, cancel := context.WithTimeout(bctx, cockpitBudget)
-	t.Cleanup(cancel)
-	bctx = ctx
-	return &browser{t: t, ctx: bctx, dir: artefacts}
+	return &browser{Browser: browserenv.New(t, chromium, artefacts, cockpitBudget), t: t}
 }
 
 func (b *browser) run(what string, actions ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
-	if err := chromedp.Do(b.ctx, actions...); err != nil {
-		b.t.Fatalf("%s: %v", what, err)
-	}
+	b.Run(what, actions...)
 }
 
-// eval runs a JavaScript expression (awaiting a promise) and returns its
-// value decoded from JSON.
 func eval[T any](b *browser, what, js string) T {
 	b.t.Helper()
-	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](js, chromedp.EvalAwaitPromise))
-	if err != nil {
-		b.t.Fatalf("%s: %v", what, err)
-	}
-	return v
+	return browserenv.Eval[T](b.Browser, what, js)
 }
 
-// waitJS waits until a JavaScript expression is truthy.
 func (b *browser) waitJS(what, js string) {
 	b.t.Helper()
-	if _, err := chromedp.Run(b.ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
-		text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body.innerText`))
-		if buf, serr := chromedp.Run(b.ctx, chromedp.FullScreenshot(100)); serr == nil {
-			os.WriteFile(filepath.Join(b.dir, "failure.png"), buf, 0o644)
-		}
-		b.t.Fatalf("wait for %s (%s): %v\npage text:\n%s", what, js, err, tailText(text, 3000))
-	}
+	b.WaitJS(what, js)
 }
 
 func (b *browser) screenshot(name string) string {
 	b.t.Helper()
-	buf, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		b.t.Fatalf("screenshot %s: %v", name, err)
-	}
-	p := filepath.Join(b.dir, name+".png")
-	if err := os.WriteFile(p, buf, 0o644); err != nil {
-		b.t.Fatal(err)
-	}
-	return p
+	return b.Screenshot(name)
 }
 
 func (b *browser) tab(name string) {
