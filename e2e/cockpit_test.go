@@ -29,9 +29,10 @@ import (
 //
 // Screenshots of every tab go to $VGPUD_COCKPIT_ARTEFACTS (else a temporary
 // directory, logged); -update-screenshots also writes the GPUs tab to
-// docs/img/cockpit-gpus.png.
+// docs/img/cockpit-gpus.png and the read-only view to
+// docs/img/cockpit-read-only.png.
 
-var updateScreenshots = flag.Bool("update-screenshots", false, "write the Cockpit page's GPUs screenshot to docs/img/cockpit-gpus.png")
+var updateScreenshots = flag.Bool("update-screenshots", false, "write the Cockpit page's screenshots in docs/img (cockpit-gpus.png, cockpit-read-only.png)")
 
 const (
 	cockpitPage = "/cockpit/@localhost/vgpud/index.html"
@@ -593,6 +594,15 @@ func TestCockpitPagePlainUser(t *testing.T) {
 		b.tab("gpus")
 		b.waitJS("the GPUs with the slot grid", `document.querySelectorAll("article.gpu").length > 0 && document.querySelectorAll("article.gpu .gi").length === 1`)
 		b.screenshot("read-only-gpus-data")
+		b.tab("instances")
+		shot := b.screenshot("read-only-instances-data")
+		if *updateScreenshots {
+			root, _ := testenv.RepoRoot()
+			img, _ := os.ReadFile(shot)
+			if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-read-only.png"), img, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if after := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out; after != before {
 			t.Errorf("instances changed under a read-only member:\n%s\n%s", before, after)
 		}
