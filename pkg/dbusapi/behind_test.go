@@ -33,7 +33,7 @@ func (f *laggingFleet) Adopt(context.Context, string) (manager.FleetClaim, error
 	return manager.FleetClaim{}, manager.ErrNotFound
 }
 func (f *laggingFleet) Complete(context.Context, manager.FleetClaim) error { return nil }
-func (f *laggingFleet) Settle(context.Context, string, string) error     { return f.err() }
+func (f *laggingFleet) Settle(context.Context, string, string) error       { return f.err() }
 
 // TestPlacementBehindReachesTheCaller: a create, a create-and-attach and a
 // destroy that succeed while Placement does not answer tell their caller
