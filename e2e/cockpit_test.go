@@ -1,24 +1,24 @@
 package e2e
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
 	"github.com/vgpud/vgpud/internal/testenv"
+	browserenv "github.com/vgpud/vgpud/internal/testenv/browser"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 )
@@ -29,9 +29,10 @@ import (
 //
 // Screenshots of every tab go to $VGPUD_COCKPIT_ARTEFACTS (else a temporary
 // directory, logged); -update-screenshots also writes the GPUs tab to
-// docs/img/cockpit-gpus.png.
+// docs/img/cockpit-gpus.png and the read-only view to
+// docs/img/cockpit-read-only.png.
 
-var updateScreenshots = flag.Bool("update-screenshots", false, "write the Cockpit page's GPUs screenshot to docs/img/cockpit-gpus.png")
+var updateScreenshots = flag.Bool("update-screenshots", false, "write the Cockpit page's screenshots in docs/img (cockpit-gpus.png, cockpit-read-only.png)")
 
 const (
 	cockpitPage = "/cockpit/@localhost/vgpud/index.html"
@@ -39,17 +40,12 @@ const (
 	cockpitBudget = 150 * time.Second
 )
 
-// cockpitTools finds chromium, cockpit-ws and cockpit-bridge, skipping (or,
+// cockpitTools finds chromium, cockpit-ws, cockpit-bridge and Cockpit's
+// shell (cockpit-system), skipping (or,
 // with VGPUD_TEST_REQUIRE_SERVICES=1, failing) the test when one is absent.
 func cockpitTools(t *testing.T) (chromium, ws, bridge string) {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			chromium = p
-			break
-		}
-	}
-	if chromium == "" {
+	if chromium = browserenv.Chromium(); chromium == "" {
 		skipMissing(t, "chromium is not installed (apt-get install chromium)")
 	}
 	for _, p := range []string{"/usr/lib/cockpit/cockpit-ws", "/usr/libexec/cockpit-ws"} {
@@ -69,6 +65,9 @@ func cockpitTools(t *testing.T) (chromium, ws, bridge string) {
 		if _, err := os.Stat("/usr/share/cockpit/base1/cockpit.js.gz"); err != nil {
 			skipMissing(t, "Cockpit's base1 package (cockpit.js) is not installed (cockpit-bridge)")
 		}
+	}
+	if _, err := os.Stat("/usr/share/cockpit/shell/manifest.json"); err != nil {
+		skipMissing(t, "Cockpit's shell is not installed (apt-get install cockpit-system)")
 	}
 	return chromium, ws, p
 }
@@ -206,116 +205,36 @@ func startCockpitWS(t *testing.T, bus *testbus.Bus, ws, bridge, data string, pre
 	return base
 }
 
-// browser is a headless chromium tab.
+// browser is a headless chromium tab (internal/testenv/browser) with the
+// page's own steps.
 type browser struct {
-	t   *testing.T
-	ctx context.Context
-	dir string // screenshots
+	*browserenv.Browser
+	t testing.TB
 }
 
 func newBrowser(t *testing.T, chromium, artefacts string) *browser {
 	t.Helper()
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromium),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1400, 1000),
-	}
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(acancel)
-	bctx, bcancel := chromedp.NewContext(actx)
-	t.Cleanup(bcancel)
-	// The first Do starts the browser; the budget applies to what follows.
-	if err := chromedp.Do(bctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	var mu sync.Mutex
-	var console []string
-	if err := chromedp.Listen(bctx, func(ev any) {
-		var line string
-		switch e := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			var parts []string
-			for _, a := range e.Args {
-				parts = append(parts, string(a.Value)+a.Description)
-			}
-			line = string(e.Type) + ": " + strings.Join(parts, " ")
-		case *runtime.EventExceptionThrown:
-			line = "exception: " + e.ExceptionDetails.Text
-			if e.ExceptionDetails.Exception != nil {
-				line += " " + e.ExceptionDetails.Exception.Description
-			}
-		default:
-			return
-		}
-		mu.Lock()
-		console = append(console, line)
-		mu.Unlock()
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if t.Failed() && len(console) > 0 {
-			t.Logf("browser console:\n%s", strings.Join(console, "\n"))
-		}
-	})
-	ctx, cancel := context.WithTimeout(bctx, cockpitBudget)
-	t.Cleanup(cancel)
-	bctx = ctx
-	return &browser{t: t, ctx: bctx, dir: artefacts}
+	return &browser{Browser: browserenv.New(t, chromium, artefacts, cockpitBudget), t: t}
 }
 
 func (b *browser) run(what string, actions ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
-	if err := chromedp.Do(b.ctx, actions...); err != nil {
-		b.t.Fatalf("%s: %v", what, err)
-	}
+	b.Run(what, actions...)
 }
 
-// eval runs a JavaScript expression (awaiting a promise) and returns its
-// value decoded from JSON.
 func eval[T any](b *browser, what, js string) T {
 	b.t.Helper()
-	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](js, chromedp.EvalAwaitPromise))
-	if err != nil {
-		b.t.Fatalf("%s: %v", what, err)
-	}
-	return v
+	return browserenv.Eval[T](b.Browser, what, js)
 }
 
-// waitJS waits until a JavaScript expression is truthy.
 func (b *browser) waitJS(what, js string) {
 	b.t.Helper()
-	if _, err := chromedp.Run(b.ctx, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
-		text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body.innerText`))
-		if buf, serr := chromedp.Run(b.ctx, chromedp.FullScreenshot(100)); serr == nil {
-			os.WriteFile(filepath.Join(b.dir, "failure.png"), buf, 0o644)
-		}
-		b.t.Fatalf("wait for %s (%s): %v\npage text:\n%s", what, js, err, tailText(text, 3000))
-	}
+	b.WaitJS(what, js)
 }
 
 func (b *browser) screenshot(name string) string {
 	b.t.Helper()
-	buf, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		b.t.Fatalf("screenshot %s: %v", name, err)
-	}
-	p := filepath.Join(b.dir, name+".png")
-	if err := os.WriteFile(p, buf, 0o644); err != nil {
-		b.t.Fatal(err)
-	}
-	return p
+	return b.Screenshot(name)
 }
 
 func (b *browser) tab(name string) {
@@ -496,7 +415,14 @@ func TestCockpitPage(t *testing.T) {
 	// Attach the A10-4Q (an mdev) to a VM of the private libvirtd.
 	row := fmt.Sprintf(`#instances tr[data-uuid=%q]`, mdev.UUID)
 	t.Logf("attach at %v", time.Since(start).Round(time.Millisecond))
-	b.run("attach", chromedp.SendKeys(chromedp.CSS(row+" .vm-input"), vm), chromedp.Click(chromedp.CSS(row+" button.attach")))
+	// The VM field is a choice of libvirt's VMs (ListDomains), with state.
+	b.waitJS("the VM chooser", fmt.Sprintf(`document.querySelector('%s select.vm-select') !== null`, row))
+	choices := eval[[]string](b, "VM choices", fmt.Sprintf(`Array.from(document.querySelector('%s select.vm-select').options).map(o=>o.textContent)`, row))
+	if !slices.Contains(choices, vm+" (shut off)") {
+		t.Errorf("VM chooser offers %q, want %q among them", choices, vm+" (shut off)")
+	}
+	b.setSelect(row+" select.vm-select", vm)
+	b.run("attach", chromedp.Click(chromedp.CSS(row+" button.attach")))
 	b.waitJS("the attachment", fmt.Sprintf(`document.querySelector('%s td.vm').textContent.indexOf(%q) === 0`, row, vm))
 	xml := lv.Virsh(t, "dumpxml", "--inactive", vm)
 	if !strings.Contains(xml, mdev.UUID) || !strings.Contains(xml, "type='mdev'") {
@@ -534,6 +460,13 @@ func TestCockpitPage(t *testing.T) {
 	b.waitJS("initech's new quota", `document.querySelector('#tenants tr[data-tenant="initech"]').textContent.indexOf("/ 20 GiB") >= 0`)
 	if q := show(); q.VRAM == nil || *q.VRAM != 20<<30 || q.Compute == nil || *q.Compute != 1500 {
 		t.Errorf("initech after Set quota: %+v", q)
+	}
+	// An empty field is an unlimited quota (sent as the unlimited option:
+	// Cockpit's bridge cannot send UINT64_MAX).
+	b.run("make initech's compute unlimited", chromedp.SetValue(chromedp.CSS("#tf-compute"), ""), chromedp.Click(chromedp.CSS("#tf-setquota")))
+	b.waitJS("initech's unlimited compute", `document.querySelector('#tenants tr[data-tenant="initech"]').textContent.indexOf("unlimited") >= 0`)
+	if q := show(); q.Compute != nil || q.VRAM == nil || *q.VRAM != 20<<30 {
+		t.Errorf("initech after an empty compute quota: %+v (want compute unlimited, VRAM 20GiB)", q)
 	}
 	b.screenshot("5-tenants")
 	// Activity follows vgpud's share readings while it is shown: a workload
@@ -576,45 +509,102 @@ func TestCockpitPage(t *testing.T) {
 }
 
 // TestCockpitPagePlainUser: a session vgpud refuses (the bridge as uid
-// 65534, outside group vgpud) gets the page with the reason and no control
-// that changes anything, and vgpud refuses a change sent over its bridge.
+// 65534, outside group vgpud) gets the page with the reason and no data; a
+// member of group vgpud where groupAccess is read gets the data, read-only,
+// with vgpud's reason (GetAccess). Neither has a control that changes
+// anything, and vgpud refuses a change sent over their bridge.
 func TestCockpitPagePlainUser(t *testing.T) {
 	chromium, ws, bridge := cockpitTools(t)
 	artefacts := cockpitArtefacts(t)
-	bus := testbus.Start(t)
-	d := startBusDaemon(t, bus, busDaemonOpts{})
-	d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB", "--compute", "unlimited").must(t, "define acme")
-	before := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out
-
-	data := installPage(t)
-	base := startCockpitWS(t, bus, ws, bridge, data, asNobody)
-	b := newBrowser(t, chromium, artefacts)
-	b.run("load the page", chromedp.Navigate(base+cockpitPage))
-	b.waitJS("the access banner", `!document.querySelector("#access").hidden`)
-	banner := eval[string](b, "banner", `document.querySelector("#access").textContent`)
-	if !strings.Contains(banner, "dev.vgpud1.Error.AccessDenied") {
-		t.Errorf("access banner: %q", banner)
-	}
-	enabled := eval[[]string](b, "enabled controls", `Array.from(document.querySelectorAll("button.manage")).filter(x => !x.disabled).map(x => x.id || x.textContent)`)
-	if len(enabled) != 0 {
-		t.Errorf("a refused session has enabled change controls: %v", enabled)
-	}
-	// Past the page: the same call through the session's bridge is refused
-	// by vgpud.
 	type callResult struct {
 		Name    string `json:"name"`
 		Message string `json:"message"`
 	}
-	res := eval[callResult](b, "create through the bridge", `window.vgpudPage.client.call("/dev/vgpud1", "dev.vgpud1.Manager", "CreateInstance",
-		["acme", "1g.10gb", {}], {type: "ssa{sv}"}).then(() => ({name: "", message: "accepted"}), e => ({name: e.name, message: e.message}))`)
-	if res.Name != "dev.vgpud1.Error.AccessDenied" {
-		t.Errorf("CreateInstance from the plain user's session: %+v", res)
+	// page loads the page as the session prefix runs the bridge as, checks
+	// what every refused session shares, and returns the browser and the
+	// access banner's text.
+	page := func(t *testing.T, bus *testbus.Bus, prefix []string, shot string) (*browser, string) {
+		data := installPage(t)
+		base := startCockpitWS(t, bus, ws, bridge, data, prefix)
+		b := newBrowser(t, chromium, artefacts)
+		b.run("load the page", chromedp.Navigate(base+cockpitPage))
+		b.waitJS("the access banner", `!document.querySelector("#access").hidden`)
+		banner := eval[string](b, "banner", `document.querySelector("#access").textContent`)
+		for _, tab := range []string{"gpus", "tenants", "instances"} {
+			b.tab(tab)
+			b.screenshot(shot + "-" + tab)
+		}
+		enabled := eval[[]string](b, "enabled controls", `Array.from(document.querySelectorAll("button.manage")).filter(x => !x.disabled).map(x => x.id || x.textContent)`)
+		if len(enabled) != 0 {
+			t.Errorf("a refused session has enabled change controls: %v", enabled)
+		}
+		// Past the page: the same call through the session's bridge is
+		// refused by vgpud.
+		res := eval[callResult](b, "create through the bridge", `window.vgpudPage.client.call("/dev/vgpud1", "dev.vgpud1.Manager", "CreateInstance",
+			["acme", "1g.10gb", {}], {type: "ssa{sv}"}).then(() => ({name: "", message: "accepted"}), e => ({name: e.name, message: e.message}))`)
+		if res.Name != "dev.vgpud1.Error.AccessDenied" {
+			t.Errorf("CreateInstance from the session: %+v", res)
+		}
+		return b, banner
 	}
-	for _, tab := range []string{"gpus", "tenants", "instances"} {
-		b.tab(tab)
-	}
-	b.screenshot("plain-user")
-	if after := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out; after != before {
-		t.Errorf("instances changed under a plain user:\n%s\n%s", before, after)
-	}
+
+	t.Run("no access", func(t *testing.T) {
+		bus := testbus.Start(t)
+		d := startBusDaemon(t, bus, busDaemonOpts{})
+		d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB", "--compute", "unlimited").must(t, "define acme")
+		before := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out
+		b, banner := page(t, bus, asNobody, "plain-user")
+		if !strings.Contains(banner, "dev.vgpud1.Error.AccessDenied") || !strings.Contains(banner, "reading vgpud's state needs root") {
+			t.Errorf("access banner: %q", banner)
+		}
+		if n := eval[int](b, "GPU cards", `document.querySelectorAll("article.gpu").length`); n != 0 {
+			t.Errorf("a session that may not read shows %d GPUs", n)
+		}
+		if after := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out; after != before {
+			t.Errorf("instances changed under a plain user:\n%s\n%s", before, after)
+		}
+	})
+
+	t.Run("read-only group member", func(t *testing.T) {
+		grp, err := user.LookupGroup("vgpud")
+		if err != nil {
+			t.Fatalf("group vgpud: %v (scripts/install-deps.sh creates it)", err)
+		}
+		conf := filepath.Join(t.TempDir(), "vgpud.yaml")
+		if err := os.WriteFile(conf, []byte("groupAccess: read\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		bus := testbus.Start(t)
+		d := startBusDaemon(t, bus, busDaemonOpts{args: []string{"--config", conf}})
+		d.ctl(t, "tenant", "define", "acme", "--vram", "60GiB", "--compute", "unlimited").must(t, "define acme")
+		d.ctl(t, "create", "1g.10gb", "--tenant", "acme").must(t, "create 1g.10gb")
+		before := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out
+		member := []string{"setpriv", "--reuid=65534", "--regid=65534", "--groups=" + grp.Gid}
+		b, banner := page(t, bus, member, "read-only")
+		if !strings.HasPrefix(banner, "Read-only") || !strings.Contains(banner, "groupAccess is read") {
+			t.Errorf("access banner: %q", banner)
+		}
+		if lvl := eval[string](b, "access level", `document.querySelector("#access").dataset.level`); lvl != "read" {
+			t.Errorf("access level %q, want read", lvl)
+		}
+		// The data is there: the instance in its row, the tenant, the GPUs.
+		b.waitJS("the instance", `document.querySelectorAll("#instances tr[data-uuid]").length === 1`)
+		b.tab("tenants")
+		b.waitJS("the tenant", `document.querySelector('#tenants tr[data-tenant="acme"]') !== null`)
+		b.tab("gpus")
+		b.waitJS("the GPUs with the slot grid", `document.querySelectorAll("article.gpu").length > 0 && document.querySelectorAll("article.gpu .gi").length === 1`)
+		b.screenshot("read-only-gpus-data")
+		b.tab("instances")
+		shot := b.screenshot("read-only-instances-data")
+		if *updateScreenshots {
+			root, _ := testenv.RepoRoot()
+			img, _ := os.ReadFile(shot)
+			if err := os.WriteFile(filepath.Join(root, "docs", "img", "cockpit-read-only.png"), img, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if after := d.ctl(t, "list", "-o", "json").must(t, "vgpuctl list").out; after != before {
+			t.Errorf("instances changed under a read-only member:\n%s\n%s", before, after)
+		}
+	})
 }

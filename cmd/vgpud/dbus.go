@@ -34,6 +34,8 @@ func startDBus(ctx context.Context, d *daemon) (stop func(), err error) {
 		Apply:   dbusapi.NewApplier(d.mgr, apply.Limits{MaxChanges: d.cfg.ApplyMaxChanges, Concurrency: d.cfg.GPUConcurrency}),
 		Shares:  d.shares,
 		Fleet:   fleetStatus{d.fleet},
+		// groupAccess: read leaves the group's changes to polkit.
+		GroupReadOnly: d.cfg.GroupAccess == "read",
 	})
 	if err != nil {
 		return nil, fmt.Errorf("D-Bus API: %w", err)

@@ -21,6 +21,9 @@
     const TIMEOUT_MS = 120000;
     const ACTIVITY_MS = 2000;
     const UNLIMITED = 18446744073709551615;
+    // Bounds ListDomains: a libvirt that does not answer leaves the VM
+    // field a text field, with why, rather than a page waiting.
+    const DOMAINS_MS = 10000;
 
     // superuser "try": with Cockpit's administrative access on, calls go
     // through the root bridge (root may read and change); without it, as the
@@ -35,6 +38,8 @@
         tab: "gpus",
         canRead: false,
         canManage: false,
+        domains: null, // libvirt's VMs [{name, uuid, state}]; null: not listed
+        domainsError: "",
         profiles: {}, // model -> [{name, kind, vram, compute}]
         capacity: {}, // model + "/" + profile -> count
         shares: [],
@@ -178,20 +183,25 @@
 
     /* ---------- access ---------- */
 
-    function setAccess(canRead, reason) {
+    // setAccess follows vgpud's GetAccess: a session that may read but not
+    // change (group vgpud with groupAccess: read, polkit refusing) gets the
+    // data with every change control disabled and vgpud's reason; one that
+    // may not read gets the reason and no data.
+    function setAccess(canRead, canManage, reason) {
         state.canRead = canRead;
-        // vgpud lets whoever may read (root, group vgpud) also change; a
-        // caller it refuses reads from gets a page without data or controls.
-        state.canManage = canRead;
+        state.canManage = canRead && canManage;
         const banner = $("access");
-        if (canRead) {
+        if (state.canManage) {
             banner.hidden = true;
             document.body.classList.remove("readonly");
         } else {
-            banner.textContent = cockpit.format(_("Read-only: vgpud refused this session ($0). Reading and changing need root, group vgpud or Cockpit's administrative access."), reason);
+            banner.textContent = canRead
+                ? cockpit.format(_("Read-only: vgpud lets this session read but not change ($0)."), reason)
+                : cockpit.format(_("No access: vgpud refused this session ($0). Reading needs root, group vgpud or Cockpit's administrative access."), reason);
             banner.hidden = false;
             document.body.classList.add("readonly");
         }
+        $("access").dataset.level = state.canManage ? "manage" : canRead ? "read" : "none";
         syncManageControls();
     }
 
@@ -410,32 +420,37 @@
         $("tf-class").value = t.Class || "best-effort";
     }
 
-    // quotaArg turns a form field into a uint64 argument. Cockpit 287's
-    // bridge reads JSON numbers as int64 and refuses negative ones for "t",
-    // so UINT64_MAX (vgpud's "unlimited") cannot be sent from here: every
-    // quota needs a number, and an unlimited one is set with vgpuctl.
-    function quotaArg(id, scale) {
+    // quotaArg turns a form field into a uint64 argument: an empty field is
+    // unlimited. Cockpit 287's bridge reads JSON numbers as int64 and
+    // refuses negative ones for "t", so UINT64_MAX (vgpud's "unlimited")
+    // cannot be sent from here; the quota is sent as 0 and named in the
+    // "unlimited" option, which vgpud reads instead of the number.
+    function quotaArg(id, scale, name, unl) {
         const v = $(id).value.trim();
-        if (v === "" || isNaN(Number(v)) || Number(v) < 0)
+        if (v === "") {
+            unl.push(name);
+            return 0;
+        }
+        if (isNaN(Number(v)) || Number(v) < 0)
             return null;
         return Math.round(Number(v) * scale);
     }
 
+    // tenantFormArgs returns the form's arguments and the options that go
+    // with them, or null (with the error shown).
     function tenantFormArgs() {
+        const unl = [];
         const a = [
             $("tf-name").value.trim(),
-            quotaArg("tf-vram", 1024 * 1024 * 1024),
-            quotaArg("tf-compute", 1000),
-            quotaArg("tf-max", 1),
+            quotaArg("tf-vram", 1024 * 1024 * 1024, "vram", unl),
+            quotaArg("tf-compute", 1000, "compute", unl),
+            quotaArg("tf-max", 1, "instances", unl),
         ];
         if (a.indexOf(null) >= 0) {
-            showError({
-                name: "",
-                message: _("Each quota needs a number. An unlimited quota cannot be sent through Cockpit's bridge; set it with vgpuctl tenant define or set-quota (\"unlimited\")."),
-            });
+            showError({ name: "", message: _("Each quota is a number, or empty for unlimited.") });
             return null;
         }
-        return a;
+        return { args: a, options: unl.length ? { unlimited: cockpit.variant("as", unl) } : {} };
     }
 
     /* ---------- instances ---------- */
@@ -471,7 +486,7 @@
         const typed = {};
         let focused = null;
         body.querySelectorAll("tr[data-uuid]").forEach(function (tr) {
-            const inp = tr.querySelector(".vm-input");
+            const inp = tr.querySelector(".vm-choice");
             if (inp && inp.value)
                 typed[tr.dataset.uuid] = inp.value;
             if (inp && document.activeElement === inp)
@@ -488,7 +503,7 @@
                 return;
             if (text && [i.UUID, i.Tenant, i.Profile, i.GPU, i.VM, i.State].join(" ").toLowerCase().indexOf(text) < 0)
                 return;
-            const vmInput = el("input", { class: "vm-input", list: "vm-names", placeholder: _("VM name"), "aria-label": _("VM name") });
+            const vmInput = vmChooser();
             vmInput.value = typed[i.UUID] || "";
             const actions = [];
             if (i.VM) {
@@ -537,7 +552,7 @@
             ]));
         });
         if (focused) {
-            const again = body.querySelector("tr[data-uuid='" + focused + "'] .vm-input");
+            const again = body.querySelector("tr[data-uuid='" + focused + "'] .vm-choice");
             if (again)
                 again.focus();
         }
@@ -547,6 +562,46 @@
             dl.appendChild(el("option", { value: v }));
         });
         syncManageControls();
+    }
+
+    // vmChooser is the VM field of an instance's Attach: a choice of
+    // libvirt's VMs (ListDomains) with their state; when vgpud could not
+    // list them (no libvirt configured, libvirt not answering), a text
+    // field for a domain name, with why.
+    function vmChooser() {
+        if (state.domains === null) {
+            return el("input", {
+                class: "vm-input vm-choice",
+                list: "vm-names",
+                placeholder: _("VM name"),
+                "aria-label": _("VM name"),
+                title: state.domainsError,
+            });
+        }
+        const sel = el("select", { class: "vm-select vm-choice", "aria-label": _("VM") }, [
+            el("option", { value: "", text: state.domains.length ? _("Choose a VM") : _("no VMs in libvirt") }),
+        ]);
+        state.domains.forEach(function (d) {
+            sel.appendChild(el("option", { value: d.name, text: d.name + " (" + d.state + ")" }));
+        });
+        return sel;
+    }
+
+    // loadDomains lists libvirt's VMs through vgpud, bounded by DOMAINS_MS.
+    function loadDomains() {
+        if (!state.canRead)
+            return Promise.resolve();
+        return managerCall("ListDomains", [{ "timeout-ms": cockpit.variant("t", DOMAINS_MS) }], { type: "a{sv}" }).then(function (r) {
+            state.domains = r[0].map(function (d) {
+                return { name: d[0], uuid: d[1], state: d[2] };
+            }).sort(function (a, b) { return a.name.localeCompare(b.name); });
+            state.domainsError = "";
+            render();
+        }, function (ex) {
+            state.domains = null;
+            state.domainsError = (ex.name || "") + ": " + (ex.message || "");
+            render();
+        });
     }
 
     function syncFormChoices() {
@@ -806,6 +861,7 @@
             loadFleet();
         } else if (name === "instances") {
             loadOffers().catch(showError);
+            loadDomains();
         }
         if (cockpit.location.path[0] !== name)
             cockpit.location.go([name]);
@@ -835,13 +891,13 @@
             const a = tenantFormArgs();
             if (!a)
                 return;
-            call(cockpit.format(_("Defining $0"), a[0]), "DefineTenant", "sttts", a.concat([$("tf-class").value])).catch(ignore);
+            call(cockpit.format(_("Defining $0"), a.args[0]), "DefineTenant", "sttts", a.args.concat([$("tf-class").value]), a.options).catch(ignore);
         });
         $("tf-setquota").addEventListener("click", function () {
             const a = tenantFormArgs();
             if (!a)
                 return;
-            call(cockpit.format(_("Setting the quota of $0"), a[0]), "SetQuota", "sttt", a).catch(ignore);
+            call(cockpit.format(_("Setting the quota of $0"), a.args[0]), "SetQuota", "sttt", a.args, a.options).catch(ignore);
         });
         $("fleet-refresh").addEventListener("click", loadFleet);
 
@@ -865,24 +921,25 @@
             showError({ name: options.problem || "", message: cockpit.message(options) });
         });
 
-        // One read decides the access banner: vgpud answers AccessDenied to
-        // a caller who may not read (and the bus keeps its signals from him).
-        managerCall("ListTenants", [], { type: "" }).then(function () {
-            setAccess(true);
-            loadManager();
-            $("conn").textContent = _("connected");
-            $("conn").className = "badge state-ok";
-            return loadOffers();
-        }).catch(function (ex) {
-            if (ex.name === ERROR_PREFIX + "AccessDenied") {
-                setAccess(false, ex.name + ": " + ex.message);
-                $("conn").textContent = _("read-only");
+        // vgpud says what this session may do (GetAccess, which anyone may
+        // ask): the page shows the data to a reader, the change controls
+        // only to whom vgpud lets change, and vgpud's reason otherwise.
+        managerCall("GetAccess", [], { type: "" }).then(function (r) {
+            if (!r[0]) {
+                setAccess(false, false, ERROR_PREFIX + "AccessDenied: " + r[2]);
+                $("conn").textContent = _("no access");
                 $("conn").className = "badge state-lost";
-            } else {
-                setAccess(false, (ex.name || ex.problem || "") + ": " + (ex.message || cockpit.message(ex)));
-                $("conn").textContent = _("unavailable");
-                $("conn").className = "badge state-failed";
+                return;
             }
+            setAccess(true, r[1], r[2]);
+            loadManager();
+            $("conn").textContent = r[1] ? _("connected") : _("read-only");
+            $("conn").className = "badge " + (r[1] ? "state-ok" : "state-lost");
+            return Promise.all([loadOffers(), loadDomains()]);
+        }).catch(function (ex) {
+            setAccess(false, false, (ex.name || ex.problem || "") + ": " + (ex.message || cockpit.message(ex)));
+            $("conn").textContent = _("unavailable");
+            $("conn").className = "badge state-failed";
             showError(ex);
         }).then(render);
 

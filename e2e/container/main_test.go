@@ -6,7 +6,9 @@
 // unit's StateDirectory. Each check is its own test; TestMain boots the
 // container once.
 //
-// The tests need root, debootstrap, systemd-nspawn, nsenter and dpkg-deb.
+// The tests need root, debootstrap, systemd-nspawn, nsenter and dpkg-deb;
+// the web console's login test (TestCockpitLogin) also chromium, on the
+// host, reaching the container's Cockpit through a forwarded port.
 // Without them they skip, unless VGPUD_TEST_REQUIRE_SERVICES is set (CI
 // sets it), when that is a failure. The Debian root is built once per
 // machine (scripts/container-root.sh caches it) and booted through an

@@ -83,6 +83,9 @@ type Config struct {
 	// UndefinePolicy is what happens to a VM's instances when it is
 	// undefined: release (destroy them) or keep.
 	UndefinePolicy string `json:"undefinePolicy,omitempty"`
+	// GroupAccess is what group vgpud may do over D-Bus: manage (read
+	// and change) or read (changes then need polkit's dev.vgpud1.manage).
+	GroupAccess string `json:"groupAccess,omitempty"`
 	// CriticalXIDs are the XIDs that mark a GPU failed: its instances are
 	// reported, new carving on it is refused until it is reset or comes
 	// back. Other XIDs are counted and logged only.
@@ -187,6 +190,7 @@ func Default() *Config {
 		DriverWait:        Duration{2 * time.Minute},
 		CollectInterval:   Duration{time.Second},
 		UndefinePolicy:    "release",
+		GroupAccess:       "manage",
 		CriticalXIDs:      slices.Clone(defaultCriticalXIDs),
 		UeventSettle:      Duration{500 * time.Millisecond},
 		RecoverProbe:      Duration{5 * time.Second},
@@ -382,6 +386,9 @@ func (c *Config) validate() error {
 	}
 	if c.UndefinePolicy != "release" && c.UndefinePolicy != "keep" {
 		return fmt.Errorf("undefinePolicy: %q must be release or keep", c.UndefinePolicy)
+	}
+	if c.GroupAccess != "manage" && c.GroupAccess != "read" {
+		return fmt.Errorf("groupAccess: %q must be manage or read", c.GroupAccess)
 	}
 	for _, x := range c.CriticalXIDs {
 		// The driver numbers XIDs from 1; 999 is its "unknown XID".

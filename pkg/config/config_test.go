@@ -137,6 +137,7 @@ func TestConfigErrors(t *testing.T) {
 		{name: "metrics-listen", yaml: "metricsListen: 9835\n", want: "metricsListen"},
 		{name: "log-level", yaml: "logLevel: loud\n", want: "logLevel"},
 		{name: "undefine-policy", yaml: "undefinePolicy: delete\n", want: "undefinePolicy"},
+		{name: "group-access", yaml: "groupAccess: change\n", want: `groupAccess: "change" must be manage or read`},
 		{name: "xid-zero", yaml: "criticalXIDs: [0]\n", want: "criticalXIDs: 0 is not an XID"},
 		{name: "uevent-settle", yaml: "ueventSettle: 1ms\n", want: "ueventSettle: 1ms must be 10ms..1m"},
 		{name: "recover-probe", yaml: "recoverProbe: 1h\n", want: "recoverProbe"},

@@ -122,13 +122,16 @@ func (s *Service) groupID() (uint32, bool) {
 }
 
 // decision is the authorization policy, kept free of I/O so it can be
-// tested as a table: root always; group vgpud for reads and changes;
-// polkit's verdict for changes by anyone else, when polkit is asked.
-func decision(cr Caller, a access, group uint32, haveGroup bool, polkit func() (bool, error)) (bool, error) {
+// tested as a table: root always; group vgpud for reads, and for changes
+// unless groupReads (the setting groupAccess: read) leaves those to
+// polkit; polkit's verdict for changes by anyone else, when polkit is
+// asked.
+func decision(cr Caller, a access, group uint32, haveGroup, groupReads bool, polkit func() (bool, error)) (bool, error) {
+	member := haveGroup && slices.Contains(cr.GIDs, group)
 	switch {
 	case a == accessPublic || cr.UID == 0:
 		return true, nil
-	case haveGroup && slices.Contains(cr.GIDs, group):
+	case member && (a == accessRead || !groupReads):
 		return true, nil
 	case a == accessManage && polkit != nil:
 		return polkit()
@@ -136,8 +139,9 @@ func decision(cr Caller, a access, group uint32, haveGroup bool, polkit func() (
 	return false, nil
 }
 
-// may reports whether the call's sender may do what a needs.
-func (c *call) may(a access) (bool, Caller, error) {
+// may reports whether the call's sender may do what a needs. interactive
+// is whether polkit may ask the caller for a password.
+func (c *call) may(a access, interactive bool) (bool, Caller, error) {
 	if a == accessPublic {
 		return true, Caller{}, nil
 	}
@@ -149,7 +153,7 @@ func (c *call) may(a access) (bool, Caller, error) {
 	var pk func() (bool, error)
 	if !c.svc.opts.NoPolkit {
 		pk = func() (bool, error) {
-			ok, err := c.svc.polkit(c.ctx, c.sender, c.interactive)
+			ok, err := c.svc.polkit(c.ctx, c.sender, interactive)
 			if err != nil {
 				// A broken polkitd must not lock root and group vgpud out,
 				// and it grants nothing.
@@ -159,7 +163,7 @@ func (c *call) may(a access) (bool, Caller, error) {
 			return ok, nil
 		}
 	}
-	ok, err := decision(cr, a, gid, haveGroup, pk)
+	ok, err := decision(cr, a, gid, haveGroup, c.svc.opts.GroupReadOnly, pk)
 	return ok, cr, err
 }
 
@@ -167,7 +171,7 @@ func (c *call) may(a access) (bool, Caller, error) {
 // logged with the uid and the method and answered with
 // dev.vgpud1.Error.AccessDenied.
 func (c *call) require(a access) error {
-	ok, cr, err := c.may(a)
+	ok, cr, err := c.may(a, c.interactive)
 	if err != nil {
 		// The bus did not say who the caller is, so there is no uid to log.
 		c.svc.log.Warn("access denied", "uid", "unknown", "method", c.member, "path", string(c.path), "sender", c.sender, "needs", a.String(), "err", err)
@@ -178,12 +182,19 @@ func (c *call) require(a access) error {
 		return nil
 	}
 	c.svc.log.Warn("access denied", "uid", cr.UID, "method", c.member, "path", string(c.path), "sender", c.sender, "needs", a.String())
-	g := c.svc.opts.Group
-	msg := fmt.Sprintf("reading vgpud's state needs root or membership in group %s; uid %d has neither. Ask an administrator to add you (usermod -aG %s USER)", g, cr.UID, g)
-	if a == accessManage {
-		msg = fmt.Sprintf("changing vgpud's state needs root, membership in group %s or polkit's authorization %s; uid %d has none of them. Ask an administrator to add you (usermod -aG %s USER)", g, PolkitAction, cr.UID, g)
+	return apiErr(manager.ErrAccessDenied, "%s", c.svc.refusal(a, cr))
+}
+
+// refusal says why cr may not do what a needs, and what to ask for.
+func (s *Service) refusal(a access, cr Caller) string {
+	g := s.opts.Group
+	if a == accessRead {
+		return fmt.Sprintf("reading vgpud's state needs root or membership in group %s; uid %d has neither. Ask an administrator to add you (usermod -aG %s USER)", g, cr.UID, g)
 	}
-	return apiErr(manager.ErrAccessDenied, "%s", msg)
+	if s.opts.GroupReadOnly {
+		return fmt.Sprintf("changing vgpud's state needs root or polkit's authorization %s (group %s may only read on this host: groupAccess is read); uid %d has neither. Ask an administrator for the authorization, or use Cockpit's administrative access", PolkitAction, g, cr.UID)
+	}
+	return fmt.Sprintf("changing vgpud's state needs root, membership in group %s or polkit's authorization %s; uid %d has none of them. Ask an administrator to add you (usermod -aG %s USER)", g, PolkitAction, cr.UID, g)
 }
 
 // Polkit's CheckAuthorization types.

@@ -27,18 +27,25 @@ func TestAuthorizationDecision(t *testing.T) {
 		haveGroup bool
 		polkit    *bool // nil: polkit not asked (off or absent)
 		want      bool
+		// groupReads: groupAccess is read.
+		groupReads bool
 	}{
-		{"public for anyone", Caller{UID: 65534}, accessPublic, true, nil, true},
-		{"root reads", Caller{UID: 0}, accessRead, false, nil, true},
-		{"root manages", Caller{UID: 0}, accessManage, false, nil, true},
-		{"group member reads", Caller{UID: 1000, GIDs: []uint32{100, group}}, accessRead, true, nil, true},
-		{"group member manages", Caller{UID: 1000, GIDs: []uint32{group}}, accessManage, true, nil, true},
-		{"group absent on host", Caller{UID: 1000, GIDs: []uint32{group}}, accessRead, false, nil, false},
-		{"stranger reads", Caller{UID: 1000, GIDs: []uint32{100}}, accessRead, true, nil, false},
-		{"stranger manages without polkit", Caller{UID: 1000}, accessManage, true, nil, false},
-		{"polkit grants a change", Caller{UID: 1000}, accessManage, true, ptr(true), true},
-		{"polkit refuses a change", Caller{UID: 1000}, accessManage, true, ptr(false), false},
-		{"polkit never grants a read", Caller{UID: 1000}, accessRead, true, ptr(true), false},
+		{"public for anyone", Caller{UID: 65534}, accessPublic, true, nil, true, false},
+		{"root reads", Caller{UID: 0}, accessRead, false, nil, true, false},
+		{"root manages", Caller{UID: 0}, accessManage, false, nil, true, false},
+		{"group member reads", Caller{UID: 1000, GIDs: []uint32{100, group}}, accessRead, true, nil, true, false},
+		{"group member manages", Caller{UID: 1000, GIDs: []uint32{group}}, accessManage, true, nil, true, false},
+		{"group absent on host", Caller{UID: 1000, GIDs: []uint32{group}}, accessRead, false, nil, false, false},
+		{"stranger reads", Caller{UID: 1000, GIDs: []uint32{100}}, accessRead, true, nil, false, false},
+		{"stranger manages without polkit", Caller{UID: 1000}, accessManage, true, nil, false, false},
+		{"polkit grants a change", Caller{UID: 1000}, accessManage, true, ptr(true), true, false},
+		{"polkit refuses a change", Caller{UID: 1000}, accessManage, true, ptr(false), false, false},
+		{"polkit never grants a read", Caller{UID: 1000}, accessRead, true, ptr(true), false, false},
+		{"read-only group member reads", Caller{UID: 1000, GIDs: []uint32{group}}, accessRead, true, ptr(false), true, true},
+		{"read-only group member manages without polkit", Caller{UID: 1000, GIDs: []uint32{group}}, accessManage, true, nil, false, true},
+		{"read-only group member refused by polkit", Caller{UID: 1000, GIDs: []uint32{group}}, accessManage, true, ptr(false), false, true},
+		{"read-only group member granted by polkit", Caller{UID: 1000, GIDs: []uint32{group}}, accessManage, true, ptr(true), true, true},
+		{"root manages with a read-only group", Caller{UID: 0}, accessManage, true, ptr(false), true, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -46,7 +53,7 @@ func TestAuthorizationDecision(t *testing.T) {
 			if c.polkit != nil {
 				pk = func() (bool, error) { return *c.polkit, nil }
 			}
-			got, err := decision(c.caller, c.access, group, c.haveGroup, pk)
+			got, err := decision(c.caller, c.access, group, c.haveGroup, c.groupReads, pk)
 			if err != nil || got != c.want {
 				t.Fatalf("decision = %v, %v; want %v", got, err, c.want)
 			}

@@ -329,7 +329,7 @@ func (s *Service) hostdevXML(c *call, id string) (string, error) {
 
 func (s *Service) defineTenant(c *call, name string, vram, compute, maxInst uint64, class string, options map[string]dbus.Variant) (dbus.ObjectPath, error) {
 	o := newOpts(c.member, options)
-	t := tenant.Tenant{Name: name, Quota: tenant.Quota{VRAMBytes: vram, ComputeMilli: compute, MaxInstances: maxInst},
+	t := tenant.Tenant{Name: name, Quota: o.quota(vram, compute, maxInst),
 		Class: tenant.Class(class), AllowedModels: o.strings("allowed-models"), AllowedProfiles: o.strings("allowed-profiles")}
 	ctx, end, err := c.begin(o)
 	if err != nil {
@@ -346,12 +346,13 @@ func (s *Service) defineTenant(c *call, name string, vram, compute, maxInst uint
 
 func (s *Service) setQuota(c *call, name string, vram, compute, maxInst uint64, options map[string]dbus.Variant) error {
 	o := newOpts(c.member, options)
+	q := o.quota(vram, compute, maxInst)
 	ctx, end, err := c.begin(o)
 	if err != nil {
 		return err
 	}
 	defer end()
-	_, err = s.m.SetQuota(ctx, name, tenant.Quota{VRAMBytes: vram, ComputeMilli: compute, MaxInstances: maxInst})
+	_, err = s.m.SetQuota(ctx, name, q)
 	s.sync()
 	return cancelled(ctx, err)
 }

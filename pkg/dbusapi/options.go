@@ -13,6 +13,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/tenant"
 )
 
 // Options every long operation takes in its a{sv} argument.
@@ -96,6 +97,37 @@ func (o *opts) strings(key string) []string {
 		o.err = invalidArg("%s: option %q is an empty list; give at least one value or leave the option out", o.member, key)
 	}
 	return s
+}
+
+// Quota names the unlimited option takes.
+const (
+	QuotaVRAM      = "vram"
+	QuotaCompute   = "compute"
+	QuotaInstances = "instances"
+)
+
+// quota is a tenant quota from DefineTenant's and SetQuota's arguments,
+// with the quotas the unlimited option names made unlimited: Cockpit's
+// bridge sends JSON numbers as int64, so it cannot send UINT64_MAX, and
+// a client there names what it wants unlimited instead. An unknown name
+// is InvalidArgument.
+func (o *opts) quota(vram, compute, instances uint64) tenant.Quota {
+	q := tenant.Quota{VRAMBytes: vram, ComputeMilli: compute, MaxInstances: instances}
+	for _, n := range o.strings("unlimited") {
+		switch n {
+		case QuotaVRAM:
+			q.VRAMBytes = tenant.Unlimited
+		case QuotaCompute:
+			q.ComputeMilli = tenant.Unlimited
+		case QuotaInstances:
+			q.MaxInstances = tenant.Unlimited
+		default:
+			if o.err == nil {
+				o.err = invalidArg("%s: option \"unlimited\": %s is not a quota; give %s, %s or %s", o.member, manager.QuoteArg(n), QuotaVRAM, QuotaCompute, QuotaInstances)
+			}
+		}
+	}
+	return q
 }
 
 // unsigned accepts any unsigned or non-negative integer type: busctl and

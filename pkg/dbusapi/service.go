@@ -25,6 +25,10 @@ type Options struct {
 	// Group is the group whose members may read and change state
 	// (default "vgpud").
 	Group string
+	// GroupReadOnly lets Group's members read but not change: their
+	// changes, as anyone else's, need polkit's authorization (the
+	// setting groupAccess: read).
+	GroupReadOnly bool
 	// NoPolkit never asks polkit (only root and Group may change state).
 	NoPolkit bool
 	// Shares feeds GetShares' achieved, demand and interference figures;

@@ -162,7 +162,7 @@ func (s *Service) getManagedObjects(c *call) (map[dbus.ObjectPath]map[string]map
 }
 
 func (s *Service) introspectMethod(c *call) (string, error) {
-	ok, _, err := c.may(accessRead)
+	ok, _, err := c.may(accessRead, false)
 	reader := err == nil && ok
 	switch c.kind {
 	case kindGPU, kindInstance, kindTenant:

@@ -22,7 +22,7 @@ type Virt interface {
 	Attach(ctx context.Context, domain string, h virt.Hostdev, instance string) (bool, error)
 	Detach(ctx context.Context, domain string, h virt.Hostdev, instance string) error
 	Attached(ctx context.Context, ref string) ([]virt.Attached, error)
-	// Domains lists every domain (name and UUID).
+	// Domains lists every domain (name, UUID, whether it runs).
 	Domains(ctx context.Context) ([]virt.Domain, error)
 	Events(ctx context.Context) <-chan virt.Event
 	// Quiesce waits until calls that outran their deadline have returned.

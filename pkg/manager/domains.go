@@ -264,3 +264,18 @@ func (m *Manager) setLive(a store.Attachment, live bool) {
 	}
 	m.emit(Event{Kind: EventInstanceChanged, ID: a.Instance})
 }
+
+// Domains lists the VMs of this host's libvirt (name, UUID, whether each
+// runs), for a caller choosing one to attach to. Bounded by ctx; with
+// libvirt not configured, or not answering, refused by name.
+func (m *Manager) Domains(ctx context.Context) ([]virt.Domain, error) {
+	v := m.lv()
+	if v == nil {
+		return nil, fail(ErrBackendFailure, nil, "list VMs: libvirt is not configured for this daemon (libvirtSocket in vgpud.yaml)")
+	}
+	ds, err := v.Domains(ctx)
+	if err != nil {
+		return nil, classifyVirt(err, "list VMs")
+	}
+	return ds, nil
+}

@@ -82,21 +82,33 @@ func (c *Conn) Domain(ctx context.Context, ref string) (Domain, error) {
 	return out, err
 }
 
-// Domains lists every domain on this connection's host (name and UUID;
-// Running and Persistent are not read).
+// Domains lists every domain on this connection's host: name, UUID and
+// whether it runs (a second listing, of the active ones: two calls
+// whatever the number of domains). Persistent is not read.
 func (c *Conn) Domains(ctx context.Context) ([]Domain, error) {
 	var out []Domain
 	err := c.do(ctx, "domains", func(r *rpc) error {
-		ds, err := call(r, func(l *libvirt.Libvirt) ([]libvirt.Domain, error) {
-			ds, _, err := l.ConnectListAllDomains(1, 0)
-			return ds, err
-		})
+		list := func(flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, error) {
+			return call(r, func(l *libvirt.Libvirt) ([]libvirt.Domain, error) {
+				ds, _, err := l.ConnectListAllDomains(1, flags)
+				return ds, err
+			})
+		}
+		ds, err := list(0)
 		if err != nil {
 			return fmt.Errorf("list domains: %w", err)
 		}
+		active, err := list(libvirt.ConnectListDomainsActive)
+		if err != nil {
+			return fmt.Errorf("list running domains: %w", err)
+		}
+		running := map[libvirt.UUID]bool{}
+		for _, d := range active {
+			running[d.UUID] = true
+		}
 		out = out[:0]
 		for _, d := range ds {
-			out = append(out, Domain{Name: d.Name, UUID: uuid.UUID(d.UUID).String()})
+			out = append(out, Domain{Name: d.Name, UUID: uuid.UUID(d.UUID).String(), Running: running[d.UUID]})
 		}
 		return nil
 	})
