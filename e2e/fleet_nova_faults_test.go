@@ -60,11 +60,14 @@ func novaFlavor(profile string, form tplacement.Form, kv ...string) tplacement.F
 }
 
 // novaReschedules is what Nova retries on another host: a stale claim
-// (named StaleClaim; before that name, NoCapacity) and a compute host that
-// died under the build.
+// (named StaleClaim; before that name, NoCapacity), a compute host that
+// died under the build, and a build that failed on the host's side
+// (BackendFailure: vgpud could not read the allocation in time, say, on a
+// loaded Placement); Nova's compute raises RescheduledException for such a
+// failed build and the conductor tries an alternate.
 func novaReschedules(err error) bool {
 	name := dbusapi.ErrorName(err)
-	return name == nameStaleClaim || name == dbusapi.NameNoCapacity || isGone(err)
+	return name == nameStaleClaim || name == dbusapi.NameNoCapacity || name == dbusapi.NameBackendFailure || isGone(err)
 }
 
 // novaFleet is the fault test's fleet: Placement, the three hosts of
@@ -475,7 +478,9 @@ func novaCrashCreate(t *testing.T, f *novaFleet) {
 func novaRestartWindow(t *testing.T, f *novaFleet) {
 	b, ctx := f.host("fleet-b"), ctxFleet(t)
 	var ids []string
-	for range 3 {
+	// Up to 8 tries for 3 creates on fleet-b: a try Nova rescheduled
+	// elsewhere (fleet-b's build failed) is destroyed there.
+	for try := 0; try < 8 && len(ids) < 3; try++ {
 		id, h := f.place(t, 0, b)
 		if h != b {
 			if err := h.Destroy(ctx, id); err != nil {
