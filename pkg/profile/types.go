@@ -315,3 +315,12 @@ func trimPrefix(s, p string) string {
 	}
 	return s
 }
+
+// GPUInstanceScheduler reports whether the GPU time-slices the vGPUs of
+// one GPU instance with a scheduler of that GPU instance (NVML's
+// nvmlGpuInstance*VgpuScheduler*_v2, "for Blackwell GB20x or newer"):
+// Blackwell GPUs with graphics GPU-instance profiles, whose vGPU types
+// share a GPU instance. Other GPUs have only the device-level scheduler.
+func (m *Model) GPUInstanceScheduler() bool {
+	return m.Architecture == "blackwell" && m.hasGraphicsProfiles()
+}

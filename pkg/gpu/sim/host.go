@@ -460,6 +460,14 @@ func (h *Host) ResetGPU(id string) error {
 func (h *Host) SetDriverLoaded(on bool) error {
 	return h.mutate(func(st *state) (bool, error) {
 		st.DriverLoaded = on
+		if !on {
+			// The GPU instances' schedulers do not outlive the module.
+			for _, g := range st.GPUs {
+				for _, x := range g.GIs {
+					x.Sched = nil
+				}
+			}
+		}
 		return true, nil
 	})
 }

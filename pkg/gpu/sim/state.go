@@ -68,6 +68,9 @@ type gi struct {
 	Start     int   `json:"start"`
 	Size      int   `json:"size"`
 	CIs       []*ci `json:"computeInstances,omitempty"`
+	// Sched is the GPU instance's own vGPU scheduler (Blackwell GB20x);
+	// nil: the driver's default. It goes with the GPU instance.
+	Sched *sched `json:"scheduler,omitempty"`
 }
 
 type ci struct {
