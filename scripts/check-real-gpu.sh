@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Read-only checks against a real NVIDIA GPU: builds vgpud, prints the
 # host inventory as vgpud discovers it, and compares NVML's MIG profile
-# tables with profiles/. It changes no GPU setting (no MIG mode change,
+# tables with profiles/, and reads the scheduler state and log of each GPU
+# and of each GPU instance (the per-GPU-instance scheduler of Blackwell
+# GB20x, NOT_SUPPORTED elsewhere) through the _v2 calls. It changes no GPU setting (no MIG mode change,
 # no reset, no instance created). Output goes to $OUT (default ./real-gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -145,5 +145,18 @@ func TestRealGPUCurrentCalls(t *testing.T) {
 			t.Errorf("GPU %s scheduler log (_v2): %v", g.PCI, lerr)
 		}
 		t.Logf("GPU %s %s: %.0f °C; scheduler %+v (%v); log of %d runs (%v)", g.PCI, g.Model, tel.TemperatureC, st, err, len(l.Entries), lerr)
+		// The per-GPU-instance scheduler (Blackwell GB20x), read only:
+		// elsewhere the driver answers NOT_SUPPORTED.
+		for _, x := range g.MIG.Instances {
+			gs, err := b.GPUInstanceSchedulerState(ctx, g.UUID, x.ID)
+			if err != nil && !errors.Is(err, gpu.ErrNotSupported) {
+				t.Errorf("GPU %s GPU instance %d scheduler state (_v2): %v", g.PCI, x.ID, err)
+			}
+			gl, lerr := b.GPUInstanceSchedulerLog(ctx, g.UUID, x.ID)
+			if lerr != nil && !errors.Is(lerr, gpu.ErrNotSupported) {
+				t.Errorf("GPU %s GPU instance %d scheduler log (_v2): %v", g.PCI, x.ID, lerr)
+			}
+			t.Logf("GPU %s GPU instance %d: scheduler %+v (%v); log of %d runs (%v)", g.PCI, x.ID, gs, err, len(gl.Entries), lerr)
+		}
 	}
 }

@@ -239,11 +239,16 @@ func (p *Probe) SchedulerLog(ctx context.Context) (SchedulerLog, error) {
 	if err != nil {
 		return SchedulerLog{}, err
 	}
+	return schedulerLogOf(l), nil
+}
+
+// schedulerLogOf is a _v2 log, the device's or a GPU instance's.
+func schedulerLogOf(l gonvml.VgpuSchedulerLogInfo_v2) SchedulerLog {
 	n := min(int(l.EntriesCount), len(l.LogEntries))
 	out := SchedulerLog{Policy: l.SchedulerPolicy, Full: n == len(l.LogEntries), Entries: make([]SchedulerLogEntry, 0, n)}
 	for _, e := range l.LogEntries[:n] {
 		out.Entries = append(out.Entries, SchedulerLogEntry{Time: int64(e.Timestamp), Runlist: e.SwRunlistId, Run: time.Duration(e.TimeRun),
 			RunTotal: time.Duration(e.TimeRunTotal), Target: time.Duration(e.TargetTimeSlice), PreemptionTotal: time.Duration(e.CumulativePreemptionTime)})
 	}
-	return out, nil
+	return out
 }

@@ -18,35 +18,44 @@ func (b *Backend) VGPUScheduler(ctx context.Context, uuid string) (gpu.VGPUSched
 	if err != nil {
 		return gpu.VGPUScheduler{}, err
 	}
-	out := gpu.VGPUScheduler{Timeslice: s.Timeslice}
-	switch s.Policy {
+	return gpu.VGPUScheduler{Policy: policyName(s.Policy), Timeslice: s.Timeslice}, nil
+}
+
+// policyName is NVML's policy number by pkg/gpu's name.
+func policyName(p uint32) string {
+	switch p {
 	case PolicyBestEffort:
-		out.Policy = gpu.SchedBestEffort
+		return gpu.SchedBestEffort
 	case PolicyEqualShare:
-		out.Policy = gpu.SchedEqualShare
+		return gpu.SchedEqualShare
 	case PolicyFixedShare:
-		out.Policy = gpu.SchedFixedShare
-	default:
-		out.Policy = "unknown"
+		return gpu.SchedFixedShare
 	}
-	return out, nil
+	return "unknown"
+}
+
+// policyNumber is pkg/gpu's policy name as NVML numbers it.
+func policyNumber(name string) (uint32, error) {
+	switch name {
+	case gpu.SchedBestEffort:
+		return PolicyBestEffort, nil
+	case gpu.SchedEqualShare:
+		return PolicyEqualShare, nil
+	case gpu.SchedFixedShare:
+		return PolicyFixedShare, nil
+	}
+	return 0, fmt.Errorf("scheduler policy %q: %w", name, gpu.ErrInvalid)
 }
 
 // SetVGPUScheduler sets the GPU's scheduler policy and time slice, within
 // the GPU's capabilities (InvalidArgument outside them).
 func (b *Backend) SetVGPUScheduler(ctx context.Context, uuid string, s gpu.VGPUScheduler) error {
 	p := b.Probe(uuid)
-	var st SchedulerState
-	switch s.Policy {
-	case gpu.SchedBestEffort:
-		st.Policy = PolicyBestEffort
-	case gpu.SchedEqualShare:
-		st.Policy = PolicyEqualShare
-	case gpu.SchedFixedShare:
-		st.Policy = PolicyFixedShare
-	default:
-		return fmt.Errorf("GPU %s: scheduler policy %q: %w", uuid, s.Policy, gpu.ErrInvalid)
+	pol, err := policyNumber(s.Policy)
+	if err != nil {
+		return fmt.Errorf("GPU %s: %w", uuid, err)
 	}
+	st := SchedulerState{Policy: pol}
 	c, err := p.SchedulerCapabilities(ctx)
 	if err != nil {
 		return err
