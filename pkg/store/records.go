@@ -137,7 +137,22 @@ type GPU struct {
 	// Scheduler is the vGPU scheduler setting an operator pinned the GPU
 	// to (the driver forgets it at a reboot); nil: the share loop chooses.
 	Scheduler *Scheduler `json:"scheduler,omitempty"`
-	Updated   time.Time  `json:"updated"`
+	// GPUInstanceSchedulers are the schedulers an operator pinned for GPU
+	// instances of the GPU (Blackwell GB20x: the vGPUs of one GPU instance
+	// take turns under its own scheduler), by the GPU instance's profile
+	// and placement: the driver forgets a setting with its GPU instance,
+	// and vgpud sets it again on the GPU instance re-created there.
+	GPUInstanceSchedulers []GPUInstanceScheduler `json:"gpuInstanceSchedulers,omitempty"`
+	Updated               time.Time              `json:"updated"`
+}
+
+// GPUInstanceScheduler is a pinned scheduler setting of the GPU instance
+// of profile ProfileID (the real id) at Start, Size (memory slices).
+type GPUInstanceScheduler struct {
+	ProfileID int `json:"profileID"`
+	Start     int `json:"start"`
+	Size      int `json:"size"`
+	Scheduler
 }
 
 // Scheduler is a pinned vGPU scheduler setting: policy (pkg/gpu's names)
@@ -150,7 +165,9 @@ type Scheduler struct {
 }
 
 // Zero reports whether the record holds nothing worth keeping.
-func (g *GPU) Zero() bool { return g.Failed == "" && g.Heterogeneous == nil && g.Scheduler == nil }
+func (g *GPU) Zero() bool {
+	return g.Failed == "" && g.Heterogeneous == nil && g.Scheduler == nil && len(g.GPUInstanceSchedulers) == 0
+}
 
 // Op is the operation an intent records.
 type Op string
