@@ -25,6 +25,9 @@ type GPUView struct {
 	// Scheduler is the time-sliced vGPU scheduler's control (nil: the GPU
 	// has none: MIG on, no vGPU manager).
 	Scheduler *SchedulerView `json:"scheduler,omitempty"`
+	// GPUInstanceSchedulers are the schedulers of its GPU instances
+	// (Blackwell GB20x only; sched_gi.go).
+	GPUInstanceSchedulers []GPUInstanceSchedulerView `json:"gpuInstanceSchedulers,omitempty"`
 }
 
 // GPUs lists the host's GPUs as last discovered.
@@ -40,8 +43,9 @@ func (m *Manager) GPUs() ([]GPUView, error) {
 			return err
 		}
 		pinned := map[string]*store.Scheduler{}
+		giPins := map[string][]store.GPUInstanceScheduler{}
 		for _, st := range sts {
-			pinned[st.UUID] = st.Scheduler
+			pinned[st.UUID], giPins[st.UUID] = st.Scheduler, st.GPUInstanceSchedulers
 		}
 		for i := range s.inv.GPUs {
 			g := s.inv.GPUs[i]
@@ -62,6 +66,7 @@ func (m *Manager) GPUs() ([]GPUView, error) {
 				sv := schedulerViewOf(pinned[g.UUID], m.scheds.get(g.UUID))
 				v.Scheduler = &sv
 			}
+			v.GPUInstanceSchedulers = m.giSchedulerViews(g, giPins[g.UUID])
 			out = append(out, v)
 		}
 		return nil

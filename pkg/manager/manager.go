@@ -193,6 +193,10 @@ type Manager struct {
 	// are the pinned settings the driver has not taken yet (sched.go).
 	sched  SchedulerBackend
 	scheds schedTable
+	// gisched sets GPU instances' schedulers (nil: the backend cannot);
+	// gischeds are their pins not on the host yet, by giKey (sched_gi.go).
+	gisched  GPUInstanceSchedulerBackend
+	gischeds schedTable
 
 	// opsMu guards closing and the adding to ops.
 	opsMu   sync.Mutex
@@ -216,6 +220,7 @@ func New(c Config) *Manager {
 		m.recovery = DefaultRecoveryConcurrency
 	}
 	m.sched, _ = c.NVML.(SchedulerBackend)
+	m.gisched, _ = c.NVML.(GPUInstanceSchedulerBackend)
 	if m.now == nil {
 		m.now = time.Now
 	}

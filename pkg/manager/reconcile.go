@@ -155,6 +155,10 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 		m.refreshGPU(ctx, uuid)
 		delete(m.dirty, uuid)
 	}
+	// GPU instances are back: their pinned schedulers, before VMs start.
+	if err := m.applyGPUInstanceSchedulers(ctx, &rep); err != nil {
+		return rep, err
+	}
 	rep.Foreign = m.foreign()
 	return rep, nil
 }

@@ -432,7 +432,8 @@ func (m *Manager) RetrySchedulers(ctx context.Context) {
 	}
 }
 
-// WatchSchedulers retries pending scheduler settings every interval until
+// WatchSchedulers retries pending scheduler settings, the GPUs' and the
+// GPU instances' (sched_gi.go), every interval until
 // ctx ends: a VM stopping is not always a libvirt event vgpud sees (QEMU
 // letting go of the vGPU is the driver's business).
 func (m *Manager) WatchSchedulers(ctx context.Context, every time.Duration) {
@@ -443,7 +444,7 @@ func (m *Manager) WatchSchedulers(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			m.RetrySchedulers(ctx)
+			m.retryEvery(ctx)
 		}
 	}
 }

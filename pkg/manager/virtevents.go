@@ -26,7 +26,7 @@ func (m *Manager) WatchVirt(ctx context.Context, policy string) {
 			m.domainUndefined(ctx, ev, policy)
 		case virt.Stopped:
 			m.domainStopped(ev)
-			m.RetrySchedulers(ctx)
+			m.retryEvery(ctx)
 		case virt.Started, virt.Reconnected:
 			if _, err := m.Reconcile(ctx); err != nil {
 				m.log.Warn("reconcile after VM event", "event", ev.Kind, "vm", ev.Domain, "err", err)
