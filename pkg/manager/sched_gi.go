@@ -236,6 +236,8 @@ func (m *Manager) putGISchedulerRecord(g gpu.GPU, x gpu.GPUInstance, s *gpu.VGPU
 // have it.
 func (m *Manager) giSchedulerView(g gpu.GPU, x gpu.GPUInstance) GPUInstanceSchedulerView {
 	var st store.GPU
+	// NotFound is no pin; a failed read shows the GPU instance adaptive,
+	// and the caller reports what it just did, as schedulerView does.
 	_ = m.db.View(func(tx *store.Tx) (err error) { st, err = tx.GPU(g.UUID); return err })
 	for _, v := range m.giSchedulerViews(g, st.GPUInstanceSchedulers) {
 		if v.GPUInstance == x.ID {
@@ -397,6 +399,7 @@ func (m *Manager) RetryGPUInstanceSchedulers(ctx context.Context) {
 		return
 	}
 	defer done()
+	// A store that cannot be read now is read again at the next tick.
 	_ = m.applyGPUInstanceSchedulers(ctx, nil)
 }
 
