@@ -150,7 +150,7 @@ func (m *Manager) SetGPUInstanceScheduler(ctx context.Context, id string, giID i
 
 // giSchedulerUsable refuses GPUs without per-GPU-instance schedulers.
 func (m *Manager) giSchedulerUsable(g *gpu.GPU) error {
-	md, _ := m.catalog().Model(g.Model)
+	md := m.model(g.Model)
 	switch {
 	case m.gisched == nil:
 		return fail(ErrBackendFailure, nil, "this host's backend cannot set GPU instance schedulers")
@@ -187,9 +187,13 @@ func (m *Manager) vgpuGPUInstance(g gpu.GPU, giID int) (gpu.GPUInstance, error) 
 	return gpu.GPUInstance{}, fail(ErrNotFound, nil, "GPU %s has no GPU instance %d (vgpuctl gpu show %s lists them)", g.PCI, giID, g.PCI)
 }
 
+// model is the catalog's model name; nil for a GPU the catalog does not
+// know (which has no per-GPU-instance scheduler vgpud can tell).
 func (m *Manager) model(name string) *profile.Model {
-	md, _ := m.catalog().Model(name)
-	return md
+	if md, ok := m.catalog().Model(name); ok {
+		return md
+	}
+	return nil
 }
 
 // giHostsVGPUs: some vGPU type of md lives in GPU instances of profile
