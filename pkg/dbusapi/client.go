@@ -664,6 +664,16 @@ func (c *Client) SetGPUScheduler(ctx context.Context, gpu, mode, policy string, 
 	return r, err
 }
 
+// SetGPUInstanceScheduler pins the vGPU scheduler of GPU instance gi of
+// a Blackwell GB20x GPU (mode pinned, or "" with a policy) or drops the
+// pin (adaptive).
+func (c *Client) SetGPUInstanceScheduler(ctx context.Context, gpu string, gi int, mode, policy string, timeslice time.Duration) (GPUScheduler, error) {
+	var r GPUScheduler
+	err := c.long(ctx, fmt.Sprintf("set the scheduler of GPU instance %d of %s", gi, gpu), "SetGPUInstanceScheduler",
+		[]any{gpu, int32(gi), mode, policy, uint64(timeslice / time.Microsecond)}, nil, &r.Mode, &r.Pending, &r.Detail)
+	return r, err
+}
+
 // ClearGPU returns a failed GPU to service (an operator checked it).
 func (c *Client) ClearGPU(ctx context.Context, gpu string) error {
 	return c.long(ctx, "clear GPU "+gpu, "ClearGPU", []any{gpu}, nil)
@@ -912,6 +922,14 @@ func gpuFrom(p map[string]dbus.Variant) GPU {
 	for _, gi := range gis {
 		g.MIG.Instances = append(g.MIG.Instances, GPUInstance{ID: int(gi.ID), ProfileID: int(gi.ProfileID), Profile: gi.Profile,
 			Start: int(gi.Start), Size: int(gi.Size), ComputeInstances: int(gi.Compute)})
+	}
+	var scheds []giSchedulerWire
+	if v, ok := p["GPUInstanceSchedulers"]; ok {
+		_ = v.Store(&scheds)
+	}
+	for _, x := range scheds {
+		g.GPUInstanceSchedulers = append(g.GPUInstanceSchedulers, GPUInstanceScheduler{GPUInstance: int(x.ID), Profile: x.Profile, Start: int(x.Start), Size: int(x.Size),
+			GPUSchedulerState: GPUSchedulerState{Mode: x.Mode, Policy: x.Policy, Timeslice: time.Duration(x.TimesliceUsec) * time.Microsecond, Pending: x.Pending}})
 	}
 	return g
 }

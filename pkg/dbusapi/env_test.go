@@ -29,9 +29,15 @@ type env struct {
 // with its manager already made.
 func newEnv(t testing.TB, busOpts testbus.Options, configure func(*env, *Options)) *env {
 	t.Helper()
+	return newEnvOn(t, nil, busOpts, configure)
+}
+
+// newEnvOn is newEnv on the simulated host spec (nil: the default host).
+func newEnvOn(t testing.TB, spec *sim.Spec, busOpts testbus.Options, configure func(*env, *Options)) *env {
+	t.Helper()
 	e := &env{t: t, log: &testenv.Buffer{}}
 	e.bus = testbus.StartWith(t, busOpts)
-	h := simhost.Start(t, simhost.Options{Manager: manager.Config{BusyRetry: 1}})
+	h := simhost.Start(t, simhost.Options{Spec: spec, Manager: manager.Config{BusyRetry: 1}})
 	e.sim, e.m = h.Sim, h.Manager
 	opts := Options{
 		Address: e.bus.Address(), Version: "test-1",

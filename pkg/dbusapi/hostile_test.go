@@ -39,7 +39,7 @@ type hostileCall struct {
 
 // hostileCalls returns the valid starting call of every method, by
 // "Interface.Method", on a host with tenant acme holding instance inst.
-func hostileCalls(inst, layout string) map[string]hostileCall {
+func hostileCalls(inst, layout string, rtxGI int32) map[string]hostileCall {
 	mgr := ManagerPath
 	opts := map[string]dbus.Variant{}
 	create := map[string]any{"gpu": sim.DefaultL4, "uuid": "6f1c2b9e-51d2-4a37-9a0e-0c3c0d6f7a11", "affinity": "spread"}
@@ -73,17 +73,22 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 		ManagerInterface + ".SetHeterogeneous": {path: mgr, args: []any{sim.DefaultL4, true, opts}},
 		ManagerInterface + ".ClearGPU":         {path: mgr, args: []any{sim.DefaultL4, opts}},
 		ManagerInterface + ".SetGPUScheduler":  {path: mgr, args: []any{sim.DefaultL4, "pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{1: true}, bad: map[int]map[string]any{3: {"time slice 1µs": uint64(1), "time slice 999µs": uint64(999), "time slice 30001µs": uint64(30001), "time slice 2562047h": uint64(2562047 * 3600 * 1000000)}}},
-		ManagerInterface + ".GetShares":        {path: mgr},
-		ManagerInterface + ".GetFleetStatus":   {path: mgr},
-		ManagerInterface + ".Cancel":           {path: mgr, args: []any{"op-1"}},
-		GPUInterface + ".SetMIGMode":           {path: GPUPath(sim.DefaultH100TS), args: []any{true, opts}},
-		GPUInterface + ".SetHeterogeneous":     {path: GPUPath(sim.DefaultL4), args: []any{true, opts}},
-		GPUInterface + ".Clear":                {path: GPUPath(sim.DefaultL4), args: []any{opts}},
-		GPUInterface + ".SetScheduler":         {path: GPUPath(sim.DefaultL4), args: []any{"pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{0: true}, bad: map[int]map[string]any{2: {"time slice 1µs": uint64(1), "time slice 999µs": uint64(999), "time slice 30001µs": uint64(30001), "time slice 2562047h": uint64(2562047 * 3600 * 1000000)}}},
-		InstanceInterface + ".Destroy":         {path: InstancePath(inst), args: []any{opts}, options: map[string]any{"detach": true}},
-		InstanceInterface + ".Attach":          {path: InstancePath(inst), args: []any{"vm1", opts}, options: attach},
-		InstanceInterface + ".Detach":          {path: InstancePath(inst), args: []any{opts}},
-		InstanceInterface + ".GetHostdevXML":   {path: InstancePath(inst)},
+		ManagerInterface + ".SetGPUInstanceScheduler": {path: mgr, args: []any{hostileRTXPro, rtxGI, "pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{2: true}, bad: map[int]map[string]any{
+			0: {"a Hopper GPU": sim.DefaultH100MIG, "a GPU with MIG off": sim.DefaultL4},
+			1: {"GPU instance -1": int32(-1), "GPU instance 4096": int32(4096), "GPU instance -2147483648": int32(-2147483648)},
+			3: {"policy round_robin": "round_robin"},
+			4: {"time slice 1µs": uint64(1), "time slice 999µs": uint64(999), "time slice 30001µs": uint64(30001), "time slice 2562047h": uint64(2562047 * 3600 * 1000000)}}},
+		ManagerInterface + ".GetShares":      {path: mgr},
+		ManagerInterface + ".GetFleetStatus": {path: mgr},
+		ManagerInterface + ".Cancel":         {path: mgr, args: []any{"op-1"}},
+		GPUInterface + ".SetMIGMode":         {path: GPUPath(sim.DefaultH100TS), args: []any{true, opts}},
+		GPUInterface + ".SetHeterogeneous":   {path: GPUPath(sim.DefaultL4), args: []any{true, opts}},
+		GPUInterface + ".Clear":              {path: GPUPath(sim.DefaultL4), args: []any{opts}},
+		GPUInterface + ".SetScheduler":       {path: GPUPath(sim.DefaultL4), args: []any{"pinned", "fixed_share", uint64(2000), opts}, emptyOK: map[int]bool{0: true}, bad: map[int]map[string]any{2: {"time slice 1µs": uint64(1), "time slice 999µs": uint64(999), "time slice 30001µs": uint64(30001), "time slice 2562047h": uint64(2562047 * 3600 * 1000000)}}},
+		InstanceInterface + ".Destroy":       {path: InstancePath(inst), args: []any{opts}, options: map[string]any{"detach": true}},
+		InstanceInterface + ".Attach":        {path: InstancePath(inst), args: []any{"vm1", opts}, options: attach},
+		InstanceInterface + ".Detach":        {path: InstancePath(inst), args: []any{opts}},
+		InstanceInterface + ".GetHostdevXML": {path: InstancePath(inst)},
 		TenantInterface + ".SetQuota": {path: TenantPath("acme"), args: []any{q, q, uint64(4), opts}, options: map[string]any{"unlimited": []string{QuotaInstances}},
 			bad: map[int]map[string]any{3: {"unlimited quota unknown": map[string]dbus.Variant{"unlimited": dbus.MakeVariant([]string{"gpus"})}}}},
 		TenantInterface + ".Undefine":                 {path: TenantPath("acme"), args: []any{true, opts}},
@@ -94,6 +99,11 @@ func hostileCalls(inst, layout string) map[string]hostileCall {
 		introspectInterface + ".Introspect":           {path: mgr},
 	}
 }
+
+// hostileRTXPro is the RTX PRO 6000 Blackwell the hostile-input test's
+// host has beside the default host's GPUs: the GPU with per-GPU-instance
+// schedulers.
+const hostileRTXPro = "0000:c1:00.0"
 
 // badLayouts are layouts whose every value a pre-flight can check is
 // checked before the first change: out-of-range time slices, more compute
@@ -271,15 +281,21 @@ func (c hostileCall) variants(def *methodDef) []hostileVariant {
 // argument variants makes: each call gets a named error with a short
 // message, and changes nothing on the host or in the store.
 func TestDBusHostileInput(t *testing.T) {
-	e := newEnv(t, testbus.Options{}, func(e *env, o *Options) { o.Apply = NewApplier(e.m, apply.Limits{}) })
+	spec := sim.DefaultSpec()
+	spec.GPUs = append(spec.GPUs, sim.GPUSpec{Model: "RTX-PRO-6000-BSE-96GB", PCI: hostileRTXPro, Flavour: "vfio", MIG: true})
+	e := newEnvOn(t, spec, testbus.Options{}, func(e *env, o *Options) { o.Apply = NewApplier(e.m, apply.Limits{}) })
 	ctx := ctxT(t)
 	e.tenant("acme", unlimitedQuota())
 	e.tenant("beta-keep", unlimitedQuota())
 	inst := e.create("acme", "L4-4Q", "").UUID
 	e.create("beta-keep", "L4-4Q", "")
+	rtx, err := e.m.Instance(e.create("acme", "RTX Pro 6000 Blackwell DC-1-6Q", hostileRTXPro).UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	hostileMdevctl(t, e)
 	layout := "version: v1\ntenants:\n  - name: gamma\nlayout:\n  - gpu: \"" + sim.DefaultH100MIG + "\"\n    instances:\n      - {profile: 1g.10gb, tenant: gamma, count: 1}\n"
-	calls := hostileCalls(inst, layout)
+	calls := hostileCalls(inst, layout, int32(rtx.GIID))
 
 	state := func() string {
 		t.Helper()
@@ -295,7 +311,15 @@ func TestDBusHostileInput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, _ := json.Marshal([]any{insts, tenants})
+		gpus, err := e.m.GPUs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var scheds []any
+		for _, g := range gpus {
+			scheds = append(scheds, g.Scheduler, g.GPUInstanceSchedulers)
+		}
+		b, _ := json.Marshal([]any{insts, tenants, scheds})
 		return string(b) + "\n" + summary
 	}
 	before := state()

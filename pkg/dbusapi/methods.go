@@ -476,6 +476,24 @@ func (s *Service) setGPUScheduler(c *call, id, mode, policy string, timesliceUse
 	return v.Mode, v.Pending, v.PendingWhy, nil
 }
 
+func (s *Service) setGPUInstanceScheduler(c *call, id string, gi int32, mode, policy string, timesliceUsec uint64, options map[string]dbus.Variant) (string, bool, string, error) {
+	o := newOpts(c.member, options)
+	ctx, end, err := c.begin(o)
+	if err != nil {
+		return "", false, "", err
+	}
+	defer end()
+	if timesliceUsec > uint64(time.Hour/time.Microsecond) {
+		return "", false, "", invalidArg("SetGPUInstanceScheduler: time slice %d µs is out of range", timesliceUsec)
+	}
+	v, err := s.m.SetGPUInstanceScheduler(ctx, id, int(gi), manager.SchedulerRequest{Mode: mode, Policy: policy, Timeslice: time.Duration(timesliceUsec) * time.Microsecond})
+	s.sync()
+	if err != nil {
+		return "", false, "", cancelled(ctx, err)
+	}
+	return v.Mode, v.Pending, v.PendingWhy, nil
+}
+
 func (s *Service) objSetScheduler(c *call, mode, policy string, timesliceUsec uint64, options map[string]dbus.Variant) (string, bool, string, error) {
 	return s.setGPUScheduler(c, c.id, mode, policy, timesliceUsec, options)
 }

@@ -83,6 +83,18 @@ type migInstanceWire struct {
 	Compute       int32
 }
 
+// giSchedulerWire is one GPU instance's scheduler: (GPU instance id, -1
+// while none is at the pinned placement; profile; start slot; size in
+// slots; mode; policy; time slice in µs; pending).
+type giSchedulerWire struct {
+	ID            int32
+	Profile       string
+	Start, Size   int32
+	Mode, Policy  string
+	TimesliceUsec uint64
+	Pending       bool
+}
+
 var gpuProps = []prop[manager.GPUView]{
 	{name: "PCI", doc: "PCI address of the physical function, e.g. 0000:41:00.0.", get: func(g *manager.GPUView) any { return g.PCI }},
 	{name: "UUID", doc: "GPU UUID (GPU-...).", get: func(g *manager.GPUView) any { return g.UUID }},
@@ -111,6 +123,14 @@ var gpuProps = []prop[manager.GPUView]{
 	{name: "SchedulerPolicy", doc: "The pinned policy (best_effort, equal_share, fixed_share); empty unless pinned.", get: func(g *manager.GPUView) any { return schedOf(g).Policy }},
 	{name: "SchedulerTimesliceUsec", doc: "The pinned time slice in microseconds; 0 for the driver's default.", get: func(g *manager.GPUView) any { return uint64(schedOf(g).Timeslice / time.Microsecond) }},
 	{name: "SchedulerPending", doc: "The pinned setting is not on the GPU yet: the driver refuses a change while a VM with a vGPU runs; it is set when they stop.", get: func(g *manager.GPUView) any { return schedOf(g).Pending }},
+	{name: "GPUInstanceSchedulers", doc: "The vGPU schedulers of the GPU's GPU instances (Blackwell GB20x; empty elsewhere): (GPU instance id, -1 while no GPU instance is at a pinned placement; profile; start slot; size in slots; mode: pinned or adaptive; pinned policy; pinned time slice in microseconds, 0 for the driver's default; pending: the driver has not taken the pin yet, a VM runs in the GPU instance or none is at the placement).", get: func(g *manager.GPUView) any {
+		out := []giSchedulerWire{}
+		for _, v := range g.GPUInstanceSchedulers {
+			out = append(out, giSchedulerWire{ID: int32(v.GPUInstance), Profile: v.Profile, Start: int32(v.Start), Size: int32(v.Size),
+				Mode: v.Mode, Policy: v.Policy, TimesliceUsec: uint64(v.Timeslice / time.Microsecond), Pending: v.Pending})
+		}
+		return out
+	}},
 	{name: "TotalVFs", doc: "SR-IOV virtual functions the GPU offers.", get: func(g *manager.GPUView) any { return int32(g.VGPU.TotalVFs) }},
 	{name: "NumVFs", doc: "SR-IOV virtual functions enabled now.", get: func(g *manager.GPUView) any { return int32(g.VGPU.NumVFs) }},
 	{name: "Instances", doc: "Objects of the vgpud instances on this GPU.", get: func(g *manager.GPUView) any { return instancePaths(g.Instances) }},

@@ -72,6 +72,19 @@ type GPU struct {
 	// Scheduler is the time-sliced vGPU scheduler's control; nil when the
 	// GPU has none (MIG on, no vGPU manager).
 	Scheduler *GPUSchedulerState `json:"scheduler,omitempty"`
+	// GPUInstanceSchedulers are the schedulers of its GPU instances
+	// (Blackwell GB20x only).
+	GPUInstanceSchedulers []GPUInstanceScheduler `json:"gpuInstanceSchedulers,omitempty"`
+}
+
+// GPUInstanceScheduler is one GPU instance's scheduler control; GPUInstance
+// is -1 for a pin whose GPU instance is not on the GPU now.
+type GPUInstanceScheduler struct {
+	GPUInstance int    `json:"gpuInstance"`
+	Profile     string `json:"profile,omitempty"`
+	Start       int    `json:"start"`
+	Size        int    `json:"size"`
+	GPUSchedulerState
 }
 
 // GPUSchedulerState is how a GPU's vGPU scheduler is controlled: pinned

@@ -61,7 +61,9 @@ func (b *Backend) SetGPUInstanceSchedulerState(ctx context.Context, uuid string,
 		set.Frequency = SliceFrequency(s.Timeslice)
 	}
 	_, err := giCall(ctx, b, uuid, giID, "nvmlGpuInstanceSetVgpuSchedulerState_v2", "GpuInstanceSetVgpuSchedulerState_v2",
-		func(h gonvml.GpuInstance) (struct{}, gonvml.Return) { return struct{}{}, h.SetVgpuSchedulerState_v2(&set) })
+		func(h gonvml.GpuInstance) (struct{}, gonvml.Return) {
+			return struct{}{}, h.SetVgpuSchedulerState_v2(&set)
+		})
 	return err
 }
 
