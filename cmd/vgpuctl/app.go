@@ -46,6 +46,7 @@ type api interface {
 	SetHeterogeneous(ctx context.Context, gpu string, on bool) error
 	ClearGPU(ctx context.Context, gpu string) error
 	SetGPUScheduler(ctx context.Context, gpu, mode, policy string, timeslice time.Duration) (dbusapi.GPUScheduler, error)
+	SetGPUInstanceScheduler(ctx context.Context, gpu string, gi int, mode, policy string, timeslice time.Duration) (dbusapi.GPUScheduler, error)
 	Shares(ctx context.Context) ([]dbusapi.ShareRow, error)
 	FleetStatus(ctx context.Context) (dbusapi.FleetStatus, error)
 	Events(ctx context.Context) (<-chan dbusapi.Event, error)

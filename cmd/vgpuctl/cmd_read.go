@@ -188,6 +188,7 @@ func gpuDetail(w io.Writer, g dbusapi.GPU) error {
 			return err
 		}
 	}
+	giSchedLines(w, g.GPUInstanceSchedulers)
 	for _, e := range g.Errors {
 		fmt.Fprintf(w, "error: %s\n", e)
 	}

@@ -14,20 +14,24 @@ import (
 // schedDoc is gpu scheduler's -o json/yaml document.
 type schedDoc struct {
 	header
-	GPU       string        `json:"gpu"`
-	Mode      string        `json:"mode"`
-	Policy    string        `json:"policy,omitempty"`
-	Timeslice time.Duration `json:"timesliceNs,omitempty"`
-	Pending   bool          `json:"pending"`
-	Detail    string        `json:"detail,omitempty"`
+	GPU string `json:"gpu"`
+	// GPUInstance is the GPU instance whose scheduler it is (--gpu-instance);
+	// nil for the GPU's own.
+	GPUInstance *int          `json:"gpuInstance,omitempty"`
+	Mode        string        `json:"mode"`
+	Policy      string        `json:"policy,omitempty"`
+	Timeslice   time.Duration `json:"timesliceNs,omitempty"`
+	Pending     bool          `json:"pending"`
+	Detail      string        `json:"detail,omitempty"`
 }
 
 func (a *app) gpuSchedulerCmd() *cobra.Command {
 	var mode, policy string
 	var timeslice time.Duration
+	var gi int
 	cmd := &cobra.Command{
-		Use:   "scheduler GPU [--policy POLICY [--timeslice DURATION]] [--mode pinned|adaptive]",
-		Short: "Pin a GPU's vGPU scheduler policy and time slice, or hand it to the share loop",
+		Use:   "scheduler GPU [--gpu-instance N] [--policy POLICY [--timeslice DURATION]] [--mode pinned|adaptive]",
+		Short: "Pin a GPU's (or GPU instance's) vGPU scheduler policy and time slice, or hand it to the share loop",
 		Long: `Pin the time-sliced vGPU scheduler of a GPU to a policy (best_effort,
 equal_share or fixed_share) and time slice (--timeslice 2ms; the driver's
 default when not given): the share loop then never changes it. --mode adaptive
@@ -37,9 +41,18 @@ start.
 
 The driver takes a scheduler change only while no VM with a vGPU runs on the
 GPU: while one runs, the setting is kept as pending (gpu show says so) and set
-as soon as they stop. GPUs with MIG on have no time-sliced scheduler.`,
+as soon as they stop. GPUs with MIG on have no time-sliced scheduler.
+
+With --gpu-instance N (Blackwell GB20x, e.g. RTX PRO 6000 Blackwell, in MIG
+mode) the setting is the scheduler of GPU instance N (gpu show lists them),
+under which that GPU instance's vGPUs take turns. It is kept by the GPU
+instance's profile and placement and set again on the GPU instance there when
+it is re-created (a reboot, a reconcile) or the driver reloads. The driver takes
+it only while no VM runs in the GPU instance (pending until then). --mode
+adaptive drops the pin: the driver's setting stays.`,
 		Example: `  vgpuctl gpu scheduler 0000:81:00.0 --policy fixed_share --timeslice 2ms
-  vgpuctl gpu scheduler 0000:81:00.0 --mode adaptive`,
+  vgpuctl gpu scheduler 0000:81:00.0 --mode adaptive
+  vgpuctl gpu scheduler 0000:c1:00.0 --gpu-instance 3 --policy equal_share --timeslice 5ms`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeGPUs,
 		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
@@ -58,6 +71,12 @@ as soon as they stop. GPUs with MIG on have no time-sliced scheduler.`,
 				// The API carries whole microseconds: a finer slice would
 				// be cut short on the way, not refused.
 				return usagef("--timeslice %v: give whole microseconds (1ms..30ms; 0s keeps the driver's)", timeslice)
+			}
+			if cmd.Flags().Changed("gpu-instance") {
+				if gi < 0 {
+					return usagef("--gpu-instance %d: give a GPU instance id (gpu show lists them)", gi)
+				}
+				return a.gpuInstanceScheduler(ctx, c, args[0], gi, mode, policy, timeslice)
 			}
 			r, err := c.SetGPUScheduler(ctx, args[0], mode, policy, timeslice)
 			if err != nil {
@@ -79,6 +98,7 @@ as soon as they stop. GPUs with MIG on have no time-sliced scheduler.`,
 	f.StringVar(&policy, "policy", "", "best_effort, equal_share or fixed_share (pins the GPU)")
 	f.DurationVar(&timeslice, "timeslice", 0, "time slice set with the policy, 1ms..30ms in whole microseconds, e.g. 2ms; 0s keeps the driver's")
 	f.StringVar(&mode, "mode", "", "pinned (the default with --policy) or adaptive (the share loop chooses)")
+	f.IntVar(&gi, "gpu-instance", 0, "the scheduler of this GPU instance (Blackwell GB20x in MIG mode), not the GPU's")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions([]string{"best_effort", "equal_share", "fixed_share"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"pinned", "adaptive"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -97,15 +117,60 @@ func normPolicy(p string) string {
 
 func schedText(w io.Writer, d schedDoc) error {
 	var err error
+	what := "GPU " + d.GPU
+	if d.GPUInstance != nil {
+		what = fmt.Sprintf("GPU %s GPU instance %d", d.GPU, *d.GPUInstance)
+	}
 	switch {
+	case d.Mode != "pinned" && d.GPUInstance != nil:
+		_, err = fmt.Fprintf(w, "vGPU scheduler of %s is not pinned: the driver's setting stays\n", what)
 	case d.Mode != "pinned":
-		_, err = fmt.Fprintf(w, "vGPU scheduler of GPU %s is adaptive: the share loop chooses its policy\n", d.GPU)
+		_, err = fmt.Fprintf(w, "vGPU scheduler of %s is adaptive: the share loop chooses its policy\n", what)
 	case d.Pending:
-		_, err = fmt.Fprintf(w, "vGPU scheduler of GPU %s pinned to %s\n  pending: %s\n", d.GPU, schedSetting(d.Policy, d.Timeslice), d.Detail)
+		_, err = fmt.Fprintf(w, "vGPU scheduler of %s pinned to %s\n  pending: %s\n", what, schedSetting(d.Policy, d.Timeslice), d.Detail)
 	default:
-		_, err = fmt.Fprintf(w, "vGPU scheduler of GPU %s pinned to %s\n", d.GPU, schedSetting(d.Policy, d.Timeslice))
+		_, err = fmt.Fprintf(w, "vGPU scheduler of %s pinned to %s\n", what, schedSetting(d.Policy, d.Timeslice))
 	}
 	return err
+}
+
+// gpuInstanceScheduler is gpu scheduler --gpu-instance: the call, then
+// what vgpud holds for that GPU instance.
+func (a *app) gpuInstanceScheduler(ctx context.Context, c api, id string, gi int, mode, policy string, timeslice time.Duration) error {
+	r, err := c.SetGPUInstanceScheduler(ctx, id, gi, mode, policy, timeslice)
+	if err != nil {
+		return err
+	}
+	doc := schedDoc{header: hdr("GPUInstanceScheduler"), GPU: id, GPUInstance: &gi, Mode: r.Mode, Pending: r.Pending, Detail: r.Detail}
+	if r.Mode == "pinned" {
+		doc.Policy, doc.Timeslice = normPolicy(policy), timeslice
+		if g, err := c.GPU(ctx, id); err == nil {
+			for _, s := range g.GPUInstanceSchedulers {
+				if s.GPUInstance == gi && s.Mode == "pinned" {
+					doc.Policy, doc.Timeslice = s.Policy, s.Timeslice
+				}
+			}
+		}
+	}
+	return a.emit(doc, func(w io.Writer) error { return schedText(w, doc) })
+}
+
+// giSchedLines are gpu show's lines for the GPU instances' schedulers.
+func giSchedLines(w io.Writer, ss []dbusapi.GPUInstanceScheduler) {
+	for _, s := range ss {
+		what := fmt.Sprintf("GPU instance %d", s.GPUInstance)
+		if s.GPUInstance < 0 {
+			what = fmt.Sprintf("GPU instance %s at %d (none there now)", dash(s.Profile), s.Start)
+		}
+		cell := "not pinned (the driver's setting)"
+		if s.Mode == "pinned" {
+			cell = "pinned: " + schedSetting(s.Policy, s.Timeslice)
+			if s.Pending {
+				cell += ", pending"
+			}
+		}
+		fmt.Fprintf(w, "  %s scheduler: %s\n", what, cell)
+	}
 }
 
 func schedSetting(policy string, ts time.Duration) string {

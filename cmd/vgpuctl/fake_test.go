@@ -275,6 +275,16 @@ func (f *fake) SetHeterogeneous(_ context.Context, gpu string, on bool) error {
 	return f.record("SetHeterogeneous %s %v", gpu, on)
 }
 
+func (f *fake) SetGPUInstanceScheduler(_ context.Context, gpu string, gi int, mode, policy string, ts time.Duration) (dbusapi.GPUScheduler, error) {
+	if err := f.record("SetGPUInstanceScheduler %s %d %q %q %v", gpu, gi, mode, policy, ts); err != nil {
+		return dbusapi.GPUScheduler{}, err
+	}
+	if mode == "adaptive" {
+		return dbusapi.GPUScheduler{Mode: "adaptive"}, nil
+	}
+	return dbusapi.GPUScheduler{Mode: "pinned"}, nil
+}
+
 func (f *fake) SetGPUScheduler(_ context.Context, gpu, mode, policy string, ts time.Duration) (dbusapi.GPUScheduler, error) {
 	if err := f.record("SetGPUScheduler %s %q %q %v", gpu, mode, policy, ts); err != nil {
 		return dbusapi.GPUScheduler{}, err

@@ -466,6 +466,27 @@ func TestGPUScheduler(t *testing.T) {
 	}
 }
 
+// gpu scheduler --gpu-instance: a negative id is a usage error with no
+// call; otherwise the GPU instance's call is made (never the GPU's), and
+// the answer names the GPU instance.
+func TestGPUInstanceSchedulerFlag(t *testing.T) {
+	f := &fake{}
+	if _, errOut, code := runFake(f, "gpu", "scheduler", "0000:41:00.0", "--gpu-instance", "-1", "--policy", "equal_share"); code != exitUsage || len(f.calls) != 0 {
+		t.Errorf("--gpu-instance -1: exit %d, calls %v, %s; want a usage error and no call", code, f.calls, errOut)
+	}
+	if _, _, code := runFake(f, "gpu", "scheduler", "0000:41:00.0", "--gpu-instance", "3"); code != exitUsage || len(f.calls) != 0 {
+		t.Errorf("no policy: exit %d, calls %v; want a usage error and no call", code, f.calls)
+	}
+	out, errOut, code := runFake(f, "gpu", "scheduler", "0000:41:00.0", "--gpu-instance", "3", "--policy", "equal-share", "--timeslice", "5ms")
+	if code != 0 || len(f.calls) == 0 || f.calls[0] != `SetGPUInstanceScheduler 0000:41:00.0 3 "" "equal-share" 5ms` || !strings.Contains(out, "GPU 0000:41:00.0 GPU instance 3 pinned to equal_share, time slice 5ms\n") {
+		t.Fatalf("pin: exit %d, calls %q, out %q, err %q", code, f.calls, out, errOut)
+	}
+	out, _, code = runFake(f, "gpu", "scheduler", "0000:41:00.0", "--gpu-instance", "0", "--mode", "adaptive")
+	if code != 0 || f.lastCall() != `SetGPUInstanceScheduler 0000:41:00.0 0 "adaptive" "" 0s` || !strings.Contains(out, "GPU instance 0 is not pinned") {
+		t.Fatalf("adaptive: exit %d, call %q, out %q", code, f.lastCall(), out)
+	}
+}
+
 // --no-trunc shows every cell whole: list's profiles, gpus' models and
 // states, events' values; without it they are cut with "~".
 func TestNoTrunc(t *testing.T) {
