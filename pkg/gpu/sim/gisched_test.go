@@ -1,6 +1,7 @@
 package sim_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -78,6 +79,9 @@ func TestGPUInstanceSchedulerRefusals(t *testing.T) {
 	}
 	if s := giSched(t, x); s.SchedulerPolicy != nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE || s.Timeslice != 5_000_000 {
 		t.Fatalf("after the set: %+v, want equal share, 5 ms", s)
+	}
+	if sum, _ := e.h.Summary(); !strings.Contains(sum, ",sched=equal_share/5ms)") {
+		t.Fatalf("summary does not show the GPU instance's scheduler:\n%s", sum)
 	}
 	l, ret := x.GetVgpuSchedulerLog_v2(nvml.VgpuSchedulerLogInfo_v2{EngineId: graphics})
 	if ret != nvml.SUCCESS || l.SchedulerPolicy != nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE || l.Timeslice != 5_000_000 {

@@ -713,7 +713,12 @@ func (h *Host) Summary() (string, error) {
 			gis := append([]*gi(nil), g.GIs...)
 			sort.Slice(gis, func(i, j int) bool { return gis[i].Start < gis[j].Start })
 			for _, x := range gis {
-				out += fmt.Sprintf(" gi%d(p%d@%d+%d,ci=%d)", x.ID, x.ProfileID, x.Start, x.Size, len(x.CIs))
+				sched := ""
+				if x.Sched != nil {
+					// The GPU instance's own scheduler, once set (GB20x).
+					sched = fmt.Sprintf(",sched=%s/%v", policyName(x.Sched.Policy), time.Duration(x.Sched.TimesliceNs))
+				}
+				out += fmt.Sprintf(" gi%d(p%d@%d+%d,ci=%d%s)", x.ID, x.ProfileID, x.Start, x.Size, len(x.CIs), sched)
 			}
 			for _, v := range g.VFs {
 				if v.VGPU != nil {

@@ -124,3 +124,16 @@ func (x *gpuInstance) GetVgpuSchedulerLog_v2(info nvml.VgpuSchedulerLogInfo_v2) 
 	})
 	return info, ret
 }
+
+// policyName is a scheduler policy as pkg/gpu names it (Summary).
+func policyName(p uint32) string {
+	switch p {
+	case nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT:
+		return gpu.SchedBestEffort
+	case nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE:
+		return gpu.SchedEqualShare
+	case nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE:
+		return gpu.SchedFixedShare
+	}
+	return "unknown"
+}
