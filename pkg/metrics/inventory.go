@@ -47,6 +47,16 @@ func (c *Collector) collectInventory(b *batch, inv share.Inventory) {
 		b.add("vgpud_gpu_lost", boolf(g.State == gpu.StateLost), b.gpu(g.UUID)...)
 		b.add("vgpud_gpu_failed", boolf(g.State == gpu.StateFailed), b.gpu(g.UUID)...)
 		b.add("vgpud_gpu_framebuffer_allocated_bytes", float64(alloc[g.UUID]), b.gpu(g.UUID)...)
+		for _, s := range g.GPUInstanceSchedulers {
+			giID := strconv.Itoa(s.GI)
+			if !s.Pinned {
+				b.add("vgpud_gpu_instance_scheduler_info", 1, b.gpu(g.UUID, giID, s.Profile, "adaptive", "")...)
+				continue
+			}
+			b.add("vgpud_gpu_instance_scheduler_info", 1, b.gpu(g.UUID, giID, s.Profile, "pinned", string(s.Policy))...)
+			b.add("vgpud_gpu_instance_scheduler_timeslice_seconds", s.Timeslice.Seconds(), b.gpu(g.UUID, giID)...)
+			b.add("vgpud_gpu_instance_scheduler_pending", boolf(s.Pending), b.gpu(g.UUID, giID)...)
+		}
 		if !g.MIG {
 			continue
 		}

@@ -144,6 +144,22 @@ type GPU struct {
 	Pinned        bool
 	PinnedPolicy  Policy
 	PinnedPending bool
+	// GPUInstanceSchedulers are the schedulers of the GPU's GPU instances
+	// that host vGPUs (Blackwell GB20x), as vgpud manages them; the loop
+	// leaves them alone.
+	GPUInstanceSchedulers []GPUInstanceScheduler
+}
+
+// GPUInstanceScheduler is one GPU instance's scheduler: pinned to Policy
+// and Timeslice (0: the driver's) by an operator, or not (Pinned false);
+// Pending: the driver has not taken the pin yet.
+type GPUInstanceScheduler struct {
+	GI        int
+	Profile   string
+	Pinned    bool
+	Policy    Policy
+	Timeslice time.Duration
+	Pending   bool
 }
 
 // Tenant is one tenant's name and class.

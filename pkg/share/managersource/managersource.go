@@ -74,6 +74,13 @@ func (s *Source) Inventory(ctx context.Context) (share.Inventory, error) {
 		if md, ok := cat.Model(g.Model); ok && md.MIG != nil {
 			x.MIGSlots = md.MIG.MemorySlices
 		}
+		for _, s := range g.GPUInstanceSchedulers {
+			if s.GPUInstance < 0 {
+				continue // a pin with no GPU instance now: nothing runs under it
+			}
+			x.GPUInstanceSchedulers = append(x.GPUInstanceSchedulers, share.GPUInstanceScheduler{GI: s.GPUInstance, Profile: s.Profile,
+				Pinned: s.Mode == manager.SchedPinned, Policy: share.Policy(s.Policy), Timeslice: s.Timeslice, Pending: s.Pending})
+		}
 		inv.GPUs = append(inv.GPUs, x)
 	}
 	for _, v := range insts {
