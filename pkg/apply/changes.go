@@ -21,6 +21,10 @@ const (
 	OpUpdateTenant   Op = "update-tenant"
 	OpUndefineTenant Op = "undefine-tenant"
 	OpCreate         Op = "create"
+	// OpSetGPUInstanceScheduler pins the scheduler of the GPU instances
+	// that hold a layout line's MIG-backed vGPUs (Blackwell GB20x): after
+	// the creates, which make those GPU instances (sched_gi.go).
+	OpSetGPUInstanceScheduler Op = "set-gpu-instance-scheduler"
 )
 
 // phase orders the operations: destroys free room and let MIG modes
@@ -41,8 +45,10 @@ func (o Op) phase() int {
 		return 4
 	case OpCreate:
 		return 5
+	case OpSetGPUInstanceScheduler:
+		return 6
 	}
-	return 6
+	return 7
 }
 
 // Change is one step of a change set. It carries everything Execute needs,
@@ -61,7 +67,7 @@ type Change struct {
 	Tenant  string `json:"tenant,omitempty"`
 	// MIG is the mode set-mig-mode sets.
 	MIG *bool `json:"mig,omitempty"`
-	// Scheduler is what set-scheduler sets.
+	// Scheduler is what set-scheduler and set-gpu-instance-scheduler set.
 	Scheduler *SchedulerSpec `json:"scheduler,omitempty"`
 	// Settings are what define-tenant and update-tenant set.
 	Settings *TenantSettings `json:"settings,omitempty"`
@@ -130,6 +136,8 @@ func (c Change) String() string {
 		s = fmt.Sprintf("undefine tenant %s", c.Tenant)
 	case OpCreate:
 		s = fmt.Sprintf("create %s for tenant %s on %s (%s)", c.Profile, c.Tenant, c.GPU, c.Model)
+	case OpSetGPUInstanceScheduler:
+		s = fmt.Sprintf("set the vGPU scheduler of the GPU instances holding %s of tenant %s on %s (%s) to %s", c.Profile, c.Tenant, c.GPU, c.Model, c.Scheduler)
 	default:
 		s = string(c.Op)
 	}

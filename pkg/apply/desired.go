@@ -209,6 +209,11 @@ type InstanceSpec struct {
 	Tenant  string `json:"tenant"`
 	// Count defaults to 1; 0 asks for none.
 	Count *int `json:"count,omitempty"`
+	// Scheduler pins the vGPU scheduler of the GPU instances that hold
+	// these instances (MIG-backed vGPU types of Blackwell GB20x GPUs, whose
+	// GPU instances time-slice their vGPUs), or drops the pins (mode
+	// adaptive); nil leaves them alone.
+	Scheduler *SchedulerSpec `json:"scheduler,omitempty"`
 }
 
 // N is the number of instances asked for.
@@ -553,6 +558,11 @@ func (d *Desired) validateInstances(e LayoutEntry) error {
 		}
 		if in.N() > maxCount {
 			return d.bad(fi+".count", nil, "%d is more instances than any GPU holds (at most %d)", in.N(), maxCount)
+		}
+		if in.Scheduler != nil {
+			if _, err := in.Scheduler.request(); err != nil {
+				return d.bad(fi+".scheduler", nil, "%v", err)
+			}
 		}
 		k := [2]string{in.Profile, in.Tenant}
 		if prev, dup := wanted[k]; dup {

@@ -60,6 +60,9 @@ func (df *differ) gpu(g manager.GPUView, e *LayoutEntry, destroyed map[string]bo
 		return err
 	}
 	gd.creates()
+	if err := gd.giSchedulers(migAfter, mode != nil && g.MIG.Capable && *mode != g.MIG.Enabled); err != nil {
+		return err
+	}
 	df.foreign(g, e)
 	return nil
 }

@@ -136,6 +136,8 @@ func step(ctx context.Context, m Manager, c Change, wanted map[string]int) (Chan
 		}
 		_, err = m.SetGPUScheduler(ctx, gpuID(c), r)
 		return c, err
+	case OpSetGPUInstanceScheduler:
+		return c, setGPUInstanceSchedulers(ctx, m, c)
 	case OpDefineTenant, OpUpdateTenant:
 		if c.Settings == nil {
 			// Zero settings would be a tenant that may hold nothing.

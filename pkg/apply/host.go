@@ -32,6 +32,10 @@ type Manager interface {
 	UndefineTenant(ctx context.Context, name string, force bool) error
 	SetMIGMode(ctx context.Context, id string, on bool) error
 	SetGPUScheduler(ctx context.Context, id string, r manager.SchedulerRequest) (manager.SchedulerView, error)
+	SetGPUInstanceScheduler(ctx context.Context, id string, gi int, r manager.SchedulerRequest) (manager.GPUInstanceSchedulerView, error)
+	// HasGPUInstanceScheduler says whether GPUs of a catalog model have
+	// per-GPU-instance vGPU schedulers (Blackwell GB20x).
+	HasGPUInstanceScheduler(model string) bool
 	Create(ctx context.Context, req manager.CreateRequest) (store.Instance, error)
 	// Destroy of an unknown instance is manager.ErrNotFound.
 	Destroy(ctx context.Context, id string, opts manager.DestroyOptions) error
@@ -39,6 +43,8 @@ type Manager interface {
 
 // host is what Diff read of the host.
 type host struct {
+	// giSched are the models with per-GPU-instance schedulers.
+	giSched  map[string]bool
 	gpus     []manager.GPUView
 	insts    []manager.InstanceView
 	tenants  map[string]manager.TenantView
@@ -52,6 +58,10 @@ func readHost(m Manager) (*host, error) {
 		return nil, err
 	}
 	sort.Slice(h.gpus, func(i, j int) bool { return h.gpus[i].PCI < h.gpus[j].PCI })
+	h.giSched = map[string]bool{}
+	for _, g := range h.gpus {
+		h.giSched[g.Model] = m.HasGPUInstanceScheduler(g.Model)
+	}
 	if h.insts, err = m.AllInstances(); err != nil {
 		return nil, err
 	}

@@ -19,7 +19,10 @@ import (
 //     vGPU manager);
 //   - a define-tenant or update-tenant without settings or with settings
 //     the manager refuses; an undefine of a tenant that is not there;
-//   - a create of a profile the GPU's model does not offer.
+//   - a create of a profile the GPU's model does not offer;
+//   - a set-gpu-instance-scheduler without a valid setting, or for a GPU
+//     without per-GPU-instance schedulers, MIG off after the changes, or
+//     a profile that is no MIG-backed vGPU type (sched_gi.go).
 //
 // modes are the MIG modes the change set sets, by GPU UUID.
 func checkValues(h *host, cs ChangeSet, modes map[string]bool, pr *problems) {
@@ -76,9 +79,11 @@ func checkValues(h *host, cs ChangeSet, modes map[string]bool, pr *problems) {
 			if _, why, ok := h.resolve(g.Model, c.Profile); !ok {
 				pr.add(manager.ErrInvalidArgument, "%s: GPU %s: %s", c, g.PCI, why)
 			}
+		case OpSetGPUInstanceScheduler:
+			checkGPUInstanceScheduler(h, c, modes, pr)
 		default:
-			pr.add(manager.ErrInvalidArgument, "change %q: unknown operation (want %s, %s, %s, %s, %s, %s or %s)", c.Op,
-				OpDestroy, OpSetMIGMode, OpSetScheduler, OpDefineTenant, OpUpdateTenant, OpUndefineTenant, OpCreate)
+			pr.add(manager.ErrInvalidArgument, "change %q: unknown operation (want %s, %s, %s, %s, %s, %s, %s or %s)", c.Op,
+				OpDestroy, OpSetMIGMode, OpSetScheduler, OpDefineTenant, OpUpdateTenant, OpUndefineTenant, OpCreate, OpSetGPUInstanceScheduler)
 		}
 	}
 }

@@ -68,7 +68,8 @@ func (r *run) execute() {
 			work[id] = w
 			order = append(order, id)
 		}
-		if c.Op == OpCreate {
+		if c.Op == OpCreate || c.Op == OpSetGPUInstanceScheduler {
+			// A GPU instance's scheduler is set once the creates made it.
 			w.creates = append(w.creates, i)
 		} else {
 			w.pre = append(w.pre, i) // destroys sort before MIG mode changes

@@ -413,3 +413,10 @@ func (m *Manager) retryEvery(ctx context.Context) {
 	m.RetrySchedulers(ctx)
 	m.RetryGPUInstanceSchedulers(ctx)
 }
+
+// HasGPUInstanceScheduler says whether GPUs of the catalog model have
+// per-GPU-instance vGPU schedulers (Blackwell GB20x) this host can set.
+func (m *Manager) HasGPUInstanceScheduler(model string) bool {
+	md := m.model(model)
+	return m.gisched != nil && md != nil && md.GPUInstanceScheduler()
+}
