@@ -152,6 +152,21 @@ func TestCLIGPUInstanceScheduler(t *testing.T) {
 	if len(g.GPU.GPUInstanceSchedulers) != 1 || g.GPU.GPUInstanceSchedulers[0].Mode != "adaptive" {
 		t.Fatalf("after --mode adaptive: %+v", g.GPU.GPUInstanceSchedulers)
 	}
+
+	// A layout pins it again on the GPU instance that holds its line's
+	// vGPUs; applied again, it changes nothing.
+	layout := filepath.Join(t.TempDir(), "layout.yaml")
+	if err := os.WriteFile(layout, []byte("version: v1\nlayout:\n  - gpu: \""+rtxProPCI+"\"\n    scope: [mig-vgpu]\n    instances:\n"+
+		"      - {profile: \"RTX Pro 6000 Blackwell DC-1-6Q\", tenant: acme, count: 1, scheduler: {policy: fixed_share, timeslice: 2ms}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := d.ctl(t, "apply", "-f", layout).must(t, "apply"); !strings.Contains(r.out, "set the vGPU scheduler of the GPU instances holding RTX Pro 6000 Blackwell DC-1-6Q") {
+		t.Fatalf("apply:\n%s", r.out)
+	}
+	awaitGISched(t, d, h, in.MIG.GPUInstanceID, "after apply")
+	if r := d.ctl(t, "apply", "-f", layout, "--dry-run").must(t, "apply again"); !strings.Contains(r.out, "no changes") {
+		t.Fatalf("apply again:\n%s", r.out)
+	}
 }
 
 // awaitGISched waits until the driver holds the fixed-share 2 ms pin on

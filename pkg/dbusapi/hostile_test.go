@@ -108,14 +108,17 @@ const hostileRTXPro = "0000:c1:00.0"
 // badLayouts are layouts whose every value a pre-flight can check is
 // checked before the first change: out-of-range time slices, more compute
 // instances than a GPU instance holds, compute-instance names no spelling
-// makes valid.
+// makes valid, GPU instance schedulers where there are none.
 var badLayouts = map[string]any{
-	"layout with a 1ns time slice":           "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 1ns}}]\n",
-	"layout with a 31ms time slice":          "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 31ms}}]\n",
-	"layout with a 2562047h time slice":      "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 2562047h}}]\n",
-	"layout with 0c.3g.40gb":                 "version: v1\nlayout: [{gpu: '0000:41:00.0', instances: [{profile: 0c.3g.40gb, tenant: acme}]}]\n",
-	"layout with 4c.3g.40gb":                 "version: v1\nlayout: [{gpu: '0000:41:00.0', instances: [{profile: 4c.3g.40gb, tenant: acme}]}]\n",
-	"mig-parted layout with 7 of 1c.3g.40gb": "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1c.3g.40gb\": 7}\n",
+	"layout with a 1ns time slice":                          "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 1ns}}]\n",
+	"layout with a 31ms time slice":                         "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 31ms}}]\n",
+	"layout with a 2562047h time slice":                     "version: v1\nlayout: [{gpu: '0000:81:00.0', scheduler: {policy: fixed_share, timeslice: 2562047h}}]\n",
+	"layout with 0c.3g.40gb":                                "version: v1\nlayout: [{gpu: '0000:41:00.0', instances: [{profile: 0c.3g.40gb, tenant: acme}]}]\n",
+	"layout with 4c.3g.40gb":                                "version: v1\nlayout: [{gpu: '0000:41:00.0', instances: [{profile: 4c.3g.40gb, tenant: acme}]}]\n",
+	"layout with a GPU instance scheduler on a Hopper":      "version: v1\nlayout: [{gpu: '0000:41:00.0', instances: [{profile: H100XM-1-10C, tenant: acme, scheduler: {policy: equal_share}}]}]\n",
+	"layout with a GPU instance scheduler on a MIG profile": "version: v1\nlayout: [{gpu: '0000:c1:00.0', instances: [{profile: 1g.24gb, tenant: acme, scheduler: {policy: equal_share}}]}]\n",
+	"layout with a 31ms GPU instance scheduler":             "version: v1\nlayout: [{gpu: '0000:c1:00.0', instances: [{profile: 'RTX Pro 6000 Blackwell DC-1-6Q', tenant: acme, scheduler: {policy: equal_share, timeslice: 31ms}}]}]\n",
+	"mig-parted layout with 7 of 1c.3g.40gb":                "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1c.3g.40gb\": 7}\n",
 }
 
 // badComputeNames are compute-instance profile names no spelling makes
