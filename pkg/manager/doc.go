@@ -38,7 +38,9 @@
 //     createattach.go: create-and-attach under one intent
 //   - defrag.go: Defragment's moves; plan.go: Plan and Capacity
 //   - gpus.go: GPU operations (MIG mode, heterogeneous mode, failed and
-//     lost GPUs, clear); sched.go: vGPU scheduler pins
+//     lost GPUs, clear); sched.go: vGPU scheduler pins; sched_gi.go: the
+//     pins of GPU instances' schedulers (Blackwell GB20x), set again when
+//     a GPU instance is re-created or the driver reloads
 //   - tenants.go: tenants and quotas; args.go: argument checks and names
 //   - drain.go: Shutdown waits for operations in flight
 //   - fleet.go: the claim hooks of a create and the host as Placement
@@ -67,8 +69,8 @@
 //
 // Ports, what the manager needs from others, declared here as interfaces:
 // MIGBackend, VGPUBackend, NVMLBackend, SysfsBackend and Discoverer
-// (manager.go), Virt (attach.go), SchedulerBackend (sched.go), Fleet
-// (fleet.go).
+// (manager.go), Virt (attach.go), SchedulerBackend (sched.go),
+// GPUInstanceSchedulerBackend (sched_gi.go), Fleet (fleet.go).
 //
 // Imports: internal/hostcall, pkg/discover, pkg/gpu, pkg/placement, pkg/profile, pkg/store, pkg/tenant, pkg/virt.
 package manager
