@@ -25,6 +25,9 @@ import (
 // then created again).
 func (gd *gpuDiff) giSchedulers(mig, modeChange bool) error {
 	g := gd.g
+	// vGPUs of one type share GPU instances whatever their tenant: lines of
+	// one type must not ask for two settings, which would undo each other.
+	byType := map[string]int{}
 	for j, in := range gd.e.Instances {
 		if in.Scheduler == nil {
 			continue
@@ -34,6 +37,10 @@ func (gd *gpuDiff) giSchedulers(mig, modeChange bool) error {
 		if err := gd.df.h.giSchedulerRefusal(g, mig, gd.info[k.profile].Kind, in.Scheduler); err != "" {
 			return gd.df.fail(manager.ErrInvalidArgument, field, nil, "%s", err)
 		}
+		if prev, ok := byType[k.profile]; ok && *gd.e.Instances[prev].Scheduler != *in.Scheduler {
+			return gd.df.fail(manager.ErrInvalidArgument, field, nil, "%s shares GPU instances with instances[%d] (vGPUs of one type share them whatever their tenant); give both lines one scheduler", k.profile, prev)
+		}
+		byType[k.profile] = j
 		if gd.want[k] == 0 || !modeChange && gd.have[k] >= gd.want[k] && gd.giSchedHeld(k, in.Scheduler) {
 			continue
 		}

@@ -68,14 +68,16 @@ func TestApplyGPUInstanceScheduler(t *testing.T) {
 }
 
 // A scheduler on a line that cannot have one is refused before anything
-// changes: not GB20x, a MIG profile, or a bad setting (when the file is
-// read).
+// changes: not GB20x, a MIG profile, two settings for one type's shared
+// GPU instances, or a bad setting (when the file is read).
 func TestApplyGPUInstanceSchedulerRefused(t *testing.T) {
 	e := rtxProHost(t)
+	e.tenant("beta")
 	before := e.summary()
 	for _, c := range []struct{ layout, say string }{
 		{"version: v1\nlayout: [{gpu: '" + sim.DefaultH100MIG + "', instances: [{profile: 'H100XM-1-10C', tenant: acme, scheduler: {policy: equal_share}}]}]", "no per-GPU-instance vGPU scheduler"},
 		{"version: v1\nlayout: [{gpu: '" + rtxProPCI + "', instances: [{profile: 1g.24gb, tenant: acme, scheduler: {policy: equal_share}}]}]", "only MIG-backed vGPU types"},
+		{"version: v1\nlayout: [{gpu: '" + rtxProPCI + "', instances: [{profile: 'RTX Pro 6000 Blackwell DC-1-6Q', tenant: acme, scheduler: {policy: equal_share}}, {profile: 'RTX Pro 6000 Blackwell DC-1-6Q', tenant: beta, scheduler: {policy: fixed_share}}]}]", "shares GPU instances with instances[0]"},
 	} {
 		_, err := apply.Diff(context.Background(), e.m, parseText(t, c.layout))
 		if !errors.Is(err, manager.ErrInvalidArgument) || !strings.Contains(err.Error(), c.say) {
