@@ -327,6 +327,12 @@
             ];
             if (g.SchedulerMode)
                 badges.push(badge(_("scheduler") + ": " + g.SchedulerMode + (g.SchedulerPolicy ? " " + g.SchedulerPolicy : "") + (g.SchedulerPending ? " (" + _("pending") + ")" : ""), "sched"));
+            // GPUInstanceSchedulers: (id, profile, start, size, mode, policy,
+            // time slice µs, pending); the pinned ones (Blackwell GB20x).
+            (g.GPUInstanceSchedulers || []).forEach(function (s) {
+                if (s[4] === "pinned")
+                    badges.push(badge(cockpit.format(_("GPU instance $0 scheduler"), s[0] < 0 ? s[1] + "@" + s[2] : s[0]) + ": " + s[5] + (s[7] ? " (" + _("pending") + ")" : ""), "sched gi-sched"));
+            });
             if (g.MIGCapable && g.MIGPending !== g.MIGEnabled)
                 badges.push(badge(g.MIGPending ? _("MIG on at next reset") : _("MIG off at next reset"), "pending"));
             const actions = [];
