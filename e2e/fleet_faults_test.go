@@ -334,11 +334,13 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 			// GPUs (how many operations a round runs depends on the
 			// machine's speed): room first. A destroy removes its own
 			// allocation, so no pass reaches the crash point here.
+			// A pass may reach the crash point meanwhile (a claim left
+			// by an earlier round): that is the round's crash, come early.
 			died := func() bool {
 				select {
-				case <-d.done: // a pass reached the crash point already
+				case <-d.done:
 					return true
-				default:
+				case <-time.After(10 * time.Second):
 					return false
 				}
 			}
