@@ -53,8 +53,11 @@ func simCmd(cfg *config.Config) *cobra.Command {
 		sub("reboot", "Simulate a host reboot: MIG instances, vGPUs and mdevs are gone", cobra.NoArgs, func(h *sim.Host, _ []string) error {
 			return h.Reboot()
 		}),
-		sub("reset-gpu GPU", "Simulate nvidia-smi -r: commit a pending MIG mode", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+		sub("reset-gpu GPU", "Simulate nvidia-smi -r: commit a pending MIG mode; heterogeneous mode and the scheduler revert", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
 			return h.ResetGPU(a[0])
+		}),
+		sub("vf-rebind GPU", "Simulate sriov-manage -d then -e: VFs re-created empty; GPU instances, heterogeneous mode and the scheduler lost", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+			return h.RebindVFs(a[0])
 		}),
 		sub("lose-gpu GPU", "Simulate the GPU falling off the bus (XID 79)", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
 			return h.LoseGPU(a[0])
@@ -65,7 +68,7 @@ func simCmd(cfg *config.Config) *cobra.Command {
 		sub("vfs GPU on|off", "Simulate sriov-manage -e / -d", cobra.ExactArgs(2), func(h *sim.Host, a []string) error {
 			return h.SetVFs(a[0], a[1] == "on")
 		}),
-		sub("driver load|unload", "Simulate the NVIDIA driver being loaded or not", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
+		sub("driver load|unload", "Simulate the NVIDIA driver being loaded or not (an unload forgets heterogeneous mode and the schedulers)", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
 			return h.SetDriverLoaded(a[0] == "load")
 		}),
 		sub("close-device DEV", "Simulate the VM using an mdev UUID or VF address stopping", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {

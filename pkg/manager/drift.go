@@ -30,8 +30,12 @@ type DriftReport struct {
 	Retried []string
 	// Foreign are the devices no record explains; those no earlier pass
 	// had found were announced with EventDrift.
-	Foreign   []Foreign
-	Reconcile *ReconcileReport
+	Foreign []Foreign
+	// SettingsLost are the GPUs whose heterogeneous mode or pinned
+	// scheduler the driver no longer held (reset, VF rebind, driver
+	// reload); the reconcile set them again.
+	SettingsLost []string
+	Reconcile    *ReconcileReport
 }
 
 // driftState remembers the foreign devices already reported, so each is
@@ -63,7 +67,9 @@ func (s *driftState) changed(now map[string]string) map[string]bool {
 // without an event (a driver reload, a GPU reset, `nvidia-smi mig -dgi` by
 // hand, a reboot the daemon outlived) are repaired at once by a reconcile
 // under the usual policy: re-created at their placement or another legal
-// one on their GPU, or marked lost when their GPU is gone. Each such
+// one on their GPU, or marked lost when their GPU is gone. GPU settings
+// the driver forgot (settingsLost) are set again by the same reconcile,
+// before it re-creates instances. Each such
 // instance, and each device no record explains, is announced with
 // EventDrift.
 func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
@@ -111,14 +117,24 @@ func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
 			}
 		}
 	}
-	if len(rep.Missing) > 0 || len(rep.Retried) > 0 {
+	// Settings the driver forgot (heterogeneous mode, a pinned scheduler)
+	// are put back by the same pass, before it re-creates instances.
+	lost, err := m.settingsLost(ctx)
+	if err != nil {
+		return rep, err
+	}
+	rep.SettingsLost = lost
+	if len(rep.Missing) > 0 || len(rep.Retried) > 0 || len(lost) > 0 {
+		if len(lost) > 0 {
+			m.log.Warn("host drift: GPU settings lost (a GPU reset, VF rebind or driver reload); reconciling to set them again", "gpus", lost)
+		}
 		if len(rep.Missing) > 0 {
 			m.log.Warn("host drift: instances' devices vanished without an event; reconciling", "instances", rep.Missing)
 		}
 		if len(rep.Retried) > 0 {
 			m.log.Info("host changed under failed or lost instances; reconciling to bring them back", "instances", rep.Retried)
 		}
-		rec, err := m.Reconcile(ctx)
+		rec, err := m.Reconcile(withCause(ctx, CauseDrift))
 		if err != nil {
 			return rep, err
 		}

@@ -37,6 +37,10 @@ type Event struct {
 	Time   time.Time
 	// Took is how long the operation ran, for operation events.
 	Took time.Duration
+	// Setting and Cause, for an EventDrift of op DriftSettings: the GPU
+	// setting set again (SettingHeterogeneous, SettingScheduler) and the
+	// pass that found it lost (CauseDrift, CauseReconcile).
+	Setting, Cause string
 }
 
 // subscriberBuffer is how many events a slow subscriber may lag behind

@@ -239,7 +239,8 @@ func (m *Manager) SetHeterogeneous(ctx context.Context, id string, on bool) erro
 }
 
 // applyVGPUModes sets the vGPU mode the operator chose again on GPUs that
-// lost it (a host reboot resets it), while they hold no vGPU. Called by
+// lost it (a reboot, a GPU reset, a VF rebind or a driver reload resets
+// it), while they hold no vGPU. Called by
 // reconcile under the admission lock, before instances are re-created.
 func (m *Manager) applyVGPUModes(ctx context.Context, rep *ReconcileReport) error {
 	var sts []store.GPU
@@ -265,7 +266,7 @@ func (m *Manager) applyVGPUModes(ctx context.Context, rep *ReconcileReport) erro
 			continue
 		}
 		m.refreshGPU(ctx, g.UUID)
-		m.log.Info("vGPU mode applied again (the host had reset it)", "gpu", g.PCI, "heterogeneous", *st.Heterogeneous)
+		m.settingRestored(ctx, g, SettingHeterogeneous, modeName(*st.Heterogeneous))
 	}
 	return nil
 }

@@ -357,7 +357,8 @@ func schedulerViewOf(s *store.Scheduler, pending string) SchedulerView {
 }
 
 // applySchedulers sets the pinned settings again on GPUs whose scheduler
-// differs (a reboot resets it). Called by reconcile under the admission
+// differs (a reboot, a GPU reset, a VF rebind or a driver reload resets
+// it). Called by reconcile under the admission
 // lock, before instances are re-created and VMs start; a GPU with VMs
 // running keeps its setting pending.
 func (m *Manager) applySchedulers(ctx context.Context, rep *ReconcileReport) error {
@@ -388,10 +389,16 @@ func (m *Manager) applyScheduler(ctx context.Context, st store.GPU) string {
 	}
 	want := gpu.VGPUScheduler{Policy: st.Scheduler.Policy, Timeslice: st.Scheduler.Timeslice}
 	was := m.scheds.get(g.UUID)
+	// A pin not pending that the driver no longer holds was lost (reset,
+	// VF rebind, driver reload, reboot): setting it again is reported.
+	lost := was == "" && m.schedulerDiffers(ctx, g.UUID, want)
 	err := m.setScheduler(ctx, *g, want)
 	switch {
 	case err == nil:
 		m.scheds.set(g.UUID, "")
+		if lost {
+			m.settingRestored(ctx, g, SettingScheduler, schedString(want))
+		}
 		if was != "" {
 			m.log.Info("pending vGPU scheduler setting applied", "gpu", g.PCI, "policy", want.Policy, "timeslice", want.Timeslice)
 			m.emit(Event{Kind: EventPolicySwitched, ID: g.UUID, Op: "switched", Detail: fmt.Sprintf("GPU %s: pending scheduler setting applied: %s", g.PCI, schedString(want))})

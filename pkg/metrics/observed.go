@@ -26,6 +26,7 @@ func observedFamilies() []observedFamily {
 		{"vgpud_xid_events_total", false, false},
 		{"vgpud_gpu_lost_events_total", false, false},
 		{"vgpud_drift_events_total", false, false},
+		{"vgpud_settings_restored_total", false, false},
 		{"vgpud_operations_total", false, false},
 		{"vgpud_operation_duration_seconds", true, false},
 	}
@@ -37,7 +38,11 @@ var (
 	knownOps      = []string{"create", "destroy", "attach", "detach"}
 	knownOutcomes = []string{"success", "failure"}
 	// knownDrift are the kinds vgpud_drift_events_total is initialised with.
-	knownDrift = []string{"missing", "foreign"}
+	knownDrift = []string{"missing", "foreign", "settings"}
+	// knownSettings and knownCauses: the series of
+	// vgpud_settings_restored_total that exist from the start.
+	knownSettings = []string{"heterogeneous", "scheduler"}
+	knownCauses   = []string{"drift", "reconcile"}
 	// watchedXIDs are the XIDs worth a panel (reference 5.5); their
 	// counters start at 0 on every GPU. Others appear when they happen.
 	watchedXIDs = []uint64{13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
@@ -52,6 +57,7 @@ type observed struct {
 	xid        *prometheus.CounterVec
 	lost       *prometheus.CounterVec
 	drift      *prometheus.CounterVec
+	restored   *prometheus.CounterVec
 	ops        *prometheus.CounterVec
 	opDuration *prometheus.HistogramVec
 	gpus       map[string]bool
@@ -78,6 +84,8 @@ func newObserved(reg *prometheus.Registry) *observed {
 			Help: "Times a GPU was marked lost or failed (XID 79, fault watch)."}, []string{"UUID"}),
 		drift: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_drift_events_total",
 			Help: "Changes found on the host that no event reported: instances whose devices vanished (missing), devices no record explains (foreign)."}, []string{"kind"}),
+		restored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_settings_restored_total",
+			Help: "GPU settings the driver lost (GPU reset, VF rebind, driver reload, reboot) and vgpud set again, by setting and by the pass that found the loss (drift: the periodic check; reconcile: start-up or fault recovery)."}, []string{"setting", "event"}),
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpud_operations_total",
 			Help: "Finished operations by kind and outcome."}, []string{"op", "outcome"}),
 		opDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vgpud_operation_duration_seconds",
@@ -85,9 +93,14 @@ func newObserved(reg *prometheus.Registry) *observed {
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}}, []string{"op", "outcome"}),
 		gpus: map[string]bool{},
 	}
-	reg.MustRegister(l.nvml, l.nvmlErrs, l.xid, l.lost, l.drift, l.ops, l.opDuration)
+	reg.MustRegister(l.nvml, l.nvmlErrs, l.xid, l.lost, l.drift, l.restored, l.ops, l.opDuration)
 	for _, k := range knownDrift {
 		l.drift.WithLabelValues(k)
+	}
+	for _, s := range knownSettings {
+		for _, c := range knownCauses {
+			l.restored.WithLabelValues(s, c)
+		}
 	}
 	for _, op := range knownOps {
 		for _, o := range knownOutcomes {
@@ -159,6 +172,9 @@ const (
 	// ("missing": an instance's devices vanished; "foreign": a device no
 	// record explains appeared).
 	EventDrift EventKind = "drift"
+	// EventSettingRestored: a GPU setting the driver lost was set again;
+	// Op is the setting, Cause the pass that found it lost.
+	EventSettingRestored EventKind = "setting-restored"
 )
 
 // Event is something the manager reported.
@@ -169,6 +185,7 @@ type Event struct {
 	Op       string
 	OK       bool
 	Duration time.Duration
+	Cause    string
 }
 
 // Observe counts an event. Safe for concurrent use.
@@ -180,6 +197,8 @@ func (c *Collector) Observe(e Event) {
 		c.observed.lost.WithLabelValues(e.GPU).Inc()
 	case EventDrift:
 		c.observed.drift.WithLabelValues(e.Op).Inc()
+	case EventSettingRestored:
+		c.observed.restored.WithLabelValues(e.Op, e.Cause).Inc()
 	case EventOperation:
 		outcome := "success"
 		if !e.OK {

@@ -439,7 +439,9 @@ func (h *Host) Reboot() error {
 }
 
 // ResetGPU simulates `nvidia-smi -r`: refused with IN_USE while vGPUs,
-// mdevs or GPU instances exist; otherwise commits a pending MIG mode.
+// mdevs or GPU instances exist; otherwise commits a pending MIG mode and
+// returns heterogeneous mode and the vGPU scheduler to the driver's
+// defaults (homogeneous, best effort), as a reset does (docs/simulator.md).
 func (h *Host) ResetGPU(id string) error {
 	return h.mutate(func(st *state) (bool, error) {
 		g := st.gpu(id)
@@ -451,18 +453,20 @@ func (h *Host) ResetGPU(id string) error {
 		}
 		g.MIGCurrent = g.MIGPending
 		g.Lost = false
-		g.Sched = sched{Policy: nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT}
+		forgetSettings(g)
 		return true, nil
 	})
 }
 
-// SetDriverLoaded simulates the NVIDIA driver being loaded or not.
+// SetDriverLoaded simulates the NVIDIA driver being loaded or not. An
+// unload forgets what the module keeps in memory only: each GPU's
+// heterogeneous mode and vGPU scheduler and its GPU instances' schedulers.
 func (h *Host) SetDriverLoaded(on bool) error {
 	return h.mutate(func(st *state) (bool, error) {
 		st.DriverLoaded = on
 		if !on {
-			// The GPU instances' schedulers do not outlive the module.
 			for _, g := range st.GPUs {
+				forgetSettings(g)
 				for _, x := range g.GIs {
 					x.Sched = nil
 				}
@@ -470,6 +474,14 @@ func (h *Host) SetDriverLoaded(on bool) error {
 		}
 		return true, nil
 	})
+}
+
+// forgetSettings returns a GPU's heterogeneous mode and vGPU scheduler to
+// the driver's defaults: neither outlives a GPU reset, a VF rebind or a
+// module reload.
+func forgetSettings(g *gpuState) {
+	g.Heterogeneous = false
+	g.Sched = sched{Policy: nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT}
 }
 
 // SetVFs simulates sriov-manage -e / -d on a GPU. Enabling a GPU whose
@@ -510,9 +522,22 @@ func (h *Host) SetVFs(id string, on bool) error {
 		}
 		h.setVFs(g, on)
 		g.GIs = nil
-		g.Heterogeneous = false
+		forgetSettings(g)
 		return true, nil
 	})
+}
+
+// RebindVFs simulates `sriov-manage -d` then `-e` on a GPU whose VFs are
+// enabled (or just `-e` where they are not): the VFs are re-created
+// empty, their vGPUs and the mdevs they parent are gone, every GPU
+// instance is destroyed, and heterogeneous mode and the vGPU scheduler
+// are back at the driver's defaults. Refused with IN_USE (unbindLock)
+// while a VM holds a vGPU of the GPU.
+func (h *Host) RebindVFs(id string) error {
+	if err := h.SetVFs(id, false); err != nil {
+		return err
+	}
+	return h.SetVFs(id, true)
 }
 
 // LoseGPU simulates the GPU falling off the bus: XID 79, then every NVML

@@ -63,6 +63,9 @@ func Events(ctx context.Context, events <-chan manager.Event, col *metrics.Colle
 			col.Observe(metrics.Event{Kind: metrics.EventGPULost, GPU: e.ID})
 		case manager.EventDrift:
 			col.Observe(metrics.Event{Kind: metrics.EventDrift, Op: e.Op})
+			if e.Op == manager.DriftSettings {
+				col.Observe(metrics.Event{Kind: metrics.EventSettingRestored, Op: e.Setting, Cause: e.Cause})
+			}
 		case manager.EventOperationDone, manager.EventOperationFailed:
 			col.Observe(metrics.Event{Kind: metrics.EventOperation, Op: e.Op, OK: e.Kind == manager.EventOperationDone, Duration: e.Took})
 		}

@@ -1,0 +1,99 @@
+package manager
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/store"
+)
+
+// The GPU settings the driver keeps in memory only: heterogeneous vGPU mode
+// and the device-level vGPU scheduler revert to the driver's defaults on a
+// GPU reset, a VF rebind (sriov-manage -e) and a driver reload, as on a
+// reboot. vgpud records what the operator chose (store.GPU) and puts it
+// back, in the driver's order: the VFs are there (the host's doing),
+// heterogeneous mode is set while the GPU holds no vGPU, the scheduler
+// while no vGPU runs, then the instances are re-created (reconcileHost).
+
+// Values of Event.Setting for a DriftSettings event, and of the setting
+// label of vgpud_settings_restored_total.
+const (
+	SettingHeterogeneous = "heterogeneous"
+	SettingScheduler     = "scheduler"
+)
+
+// DriftSettings is the EventDrift op of a setting the driver lost and vgpud
+// set again.
+const DriftSettings = "settings"
+
+// Values of Event.Cause for a DriftSettings event: which pass found the
+// setting lost.
+const (
+	// CauseDrift: the periodic check, while vgpud ran (a GPU reset, a VF
+	// rebind or a driver reload: the driver does not say which).
+	CauseDrift = "drift"
+	// CauseReconcile: a reconcile pass (at start after a reboot, after a
+	// fault).
+	CauseReconcile = "reconcile"
+)
+
+type causeKey struct{}
+
+// withCause marks ctx as a pass started for cause.
+func withCause(ctx context.Context, cause string) context.Context {
+	return context.WithValue(ctx, causeKey{}, cause)
+}
+
+func causeOf(ctx context.Context) string {
+	if c, ok := ctx.Value(causeKey{}).(string); ok {
+		return c
+	}
+	return CauseReconcile
+}
+
+// settingsLost lists the GPUs whose recorded heterogeneous mode or pinned
+// scheduler the driver no longer holds and that a reconcile can set now:
+// a GPU still holding vGPUs (heterogeneous mode) or whose pin waits for
+// its VMs (scheduler) is left to the pending retries, so that one
+// unsettable setting does not reconcile at every check.
+func (m *Manager) settingsLost(ctx context.Context) ([]string, error) {
+	var sts []store.GPU
+	if err := m.db.View(func(tx *store.Tx) (err error) { sts, err = tx.GPUs(); return err }); err != nil {
+		return nil, classify(err, "read GPU state")
+	}
+	var out []string
+	for _, st := range sts {
+		g := m.hostGPU(st.UUID)
+		if g == nil || g.Lost {
+			continue
+		}
+		if st.Heterogeneous != nil && g.VGPU.Heterogeneous != *st.Heterogeneous && !hostHoldsVGPUs(g) {
+			out = append(out, st.UUID)
+			continue
+		}
+		if st.Scheduler != nil && m.schedulerUsable(g) == nil && m.scheds.get(g.UUID) == "" &&
+			m.schedulerDiffers(ctx, g.UUID, gpu.VGPUScheduler{Policy: st.Scheduler.Policy, Timeslice: st.Scheduler.Timeslice}) {
+			out = append(out, st.UUID)
+		}
+	}
+	return out, nil
+}
+
+// schedulerDiffers reports whether the driver's scheduler on the GPU is
+// not s (setScheduler's test; a failed read counts as differing).
+func (m *Manager) schedulerDiffers(ctx context.Context, gpuUUID string, s gpu.VGPUScheduler) bool {
+	cur, err := m.sched.VGPUScheduler(ctx, gpuUUID)
+	return err != nil || cur.Policy != s.Policy || (s.Timeslice != 0 && cur.Timeslice != gpu.SettableTimeslice(s.Timeslice))
+}
+
+// settingRestored says that a setting the driver had lost is set again: a
+// log line, EventDrift (op DriftSettings: the HostDrift signal, the drift
+// and settings-restored counters) and EventGPUChanged.
+func (m *Manager) settingRestored(ctx context.Context, g *gpu.GPU, setting, value string) {
+	cause := causeOf(ctx)
+	m.log.Info("GPU setting lost by the driver set again", "gpu", g.PCI, "setting", setting, "value", value, "found_by", cause)
+	m.emit(Event{Kind: EventDrift, ID: g.UUID, Op: DriftSettings, Setting: setting, Cause: cause,
+		Detail: fmt.Sprintf("GPU %s: %s %s lost (a GPU reset, VF rebind, driver reload or reboot): set again", g.PCI, setting, value)})
+	m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
+}
