@@ -45,6 +45,9 @@ type driftState struct {
 	seen map[string]bool
 	// prints is each GPU's hostPrint at the last check.
 	prints map[string]string
+	// settingsTried is, per GPU whose lost settings a check's reconcile
+	// tried to set again, the GPU's print then (settingsWorthTrying).
+	settingsTried map[string]string
 }
 
 // changed records each GPU's print and says which GPUs' prints differ from
@@ -100,7 +103,8 @@ func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
 	// a slot taken; lost: the GPU was gone) are tried again when their GPU
 	// changed since the last check, and only then: what failed on a GPU
 	// that did not change would fail again.
-	changed := m.drift.changed(m.hostPrints(recs))
+	prints := m.hostPrints(recs)
+	changed := m.drift.changed(prints)
 	for _, r := range stuck {
 		if changed[r.GPUUUID] {
 			rep.Retried = append(rep.Retried, r.UUID)
@@ -123,6 +127,7 @@ func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
 	if err != nil {
 		return rep, err
 	}
+	lost = m.drift.settingsWorthTrying(lost, prints)
 	rep.SettingsLost = lost
 	if len(rep.Missing) > 0 || len(rep.Retried) > 0 || len(lost) > 0 {
 		if len(lost) > 0 {

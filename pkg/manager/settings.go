@@ -68,7 +68,10 @@ func (m *Manager) settingsLost(ctx context.Context) ([]string, error) {
 		if g == nil || g.Lost {
 			continue
 		}
-		if st.Heterogeneous != nil && g.VGPU.Heterogeneous != *st.Heterogeneous && !hostHoldsVGPUs(g) {
+		// The mode exists on a time-sliced vGPU GPU only (MIG on: the
+		// driver answers NOT_SUPPORTED, and the record waits).
+		timeSliced := !g.MIG.Enabled && g.VGPU.Flavour != "" && g.VGPU.Flavour != gpu.FlavourNone
+		if st.Heterogeneous != nil && timeSliced && g.VGPU.Heterogeneous != *st.Heterogeneous && !hostHoldsVGPUs(g) {
 			out = append(out, st.UUID)
 			continue
 		}
@@ -78,6 +81,26 @@ func (m *Manager) settingsLost(ctx context.Context) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// settingsWorthTrying keeps the GPUs of lost that no earlier check tried
+// on the GPU as it is now (its print): a setting the driver refused once
+// (reported pending by that reconcile) is tried again when the GPU
+// changes, not at every check. A GPU no longer in lost is forgotten, so
+// a later loss is tried at once.
+func (s *driftState) settingsWorthTrying(lost []string, prints map[string]string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tried := make(map[string]string, len(lost))
+	var out []string
+	for _, id := range lost {
+		if was, ok := s.settingsTried[id]; !ok || was != prints[id] {
+			out = append(out, id)
+		}
+		tried[id] = prints[id]
+	}
+	s.settingsTried = tried
+	return out
 }
 
 // schedulerDiffers reports whether the driver's scheduler on the GPU is

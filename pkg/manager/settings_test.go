@@ -109,3 +109,49 @@ func TestSettingsBackAfterEvents(t *testing.T) {
 		})
 	}
 }
+
+// A lost heterogeneous mode the driver refuses to take again is reported
+// pending by the check's reconcile and not tried at every later check
+// while the GPU stays as it is; once the GPU changes, it is tried again.
+func TestSettingsRefusedNotRetriedEveryCheck(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	if err := e.m.SetHeterogeneous(ctx, sim.DefaultL4, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.ResetGPU(sim.DefaultL4); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.AddFault(sim.Fault{Op: "SetVgpuHeterogeneousMode", Return: 999}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := e.m.CheckDrift(ctx)
+	if err != nil || rep.Reconcile == nil || len(rep.Reconcile.Pending) == 0 {
+		t.Fatalf("first check: %+v, %v; want a reconcile leaving the mode pending", rep, err)
+	}
+	for i := range 2 {
+		if rep, err := e.m.CheckDrift(ctx); err != nil || rep.Reconcile != nil {
+			t.Fatalf("check %d after the refusal: %+v, %v; want no reconcile", i+2, rep, err)
+		}
+	}
+	// The GPU changes (its VFs are rebound): the next check tries again.
+	if err := e.sim.ClearFaults(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.SetVFs(sim.DefaultL4, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.CheckDrift(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.SetVFs(sim.DefaultL4, true); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := e.m.CheckDrift(ctx); err != nil || rep.Reconcile == nil {
+		t.Fatalf("check after the GPU changed: %+v, %v; want a reconcile", rep, err)
+	}
+	if g, _ := e.m.GPU(sim.DefaultL4); !g.VGPU.Heterogeneous {
+		t.Fatal("heterogeneous mode not set again after the GPU changed")
+	}
+	assertConsistent(t, e)
+}
