@@ -56,7 +56,9 @@
 //     record's devices back on the host
 //   - domains.go: the libvirt pass (attachments of VMs that are gone,
 //     moved devices, live flags); virtevents.go: libvirt's domain events
-//   - drift.go: the periodic comparison of records with the host
+//   - drift.go: the periodic comparison of records with the host;
+//     settings.go: the GPU settings the driver forgets (heterogeneous
+//     mode, a pinned scheduler) found lost there and set again
 //   - ownership.go: which devices are vgpud's; present.go: which of a
 //     record's parts the host holds; foreign.go: devices no record explains
 //   - crash.go: crash points at every step boundary
