@@ -45,9 +45,10 @@ type driftState struct {
 	seen map[string]bool
 	// prints is each GPU's hostPrint at the last check.
 	prints map[string]string
-	// settingsTried is, per GPU whose lost settings a check's reconcile
-	// tried to set again, the GPU's print then (settingsWorthTrying).
-	settingsTried map[string]string
+	// settingsRefused is, per GPU whose lost settings a check's reconcile
+	// tried and could not set again, the GPU's print then
+	// (settingsWorthTrying).
+	settingsRefused map[string]string
 }
 
 // changed records each GPU's print and says which GPUs' prints differ from
@@ -148,7 +149,13 @@ func (m *Manager) CheckDrift(ctx context.Context) (DriftReport, error) {
 		m.announceMissing(rep.Missing, rec)
 		// The reconcile may have changed the GPUs (re-created devices):
 		// the next check compares with what they hold now.
-		m.drift.changed(m.hostPrints(recs))
+		after := m.hostPrints(recs)
+		m.drift.changed(after)
+		if len(lost) > 0 {
+			if still, err := m.settingsLost(ctx); err == nil {
+				m.drift.noteSettingsRefused(lost, still, after)
+			}
+		}
 		return rep, nil
 	}
 	// Devices made behind vgpud's back are reported without a repair

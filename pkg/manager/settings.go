@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -83,24 +84,40 @@ func (m *Manager) settingsLost(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// settingsWorthTrying keeps the GPUs of lost that no earlier check tried
-// on the GPU as it is now (its print): a setting the driver refused once
-// (reported pending by that reconcile) is tried again when the GPU
-// changes, not at every check. A GPU no longer in lost is forgotten, so
-// a later loss is tried at once.
+// settingsWorthTrying keeps the GPUs of lost that the driver did not
+// refuse at an earlier check on the GPU as it is now (its print): a
+// setting refused once (reported pending by that reconcile) is tried
+// again when the GPU changes, not at every check. A GPU no longer in lost
+// is forgotten, so a later loss is tried at once.
 func (s *driftState) settingsWorthTrying(lost []string, prints map[string]string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	tried := make(map[string]string, len(lost))
 	var out []string
+	kept := map[string]string{}
 	for _, id := range lost {
-		if was, ok := s.settingsTried[id]; !ok || was != prints[id] {
-			out = append(out, id)
+		if was, ok := s.settingsRefused[id]; ok && was == prints[id] {
+			kept[id] = was
+			continue
 		}
-		tried[id] = prints[id]
+		out = append(out, id)
 	}
-	s.settingsTried = tried
+	s.settingsRefused = kept
 	return out
+}
+
+// noteSettingsRefused records the GPUs whose settings a reconcile tried
+// and left lost, with their prints then.
+func (s *driftState) noteSettingsRefused(tried, still []string, prints map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.settingsRefused == nil {
+		s.settingsRefused = map[string]string{}
+	}
+	for _, id := range still {
+		if slices.Contains(tried, id) {
+			s.settingsRefused[id] = prints[id]
+		}
+	}
 }
 
 // schedulerDiffers reports whether the driver's scheduler on the GPU is

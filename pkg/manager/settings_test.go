@@ -100,6 +100,17 @@ func TestSettingsBackAfterEvents(t *testing.T) {
 				}
 			}
 
+			// The same event again at once: found and put back again.
+			if err := tt.event(e.sim); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := e.m.CheckDrift(ctx); err != nil || !slices.Contains(rep.SettingsLost, g.UUID) {
+				t.Fatalf("check after the event again: %+v, %v", rep, err)
+			}
+			if s, err := e.host.NVML.VGPUScheduler(ctx, g.UUID); err != nil || s.Policy != "fixed_share" {
+				t.Fatalf("scheduler not set again after the event again: %+v, %v", s, err)
+			}
+
 			// Idempotent: the next check finds nothing to do.
 			rep, err = e.m.CheckDrift(ctx)
 			if err != nil || len(rep.SettingsLost) != 0 || rep.Reconcile != nil {
