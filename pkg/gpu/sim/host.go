@@ -555,7 +555,7 @@ func (h *Host) LoseGPU(id string) error {
 }
 
 // RecoverGPU brings a lost GPU back, as a reset or a driver reload does:
-// its instances are gone.
+// its instances are gone and its settings back at the driver's defaults.
 func (h *Host) RecoverGPU(id string) error {
 	return h.mutate(func(st *state) (bool, error) {
 		g := st.gpu(id)
@@ -570,6 +570,7 @@ func (h *Host) RecoverGPU(id string) error {
 		for _, v := range g.VFs {
 			v.VGPU = nil
 		}
+		forgetSettings(g)
 		return true, nil
 	})
 }
