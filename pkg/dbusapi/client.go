@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/godbus/dbus/v5"
@@ -20,10 +19,6 @@ import (
 type Client struct {
 	conn *dbus.Conn
 	mgr  dbus.BusObject
-
-	// matching is set once the bus sends this connection PlacementBehind.
-	matchMu  sync.Mutex
-	matching bool
 }
 
 // Dial connects to the bus at address ("" is the system bus, honouring
@@ -431,19 +426,17 @@ func (c *Client) DestroyBehind(ctx context.Context, id string, detach bool) (str
 
 // watchBehind starts collecting the PlacementBehind signals of a change
 // about to be called; the function it returns stops, and says what the
-// signals for instance id said. The daemon sends the signal before its
-// reply, and godbus hands a signal to a channel with room before it reads
-// the next message, so by the reply the signal is in the channel. Without
-// the match rule (the bus refused it) nothing is reported.
+// signals for instance id said. The daemon sends the signal to this
+// connection alone (unicast: no match rule needed), before its reply, and
+// godbus hands a signal to a channel with room before it reads the next
+// message, so by the reply the signal is in the channel. Only vgpud's own
+// signals count: the sender must own BusName.
 func (c *Client) watchBehind(ctx context.Context) func(id string) string {
-	c.matchMu.Lock()
-	if !c.matching {
-		err := c.conn.AddMatchSignalContext(ctx, dbus.WithMatchSender(BusName), dbus.WithMatchObjectPath(ManagerPath),
-			dbus.WithMatchInterface(ManagerInterface), dbus.WithMatchMember("PlacementBehind"))
-		c.matching = err == nil
-	}
-	c.matchMu.Unlock()
-	ch := make(chan *dbus.Signal, 64)
+	// Read per call: a restarted vgpud has another unique name. Without
+	// it (no owner yet) the call fails anyway.
+	var owner string
+	_ = c.conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.GetNameOwner", 0, BusName).Store(&owner)
+	ch := make(chan *dbus.Signal, 256)
 	c.conn.Signal(ch)
 	return func(id string) string {
 		defer c.conn.RemoveSignal(ch)
@@ -454,7 +447,7 @@ func (c *Client) watchBehind(ctx context.Context) func(id string) string {
 				if !ok {
 					return strings.Join(said, "; ")
 				}
-				if sig.Name != ManagerInterface+".PlacementBehind" || len(sig.Body) != 3 {
+				if sig.Name != ManagerInterface+".PlacementBehind" || len(sig.Body) != 3 || sig.Sender != owner {
 					continue
 				}
 				if got, _ := sig.Body[1].(string); got == id && id != "" {

@@ -179,10 +179,10 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 				{name: "vm_uuid", sig: "s", doc: "Domain UUID."}, {name: "vm", sig: "s", doc: "Domain name."}, {name: "event", sig: "s", doc: "defined, undefined, started, stopped, device-removed, device-removal-failed or reconnected."}}},
 			{name: "PolicySwitched", doc: "A GPU's vGPU scheduler policy changed, or a change is pending: by the share loop or an operator's SetGPUScheduler.", args: []arg{
 				{name: "gpu", sig: "s", doc: "GPU UUID."}, {name: "detail", sig: "s", doc: "Which policy and why."}}},
-			{name: "PlacementBehind", doc: "An operation succeeded but did not keep its Placement promise (allocation written before carving, removed and the GPU's inventory published before returning), because Placement did not answer in time: a scheduler reading Placement now may see the old room. The sync's next pass brings Placement up to date. Sent before the operation's reply, to the callers that match it.", args: []arg{
+			{name: "PlacementBehind", doc: "An operation succeeded but did not keep its Placement promise (allocation written before carving, removed and the GPU's inventory published before returning), because Placement did not answer in time: a scheduler reading Placement now may see the old room. The sync's next pass brings Placement up to date. Sent to the operation's caller alone (a unicast signal, which the bus policy lets every caller receive), before the operation's reply.", args: []arg{
 				{name: "operation", sig: "s", doc: "create or destroy."}, {name: "id", sig: "s", doc: "Instance UUID."}, {name: "detail", sig: "s", doc: "What was left to the sync, and why."}}},
-			{name: "HostDrift", doc: "The host changed without an event (found by the periodic discovery or a reconcile): an instance's devices vanished (it was re-created or marked lost), or a device no record explains appeared.", args: []arg{
-				{name: "kind", sig: "s", doc: "missing or foreign."}, {name: "id", sig: "s", doc: "The instance UUID (missing) or the GPU's PCI address (foreign)."}, {name: "detail", sig: "s", doc: "What was found and done."}}},
+			{name: "HostDrift", doc: "The host changed without an event (found by the periodic discovery or a reconcile): an instance's devices vanished (it was re-created or marked lost), a device no record explains appeared, or (kind `settings`, id the GPU's UUID) a GPU's heterogeneous mode or pinned scheduler that the driver had forgotten was set again.", args: []arg{
+				{name: "kind", sig: "s", doc: "missing, foreign or settings."}, {name: "id", sig: "s", doc: "The instance UUID (missing), the GPU's PCI address (foreign) or the GPU's UUID (settings)."}, {name: "detail", sig: "s", doc: "What was found and done."}}},
 		},
 	}
 

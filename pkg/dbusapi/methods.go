@@ -183,16 +183,32 @@ func (s *Service) createInstance(c *call, tenantName, profile string, options ma
 	if err != nil {
 		return "", "", cancelled(ctx, err)
 	}
-	s.placementBehind("create", rec.UUID, outcome)
+	s.placementBehind(c, "create", rec.UUID, outcome)
 	return InstancePath(rec.UUID), rec.UUID, nil
 }
 
 // placementBehind tells the caller, before the reply goes (signals and
 // replies from one connection arrive in order), that the operation left
-// Placement to the sync.
-func (s *Service) placementBehind(op, id string, o *manager.PlacementOutcome) {
-	if detail := o.Behind(); detail != "" {
-		s.emit(ManagerPath, ManagerInterface+".PlacementBehind", op, id, detail)
+// Placement to the sync. The signal is unicast to the caller: it reaches
+// a caller polkit authorized outside group vgpud (the bus policy lets
+// everyone receive this one signal, and only as its destination), and
+// nobody else.
+func (s *Service) placementBehind(c *call, op, id string, o *manager.PlacementOutcome) {
+	detail := o.Behind()
+	if detail == "" || c.sender == "" {
+		return
+	}
+	msg := &dbus.Message{Type: dbus.TypeSignal, Headers: map[dbus.HeaderField]dbus.Variant{
+		dbus.FieldPath:        dbus.MakeVariant(ManagerPath),
+		dbus.FieldInterface:   dbus.MakeVariant(ManagerInterface),
+		dbus.FieldMember:      dbus.MakeVariant("PlacementBehind"),
+		dbus.FieldDestination: dbus.MakeVariant(c.sender),
+		dbus.FieldSignature:   dbus.MakeVariant(dbus.SignatureOf(op, id, detail)),
+	}, Body: []any{op, id, detail}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if call := <-s.conn.SendWithContext(ctx, msg, make(chan *dbus.Call, 1)).Done; call.Err != nil {
+		s.log.Warn("send PlacementBehind", "to", c.sender, "instance", id, "err", call.Err)
 	}
 }
 
@@ -247,7 +263,7 @@ func (s *Service) destroy(c *call, id string, options map[string]dbus.Variant) e
 	err = s.m.Destroy(ctx, id, manager.DestroyOptions{Detach: detach})
 	s.sync()
 	if err == nil {
-		s.placementBehind("destroy", id, outcome)
+		s.placementBehind(c, "destroy", id, outcome)
 	}
 	return cancelled(ctx, err)
 }
@@ -294,7 +310,7 @@ func (s *Service) createAndAttach(c *call, tenantName, profile, vm string, optio
 	if err != nil {
 		return "", "", false, cancelled(ctx, err)
 	}
-	s.placementBehind("create", rec.UUID, outcome)
+	s.placementBehind(c, "create", rec.UUID, outcome)
 	return InstancePath(rec.UUID), rec.UUID, a.Live, nil
 }
 
