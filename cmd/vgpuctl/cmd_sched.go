@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -73,7 +74,7 @@ adaptive drops the pin: the driver's setting stays.`,
 				return usagef("--timeslice %v: give whole microseconds (1ms..30ms; 0s keeps the driver's)", timeslice)
 			}
 			if cmd.Flags().Changed("gpu-instance") {
-				if gi < 0 {
+				if gi < 0 || gi > math.MaxInt32 {
 					return usagef("--gpu-instance %d: give a GPU instance id (gpu show lists them)", gi)
 				}
 				return a.gpuInstanceScheduler(ctx, c, args[0], gi, mode, policy, timeslice)

@@ -466,13 +466,16 @@ func TestGPUScheduler(t *testing.T) {
 	}
 }
 
-// gpu scheduler --gpu-instance: a negative id is a usage error with no
+// gpu scheduler --gpu-instance: an id out of 0..2^31-1 (one that would
+// wrap on the wire) is a usage error with no
 // call; otherwise the GPU instance's call is made (never the GPU's), and
 // the answer names the GPU instance.
 func TestGPUInstanceSchedulerFlag(t *testing.T) {
 	f := &fake{}
-	if _, errOut, code := runFake(f, "gpu", "scheduler", "0000:41:00.0", "--gpu-instance", "-1", "--policy", "equal_share"); code != exitUsage || len(f.calls) != 0 {
-		t.Errorf("--gpu-instance -1: exit %d, calls %v, %s; want a usage error and no call", code, f.calls, errOut)
+	for _, bad := range []string{"-1", "4294967299", "2147483648"} {
+		if _, errOut, code := runFake(f, "gpu", "scheduler", "0000:41:00.0", "--gpu-instance", bad, "--policy", "equal_share"); code != exitUsage || len(f.calls) != 0 {
+			t.Errorf("--gpu-instance %s: exit %d, calls %v, %s; want a usage error and no call", bad, code, f.calls, errOut)
+		}
 	}
 	if _, _, code := runFake(f, "gpu", "scheduler", "0000:41:00.0", "--gpu-instance", "3"); code != exitUsage || len(f.calls) != 0 {
 		t.Errorf("no policy: exit %d, calls %v; want a usage error and no call", code, f.calls)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -662,6 +663,9 @@ func (c *Client) SetGPUScheduler(ctx context.Context, gpu, mode, policy string, 
 // pin (adaptive).
 func (c *Client) SetGPUInstanceScheduler(ctx context.Context, gpu string, gi int, mode, policy string, timeslice time.Duration) (GPUScheduler, error) {
 	var r GPUScheduler
+	if gi < 0 || gi > math.MaxInt32 {
+		return r, &Error{Name: NameInvalidArgument, Message: fmt.Sprintf("GPU instance id %d is out of range (0..%d)", gi, math.MaxInt32)}
+	}
 	err := c.long(ctx, fmt.Sprintf("set the scheduler of GPU instance %d of %s", gi, gpu), "SetGPUInstanceScheduler",
 		[]any{gpu, int32(gi), mode, policy, uint64(timeslice / time.Microsecond)}, nil, &r.Mode, &r.Pending, &r.Detail)
 	return r, err

@@ -62,7 +62,7 @@ func (w *Watcher) discover(ctx context.Context) {
 	if log == nil {
 		log = w.log
 	}
-	t := time.NewTimer(w.settings().DiscoveryInterval)
+	t := time.NewTimer(w.discoveryInterval())
 	defer t.Stop()
 	poll := time.NewTicker(driverPoll)
 	defer poll.Stop()
@@ -86,9 +86,18 @@ func (w *Watcher) discover(ctx context.Context) {
 			if d.Manager.Degraded() == "" {
 				w.checkDrift(ctx, log)
 			}
-			t.Reset(w.settings().DiscoveryInterval)
+			t.Reset(w.discoveryInterval())
 		}
 	}
+}
+
+// minDiscoveryInterval bounds the periodic discovery from below whatever a
+// caller sets (the daemon's configuration allows 1s..1h): a zero interval
+// would compare without pause.
+const minDiscoveryInterval = time.Second
+
+func (w *Watcher) discoveryInterval() time.Duration {
+	return max(w.settings().DiscoveryInterval, minDiscoveryInterval)
 }
 
 // checkDrift runs one periodic comparison, bounded by driftTimeout.

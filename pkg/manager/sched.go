@@ -391,7 +391,7 @@ func (m *Manager) applyScheduler(ctx context.Context, st store.GPU) string {
 	was := m.scheds.get(g.UUID)
 	// A pin not pending that the driver no longer holds was lost (reset,
 	// VF rebind, driver reload, reboot): setting it again is reported.
-	lost := was == "" && m.schedulerDiffers(ctx, g.UUID, want)
+	lost := was == "" && m.schedulerLost(ctx, g.UUID, want)
 	err := m.setScheduler(ctx, *g, want)
 	switch {
 	case err == nil:

@@ -77,7 +77,7 @@ func (m *Manager) settingsLost(ctx context.Context) ([]string, error) {
 			continue
 		}
 		if st.Scheduler != nil && m.schedulerUsable(g) == nil && m.scheds.get(g.UUID) == "" &&
-			m.schedulerDiffers(ctx, g.UUID, gpu.VGPUScheduler{Policy: st.Scheduler.Policy, Timeslice: st.Scheduler.Timeslice}) {
+			m.schedulerLost(ctx, g.UUID, gpu.VGPUScheduler{Policy: st.Scheduler.Policy, Timeslice: st.Scheduler.Timeslice}) {
 			out = append(out, st.UUID)
 		}
 	}
@@ -120,11 +120,13 @@ func (s *driftState) noteSettingsRefused(tried, still []string, prints map[strin
 	}
 }
 
-// schedulerDiffers reports whether the driver's scheduler on the GPU is
-// not s (setScheduler's test; a failed read counts as differing).
-func (m *Manager) schedulerDiffers(ctx context.Context, gpuUUID string, s gpu.VGPUScheduler) bool {
+// schedulerLost reports whether the driver answered with a scheduler on
+// the GPU other than s: a pin the driver forgot. A read that fails says
+// nothing of a loss (reporting one would count a restore at every check
+// of a GPU whose reads fail).
+func (m *Manager) schedulerLost(ctx context.Context, gpuUUID string, s gpu.VGPUScheduler) bool {
 	cur, err := m.sched.VGPUScheduler(ctx, gpuUUID)
-	return err != nil || cur.Policy != s.Policy || (s.Timeslice != 0 && cur.Timeslice != gpu.SettableTimeslice(s.Timeslice))
+	return err == nil && (cur.Policy != s.Policy || (s.Timeslice != 0 && cur.Timeslice != gpu.SettableTimeslice(s.Timeslice)))
 }
 
 // settingRestored says that a setting the driver had lost is set again: a
