@@ -94,12 +94,14 @@ func (gd *gpuDiff) giSchedHeld(k key, spec *SchedulerSpec) bool {
 }
 
 // giIDsOf lists the GPU instances that hold the instances of profile and
-// tenant on GPU gpuUUID, except those in skip.
+// tenant on GPU gpuUUID, except those in skip. Only ready instances count:
+// a failed or lost one keeps the id of a GPU instance that may be gone, or
+// that the driver gave to another placement since.
 func giIDsOf(h *host, gpuUUID, profile, tenant string, skip map[string]bool) []int {
 	seen := map[int]bool{}
 	var out []int
 	for _, in := range h.insts {
-		if in.GPUUUID != gpuUUID || in.Tenant != tenant || in.Kind != store.KindMIGVGPU || in.GIID < 0 || skip[in.UUID] || in.State == store.StateDestroying {
+		if in.GPUUUID != gpuUUID || in.Tenant != tenant || in.Kind != store.KindMIGVGPU || in.GIID < 0 || skip[in.UUID] || in.State != store.StateReady {
 			continue
 		}
 		if h.profileOf(in.Instance) != profile || seen[in.GIID] {
