@@ -374,7 +374,10 @@ func (m *Manager) applyGPUInstanceScheduler(ctx context.Context, gpuUUID string,
 		}
 		return fmt.Sprintf("GPU %s GPU instance %d: scheduler %s pending: %s", g.PCI, x.ID, schedString(want), giPendingWhy)
 	default:
-		m.log.Warn("set the pinned GPU instance scheduler again", "gpu", g.PCI, "gpuInstance", x.ID, "err", err)
+		// Said once per reason: the watcher retries every tick.
+		if was != err.Error() {
+			m.log.Warn("set the pinned GPU instance scheduler again", "gpu", g.PCI, "gpuInstance", x.ID, "err", err)
+		}
 		m.gischeds.set(key, err.Error())
 		return fmt.Sprintf("GPU %s GPU instance %d: scheduler %s: %v", g.PCI, x.ID, schedString(want), err)
 	}
