@@ -17,11 +17,13 @@ import (
 // startFaultWatch follows uevents and NVML events, and compares the host
 // with the records every discoveryInterval, until ctx ends; stop waits
 // for the operation in flight to finish.
-func startFaultWatch(ctx context.Context, d *daemon) (stop func()) {
-	return newFaultWatch(d).Start(ctx)
+// The periodic discovery waits for after (closed once the fleet is set
+// up; nil: it starts at once).
+func startFaultWatch(ctx context.Context, d *daemon, after <-chan struct{}) (stop func()) {
+	return newFaultWatch(d, after).Start(ctx)
 }
 
-func newFaultWatch(d *daemon) *health.Watcher {
+func newFaultWatch(d *daemon, after <-chan struct{}) *health.Watcher {
 	cfg := health.Config{
 		Manager: d.mgr,
 		GPUs:    discover.Host{NVML: d.host.nvml, Sysfs: d.host.sysfs},
@@ -33,7 +35,7 @@ func newFaultWatch(d *daemon) *health.Watcher {
 				DiscoveryInterval: l.DiscoveryInterval}
 		},
 		// The periodic discovery logs as the daemon.
-		Discovery: health.Discovery{Manager: d.mgr, Driver: d.host.nvml, Logger: d.log},
+		Discovery: health.Discovery{Manager: d.mgr, Driver: d.host.nvml, Logger: d.log, After: after},
 		Status:    func() { d.notify.Status(d.statusLine()) },
 		Logger:    d.log.With("component", "faults"),
 	}

@@ -183,9 +183,12 @@ func (d *daemon) run(ctx context.Context) error {
 		return err
 	}
 	defer stopBus()
-	stopFaults := startFaultWatch(ctx, d)
+	fleetUp := make(chan struct{})
+	stopFaults := startFaultWatch(ctx, d, fleetUp)
 	defer stopFaults()
-	if err := d.fleet.Apply(ctx, fleetSettings(d.cfg.Fleet)); err != nil {
+	err = d.fleet.Apply(ctx, fleetSettings(d.cfg.Fleet))
+	close(fleetUp)
+	if err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
 	defer d.fleet.Stop()

@@ -45,6 +45,11 @@ type Discovery struct {
 	Driver Driver
 	// Logger; nil: the watcher's.
 	Logger *slog.Logger
+	// After, when not nil, holds the discovery back until it is closed:
+	// the daemon closes it once the fleet's syncer is set up, so that no
+	// reconcile the discovery starts resolves a fleet create without the
+	// scheduler's allocation.
+	After <-chan struct{}
 }
 
 // driverPoll is how often a degraded daemon looks for the driver.
@@ -61,6 +66,13 @@ func (w *Watcher) discover(ctx context.Context) {
 	d, log := w.discovery, w.discovery.Logger
 	if log == nil {
 		log = w.log
+	}
+	if d.After != nil {
+		select {
+		case <-d.After:
+		case <-ctx.Done():
+			return
+		}
 	}
 	t := time.NewTimer(w.discoveryInterval())
 	defer t.Stop()

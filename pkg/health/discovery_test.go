@@ -124,3 +124,35 @@ type noGPUs struct{}
 func (noGPUs) GPU(context.Context, string) (gpu.GPU, error) {
 	return gpu.GPU{}, errors.New("no GPU re-read in this test")
 }
+
+// TestDiscoveryWaitsForAfter: the periodic discovery (and the driver poll
+// with its reconcile) starts only once After is closed: the daemon sets up
+// the fleet's syncer first, so no reconcile resolves a fleet create
+// without the scheduler's allocation.
+func TestDiscoveryWaitsForAfter(t *testing.T) {
+	e := newSimEnv(t)
+	disc := &discoverer{degraded: "no driver"}
+	drv := &driver{}
+	drv.loaded.Store(true)
+	after := make(chan struct{})
+	w := New(Config{
+		Manager: e.mgr,
+		GPUs:    noGPUs{},
+		Settings: func() Settings {
+			s := testSettings()
+			s.DiscoveryInterval = time.Second
+			return s
+		},
+		Logger:    e.log,
+		Discovery: Discovery{Manager: disc, Driver: drv, After: after},
+	})
+	stop := w.Start(context.Background())
+	t.Cleanup(stop)
+	time.Sleep(2500 * time.Millisecond) // past a driver poll and two intervals
+	if checks, reconciles := disc.counts(); checks != 0 || reconciles != 0 || disc.Degraded() == "" {
+		t.Fatalf("before After closed: %d checks, %d reconciles, degraded %q; want none and still degraded", checks, reconciles, disc.Degraded())
+	}
+	close(after)
+	testenv.WaitFor(t, "degraded mode left once After closed", 10*time.Second, func() bool { return disc.Degraded() == "" })
+	testenv.WaitFor(t, "a periodic comparison", 10*time.Second, func() bool { c, _ := disc.counts(); return c >= 1 })
+}
