@@ -172,12 +172,19 @@ func TestDriftFoundWithoutRestart(t *testing.T) {
 // driftMetric reads vgpud_drift_events_total{kind=KIND} from /metrics.
 func driftMetric(t *testing.T, url, kind string) float64 {
 	t.Helper()
+	return scrapeSample(t, url, fmt.Sprintf("vgpud_drift_events_total{kind=%q}", kind))
+}
+
+// scrapeSample reads one sample (name and labels as the text format
+// writes them) from the /metrics at url.
+func scrapeSample(t *testing.T, url, sample string) float64 {
+	t.Helper()
 	r, err := http.Get(url)
 	if err != nil {
 		t.Fatalf("scrape: %v", err)
 	}
 	defer r.Body.Close()
-	prefix := fmt.Sprintf("vgpud_drift_events_total{kind=%q} ", kind)
+	prefix := sample + " "
 	sc := bufio.NewScanner(r.Body)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
@@ -188,7 +195,7 @@ func driftMetric(t *testing.T, url, kind string) float64 {
 			return f
 		}
 	}
-	t.Fatalf("no %s in /metrics", strings.TrimSpace(prefix))
+	t.Fatalf("no %s in /metrics", sample)
 	return 0
 }
 

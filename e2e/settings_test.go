@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -110,22 +107,5 @@ func TestSettingsBackAfterEvents(t *testing.T) {
 // settingsRestored reads vgpud_settings_restored_total{event,setting}.
 func settingsRestored(t *testing.T, url, setting, event string) float64 {
 	t.Helper()
-	r, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer r.Body.Close()
-	prefix := fmt.Sprintf("vgpud_settings_restored_total{event=%q,setting=%q} ", event, setting)
-	sc := bufio.NewScanner(r.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s%s: %v", prefix, v, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("no %s in /metrics", strings.TrimSpace(prefix))
-	return 0
+	return scrapeSample(t, url, fmt.Sprintf("vgpud_settings_restored_total{event=%q,setting=%q}", event, setting))
 }
