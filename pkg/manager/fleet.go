@@ -12,7 +12,6 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/placement"
-	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 )
 
@@ -482,7 +481,11 @@ func (m *Manager) FleetView() ([]FleetGPU, error) {
 		if err != nil {
 			return err
 		}
-		out = m.fleetView(s)
+		for i := range s.inv.GPUs {
+			if g := &s.inv.GPUs[i]; g.Model != "" {
+				out = append(out, m.fleetGPU(s, g))
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -491,47 +494,51 @@ func (m *Manager) FleetView() ([]FleetGPU, error) {
 	return out, nil
 }
 
-func (m *Manager) fleetView(s *snapshot) []FleetGPU {
-	byID := map[string]*FleetGPU{}
-	var out []FleetGPU
-	for i := range s.inv.GPUs {
-		g := &s.inv.GPUs[i]
-		if g.Model == "" {
-			continue
+// FleetGPUByUUID is one GPU of FleetView, read alone (a claim's or a
+// settle's look at the GPU it concerns). ErrNotFound: the host has no GPU
+// gpuUUID (or one of no known model).
+func (m *Manager) FleetGPUByUUID(gpuUUID string) (FleetGPU, error) {
+	var out FleetGPU
+	err := m.db.View(func(tx *store.Tx) error {
+		s, err := m.snapshot(tx)
+		if err != nil {
+			return err
 		}
-		sh := m.shapes.of(g, s)
-		fg := FleetGPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, State: gpu.StateOK, MIG: sh.mig, Flavour: sh.flavour, Heterogeneous: sh.het}
-		if gr := m.grid(g.Model); gr != nil && fg.MIG {
-			fg.Slices = gr.Slices
+		g := m.gpuOf(s, gpuUUID)
+		if g == nil || g.Model == "" {
+			return fail(ErrNotFound, nil, "no GPU %s on this host", gpuUUID)
 		}
-		fg.FramebufferMiB = m.sharedFramebuffer(g.Model, sh.flavour, fg.MIG, fg.Heterogeneous)
-		switch {
-		case g.Lost:
-			fg.State = gpu.StateLost
-		case s.failed[g.UUID] != "":
-			fg.State = gpu.StateFailed
-		case s.passthroughOn(g.UUID) != nil:
-			fg.State = gpu.StatePassthrough
-		}
-		for _, r := range s.byGPU[g.UUID] {
-			if c, ok := m.claimOf(r); ok {
-				if fg.FramebufferMiB > 0 {
-					c.FramebufferMiB = m.recordFramebuffer(r, fg.FramebufferMiB)
-				}
-				fg.Instances = append(fg.Instances, c)
+		out = m.fleetGPU(s, g)
+		return nil
+	})
+	if err != nil {
+		return FleetGPU{}, classify(err, "fleet view of GPU %s", gpuUUID)
+	}
+	return out, nil
+}
+
+// fleetGPU is g as the fleet sees it: its shape (as last seen while it
+// answered), state, instances, and a class per profile its mode offers
+// with the room roomOn gives.
+func (m *Manager) fleetGPU(s *snapshot, g *gpu.GPU) FleetGPU {
+	sh := m.shapes.of(g, s)
+	fg := FleetGPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, MIG: sh.mig, Flavour: sh.flavour, Heterogeneous: sh.het}
+	fg.State, _ = s.state(g)
+	if gr := m.grid(g.Model); gr != nil && fg.MIG {
+		fg.Slices = gr.Slices
+	}
+	fg.FramebufferMiB = m.sharedFramebuffer(g.Model, sh.flavour, fg.MIG, fg.Heterogeneous)
+	for _, r := range s.byGPU[g.UUID] {
+		if c, ok := m.claimOf(r); ok {
+			if fg.FramebufferMiB > 0 {
+				c.FramebufferMiB = m.recordFramebuffer(r, fg.FramebufferMiB)
 			}
+			fg.Instances = append(fg.Instances, c)
 		}
-		sort.Slice(fg.Instances, func(a, b int) bool { return fg.Instances[a].Instance < fg.Instances[b].Instance })
-		out = append(out, fg)
 	}
-	for i := range out {
-		byID[out[i].UUID] = &out[i]
-	}
-	for _, pg := range m.migFleet(s) {
-		fg := byID[pg.ID]
-		if fg == nil || !fg.MIG {
-			continue
-		}
+	sort.Slice(fg.Instances, func(a, b int) bool { return fg.Instances[a].Instance < fg.Instances[b].Instance })
+	rm := m.roomOn(s, g)
+	if pg, ok := m.migGPU(s, g); ok && fg.MIG {
 		fg.Slices = pg.Grid.Slices
 		claimed := 0
 		for _, c := range fg.Instances {
@@ -542,116 +549,50 @@ func (m *Manager) fleetView(s *snapshot) []FleetGPU {
 			used += sl.Size
 		}
 		fg.Unclaimable = max(0, used-claimed)
-		newGIs := map[int]int{}
-		for _, f := range placement.Capacity([]placement.GPU{pg}) {
-			p, _ := pg.Grid.Profile(f.Profile) // Capacity names only the grid's own profiles
-			fg.Classes = append(fg.Classes, FleetClass{Profile: f.Profile, Kind: store.KindMIG, Slices: p.Size, Room: f.Count})
-			newGIs[p.ID] = f.Count
-		}
-		fg.Classes = append(fg.Classes, m.migBackedClasses(s, m.gpuOf(s, pg.ID), newGIs)...)
-	}
-	for _, h := range m.vgpuHosts(s) {
-		fg := byID[h.ID]
-		md, _ := m.catalog().Model(h.Model) // vgpuHosts lists only catalog models
-		if fg == nil || fg.MIG || md == nil {
-			continue
-		}
-		shared := fg.FramebufferMiB > 0
-		for name, tc := range h.Types {
-			t, _ := md.VGPUTypeByName(name) // h.Types holds only md's types
-			n := 0
-			if !h.Unavailable {
-				n = min(placement.VGPURoom(h, name), s.freeDevices(m.gpuOf(s, h.ID), t.ID))
+		// A GPU that takes no MIG instance now publishes no MIG profile.
+		for _, p := range pg.Grid.Profiles {
+			if n, ok := rm[roomKey{store.KindMIG, p.Name}]; ok {
+				fg.Classes = append(fg.Classes, FleetClass{Profile: p.Name, Kind: store.KindMIG, Slices: p.Size, Room: n})
 			}
-			c := FleetClass{Profile: name, Kind: store.KindVGPU, Room: max(0, n)}
-			if shared {
-				c.FramebufferMiB = tc.FramebufferMiB
+		}
+		for _, t := range m.migBackedTypes(g) {
+			c := FleetClass{Profile: t.Name, Kind: store.KindMIGVGPU, Room: rm[roomKey{store.KindMIGVGPU, t.Name}]}
+			if t.MaxPerGPUInstance <= 1 {
+				p, _ := m.giProfile(g.Model, *t.GPUInstanceProfile)
+				c.Slices = p.Size
 			}
 			fg.Classes = append(fg.Classes, c)
 		}
-		sort.Slice(fg.Classes, func(a, b int) bool { return fg.Classes[a].Profile < fg.Classes[b].Profile })
 	}
-	for i := range out {
-		m.passthroughClass(s, &out[i])
-	}
-	return out
-}
-
-// migBackedClasses are the MIG-backed vGPU types g's flow can create, with
-// the room the admission (decideMIG) has for each: a new GPU instance of
-// the type's size (newGIs, by GPU-instance profile id) per vGPU the
-// instance takes, plus the free seats of GPU instances our vGPUs of the
-// same size already share, bounded by the free VFs or mdev parents.
-func (m *Manager) migBackedClasses(s *snapshot, g *gpu.GPU, newGIs map[int]int) []FleetClass {
-	md, _ := m.catalog().Model(g.Model) // nil for a model the catalog lacks
-	if md == nil || md.VGPU == nil || g.VGPU.Flavour == gpu.FlavourNone || g.VGPU.Flavour == "" {
-		return nil
-	}
-	var out []FleetClass
-	for i := range md.VGPU.Types {
-		t := &md.VGPU.Types[i]
-		if !t.MIGBacked() || !md.HasFlow(t, string(g.VGPU.Flavour)) {
-			continue
-		}
-		c := FleetClass{Profile: t.Name, Kind: store.KindMIGVGPU}
-		if t.MaxPerGPUInstance <= 1 {
-			p, _ := m.giProfile(g.Model, *t.GPUInstanceProfile)
-			c.Slices = p.Size
-		}
-		if s.unavailable(g) == "" {
-			room := newGIs[*t.GPUInstanceProfile]*max(1, t.MaxPerGPUInstance) + s.freeSeats(m, g, t)
-			c.Room = max(0, min(room, s.freeDevices(g, t.ID)))
-		}
-		out = append(out, c)
-	}
-	return out
-}
-
-// freeSeats counts the vGPUs of type t the GPU instances our MIG-backed
-// vGPUs share on g can still take, by decideMIG's rule: a ready record on
-// a GPU instance of t's size whose vGPUs all have t's framebuffer.
-func (s *snapshot) freeSeats(m *Manager, g *gpu.GPU, t *profile.VGPUType) int {
-	if t.MaxPerGPUInstance <= 1 {
-		return 0
-	}
-	md, _ := m.catalog().Model(g.Model) // the caller found it
-	n := 0
-	seen := map[int]bool{}
-	for _, r := range s.byGPU[g.UUID] {
-		if r.Kind != store.KindMIGVGPU || r.State != store.StateReady || r.GIProfileID != *t.GPUInstanceProfile || seen[r.GIStart] {
-			continue
-		}
-		seen[r.GIStart] = true
-		on := s.giRecords(g.UUID, r.GIStart, r.GIProfileID)
-		same := true
-		for _, x := range on {
-			if xt, ok := md.VGPUTypeByID(x.TypeID); ok && xt.FramebufferMiB != t.FramebufferMiB {
-				same = false
+	if h, ok := m.vgpuHost(s, g); ok && !fg.MIG {
+		var vc []FleetClass
+		for name, tc := range h.Types {
+			c := FleetClass{Profile: name, Kind: store.KindVGPU, Room: rm[roomKey{store.KindVGPU, name}]}
+			if fg.FramebufferMiB > 0 {
+				c.FramebufferMiB = tc.FramebufferMiB
 			}
+			vc = append(vc, c)
 		}
-		if same {
-			n += max(0, t.MaxPerGPUInstance-len(on))
-		}
+		sort.Slice(vc, func(a, b int) bool { return vc[a].Profile < vc[b].Profile })
+		fg.Classes = append(fg.Classes, vc...)
 	}
-	return n
+	m.passthroughClass(g, &fg, rm)
+	return fg
 }
 
-// passthroughClass adds the whole-GPU class to fg: room 1 on a GPU the
-// admission would pass through now (available, nothing carved). A whole
-// GPU also takes every slot of a MIG GPU and all the framebuffer of a GPU
-// in heterogeneous mode, so that Placement itself refuses a whole GPU
-// together with anything carved on it.
-func (m *Manager) passthroughClass(s *snapshot, fg *FleetGPU) {
-	g := m.gpuOf(s, fg.UUID)
-	if _, ok := m.catalog().Model(fg.Model); !ok || g == nil {
+// passthroughClass adds the whole-GPU class to fg, with its room (1 on a
+// GPU the admission would pass through now: available, nothing carved). A
+// whole GPU also takes every slot of a MIG GPU and all the framebuffer of
+// a GPU in heterogeneous mode, so that Placement itself refuses a whole
+// GPU together with anything carved on it.
+func (m *Manager) passthroughClass(g *gpu.GPU, fg *FleetGPU, rm room) {
+	if _, ok := m.catalog().Model(fg.Model); !ok {
 		return
 	}
-	c := FleetClass{Profile: ProfilePassthrough, Kind: store.KindPassthrough, FramebufferMiB: fg.FramebufferMiB}
+	c := FleetClass{Profile: ProfilePassthrough, Kind: store.KindPassthrough, FramebufferMiB: fg.FramebufferMiB,
+		Room: rm[roomKey{store.KindPassthrough, ProfilePassthrough}]}
 	if fg.MIG {
 		c.Slices = fg.Slices
-	}
-	if s.unavailable(g) == "" && !s.carved(g) {
-		c.Room = 1
 	}
 	fg.Classes = append(fg.Classes, c)
 	for i := range fg.Instances {
