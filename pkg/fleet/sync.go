@@ -32,8 +32,8 @@ type Config struct {
 	ClaimTimeout, SettleTimeout time.Duration
 	// ProjectID and UserID are written with vgpud's allocations.
 	ProjectID, UserID string
-	// Crash is called at the pass's crash points (manager.CrashFleet*);
-	// nil: never. The daemon passes the hook it gives the manager
+	// Crash is called at the pass's crash points (CrashPoints); nil:
+	// never. The daemon passes the hook it gives the manager
 	// (manager.CrashAt), so this package reads no environment.
 	Crash func(point string)
 }
