@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
@@ -88,7 +87,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
 // allocation) for removal at the next pass.
 func (s *Syncer) Unclaim(instance string) {
 	s.mu.Lock()
-	s.gone[instance] = time.Now()
+	s.gone[instance] = s.now()
 	delete(s.seen, instance)
 	delete(s.settled, instance)
 	s.mu.Unlock()
@@ -268,11 +267,11 @@ func (s *Syncer) owner(ctx context.Context, consumer string) string {
 // unreachable); what it cannot do the next pass does, the removal at once,
 // and the error says what was left (the operation stands).
 func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
-	start := time.Now()
+	start := s.now()
 	outcome := "done"
 	defer func() {
 		s.met.settles.WithLabelValues(outcome).Inc()
-		s.met.settleTime.Observe(time.Since(start).Seconds())
+		s.met.settleTime.Observe(s.now().Sub(start).Seconds())
 	}()
 	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.SettleTimeout))
 	defer cancel()
@@ -296,7 +295,7 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 			return later("the allocation of destroyed instance "+removed, err)
 		}
 		s.mu.Lock()
-		s.settled[removed] = time.Now()
+		s.settled[removed] = s.now()
 		s.mu.Unlock()
 	}
 	err = s.publishOne(ctx, &p)

@@ -69,7 +69,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	}
 	var errs []error
 	// Removals first: a class's total falls only once what held it is gone.
-	now := time.Now()
+	now := s.now()
 	for _, consumer := range sortedKeys(have) {
 		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || !s.expired(consumer, now) {
 			continue
