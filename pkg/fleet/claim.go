@@ -13,18 +13,18 @@ import (
 // Syncer is the manager's Fleet.
 var _ manager.Fleet = (*Syncer)(nil)
 
-// provider is the desired provider of one GPU, from a fresh view.
-func (s *Syncer) provider(gpuUUID string) (gpuProvider, bool, error) {
-	view, err := s.src.FleetView()
+// provider is the desired provider of one GPU, from a fresh read of that
+// GPU alone (a claim or settle concerns one GPU; the whole host's view is
+// the pass's). ok is false when the host has no such GPU.
+func (s *Syncer) provider(gpuUUID string) (p gpuProvider, ok bool, err error) {
+	g, err := s.src.FleetGPUByUUID(gpuUUID)
+	if errors.Is(err, manager.ErrNotFound) {
+		return gpuProvider{}, false, nil
+	}
 	if err != nil {
 		return gpuProvider{}, false, err
 	}
-	for _, p := range s.desired(view) {
-		if p.gpu.UUID == gpuUUID {
-			return p, true, nil
-		}
-	}
-	return gpuProvider{}, false, nil
+	return s.desired([]manager.FleetGPU{g})[0], true, nil
 }
 
 // Claim writes c's allocation before the manager carves. Placement's

@@ -45,6 +45,9 @@ type Config struct {
 // Source is the host's truth.
 type Source interface {
 	FleetView() ([]manager.FleetGPU, error)
+	// FleetGPUByUUID is one GPU of FleetView, read alone; an error
+	// wrapping manager.ErrNotFound when the host has no such GPU.
+	FleetGPUByUUID(gpuUUID string) (manager.FleetGPU, error)
 	// HasInstance reports whether a consumer is an instance now.
 	HasInstance(id string) bool
 	Subscribe() (<-chan manager.Event, func())
