@@ -27,7 +27,6 @@ import (
 	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
-	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/profiles"
@@ -300,11 +299,11 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 		// arm makes the point reachable once the daemon runs.
 		arm func()
 	}{
-		{manager.CrashFleetProvider, nprov + 2, nil},
-		{manager.CrashFleetInventory, nprov + 2, nil},
+		{fleet.CrashProvider, nprov + 2, nil},
+		{fleet.CrashInventory, nprov + 2, nil},
 		// An allocation Placement lost (an operator's mistake): the next
 		// pass writes it again.
-		{manager.CrashFleetAlloc, 1, func() {
+		{fleet.CrashAlloc, 1, func() {
 			id := uuid.NewString()
 			if err := d.create(ctx, dbusapi.CreateRequest{Tenant: "acme", Profile: "1g.10gb", UUID: id}); err != nil {
 				t.Fatal(err)
@@ -329,7 +328,7 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 		// A scheduler's claim whose create never came: the pass removes
 		// it once its grace is over. (A destroy removes its allocation
 		// itself, so passes remove only what no operation did.)
-		{manager.CrashFleetUnalloc, 1, func() {
+		{fleet.CrashUnalloc, 1, func() {
 			// The earlier rounds' load may have filled this host's MIG
 			// GPUs (how many operations a round runs depends on the
 			// machine's speed): room first. A destroy removes its own

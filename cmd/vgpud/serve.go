@@ -84,7 +84,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 
 func (d *daemon) start(ctx context.Context) error {
 	cfg, log := d.cfg, d.log
-	crash, err := manager.CrashAt(os.Getenv("VGPUD_CRASH_AT"))
+	crash, err := manager.CrashAt(os.Getenv("VGPUD_CRASH_AT"), fleet.CrashPoints...)
 	if err != nil {
 		return usageError{err}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
@@ -14,18 +13,18 @@ import (
 // Syncer is the manager's Fleet.
 var _ manager.Fleet = (*Syncer)(nil)
 
-// provider is the desired provider of one GPU, from a fresh view.
-func (s *Syncer) provider(gpuUUID string) (gpuProvider, bool, error) {
-	view, err := s.src.FleetView()
+// provider is the desired provider of one GPU, from a fresh read of that
+// GPU alone (a claim or settle concerns one GPU; the whole host's view is
+// the pass's). ok is false when the host has no such GPU.
+func (s *Syncer) provider(gpuUUID string) (p gpuProvider, ok bool, err error) {
+	g, err := s.src.FleetGPUByUUID(gpuUUID)
+	if errors.Is(err, manager.ErrNotFound) {
+		return gpuProvider{}, false, nil
+	}
 	if err != nil {
 		return gpuProvider{}, false, err
 	}
-	for _, p := range s.desired(view) {
-		if p.gpu.UUID == gpuUUID {
-			return p, true, nil
-		}
-	}
-	return gpuProvider{}, false, nil
+	return s.desired([]manager.FleetGPU{g})[0], true, nil
 }
 
 // Claim writes c's allocation before the manager carves. Placement's
@@ -88,7 +87,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
 // allocation) for removal at the next pass.
 func (s *Syncer) Unclaim(instance string) {
 	s.mu.Lock()
-	s.gone[instance] = time.Now()
+	s.gone[instance] = s.now()
 	delete(s.seen, instance)
 	delete(s.settled, instance)
 	s.mu.Unlock()
@@ -268,11 +267,11 @@ func (s *Syncer) owner(ctx context.Context, consumer string) string {
 // unreachable); what it cannot do the next pass does, the removal at once,
 // and the error says what was left (the operation stands).
 func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
-	start := time.Now()
+	start := s.now()
 	outcome := "done"
 	defer func() {
 		s.met.settles.WithLabelValues(outcome).Inc()
-		s.met.settleTime.Observe(time.Since(start).Seconds())
+		s.met.settleTime.Observe(s.now().Sub(start).Seconds())
 	}()
 	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.SettleTimeout))
 	defer cancel()
@@ -296,7 +295,7 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 			return later("the allocation of destroyed instance "+removed, err)
 		}
 		s.mu.Lock()
-		s.settled[removed] = time.Now()
+		s.settled[removed] = s.now()
 		s.mu.Unlock()
 	}
 	err = s.publishOne(ctx, &p)

@@ -86,10 +86,10 @@ func TestPassCrashPoints(t *testing.T) {
 		before func(t *testing.T, dying *Syncer)
 	}{
 		// A fresh root: the first GPU provider is made, then the pass dies.
-		{manager.CrashFleetProvider, func(*testing.T, *Syncer) {}},
-		{manager.CrashFleetInventory, func(*testing.T, *Syncer) {}},
+		{CrashProvider, func(*testing.T, *Syncer) {}},
+		{CrashInventory, func(*testing.T, *Syncer) {}},
 		// An allocation Placement lost: the pass writes it again.
-		{manager.CrashFleetAlloc, func(t *testing.T, _ *Syncer) {
+		{CrashAlloc, func(t *testing.T, _ *Syncer) {
 			var err error
 			if rec, err = a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", GPU: sim.DefaultH100MIG}); err != nil {
 				t.Fatal(err)
@@ -102,7 +102,7 @@ func TestPassCrashPoints(t *testing.T) {
 		// An instance a pass saw is destroyed while the destroy could not
 		// remove its allocation itself (no fleet then): the next pass
 		// removes it at once.
-		{manager.CrashFleetUnalloc, func(t *testing.T, dying *Syncer) {
+		{CrashUnalloc, func(t *testing.T, dying *Syncer) {
 			if err := dying.Pass(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -142,7 +142,7 @@ func TestPassCrashPoints(t *testing.T) {
 		a.s = s
 		a.h.Manager.SetFleet(s)
 		converged(t, c, a)
-		if st.point == manager.CrashFleetProvider {
+		if st.point == CrashProvider {
 			if tree, err := c.Tree(ctx, RootUUID("hosta")); err != nil || len(tree) != 5 {
 				t.Fatalf("after a crash at %s and a pass: tree %v, %v; want root and 4 GPUs", st.point, tree, err)
 			}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
@@ -60,7 +59,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		}
 		gen = 0
 	}
-	s.crash(manager.CrashFleetProvider)
+	s.crash(CrashProvider)
 	have, err := s.c.ProviderAllocations(ctx, p.uuid)
 	if err != nil {
 		ps.complete = false
@@ -70,7 +69,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	}
 	var errs []error
 	// Removals first: a class's total falls only once what held it is gone.
-	now := time.Now()
+	now := s.now()
 	for _, consumer := range sortedKeys(have) {
 		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || !s.expired(consumer, now) {
 			continue
@@ -84,7 +83,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		delete(have, consumer)
 		s.log.Info("placement allocation without an instance removed", "consumer", consumer, "provider", p.name)
 		s.met.orphans.Inc()
-		s.crash(manager.CrashFleetUnalloc)
+		s.crash(CrashUnalloc)
 	}
 	for consumer := range have {
 		ps.held[consumer] = true
@@ -99,7 +98,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
 		}
-		s.crash(manager.CrashFleetInventory)
+		s.crash(CrashInventory)
 		if err := s.syncTraits(ctx, p); err != nil {
 			s.fail(ps, p.name, "traits", "traits", err)
 			errs = append(errs, err)
@@ -132,7 +131,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 				errs = append(errs, err)
 			}
 		}
-		s.crash(manager.CrashFleetAlloc)
+		s.crash(CrashAlloc)
 	}
 	if again {
 		// An allocation rewritten smaller (or removed again) lowers

@@ -32,15 +32,22 @@ type Config struct {
 	ClaimTimeout, SettleTimeout time.Duration
 	// ProjectID and UserID are written with vgpud's allocations.
 	ProjectID, UserID string
-	// Crash is called at the pass's crash points (manager.CrashFleet*);
-	// nil: never. The daemon passes the hook it gives the manager
+	// Crash is called at the pass's crash points (CrashPoints); nil:
+	// never. The daemon passes the hook it gives the manager
 	// (manager.CrashAt), so this package reads no environment.
 	Crash func(point string)
+	// Now is the clock (nil: time.Now): when an allocation without an
+	// instance was first seen and so when its Grace ends, when a claim or
+	// removal was marked, and how long passes and settles took.
+	Now func() time.Time
 }
 
 // Source is the host's truth.
 type Source interface {
 	FleetView() ([]manager.FleetGPU, error)
+	// FleetGPUByUUID is one GPU of FleetView, read alone; an error
+	// wrapping manager.ErrNotFound when the host has no such GPU.
+	FleetGPUByUUID(gpuUUID string) (manager.FleetGPU, error)
 	// HasInstance reports whether a consumer is an instance now.
 	HasInstance(id string) bool
 	Subscribe() (<-chan manager.Event, func())
@@ -122,6 +129,9 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 		cfg.SettleTimeout = time.Second
 	}
 	cfg.SettleTimeout = min(cfg.SettleTimeout, cfg.ClaimTimeout)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	if cfg.ProjectID == "" {
 		cfg.ProjectID = "vgpud"
 	}
@@ -200,7 +210,7 @@ func (s *Syncer) take(e manager.Event) {
 		if _, ok := s.settled[e.ID]; ok {
 			delete(s.settled, e.ID)
 		} else {
-			s.gone[e.ID] = time.Now()
+			s.gone[e.ID] = s.now()
 		}
 		s.mu.Unlock()
 	}
@@ -260,7 +270,7 @@ func (s *Syncer) Kick() {
 func (s *Syncer) markChanged() {
 	s.mu.Lock()
 	if s.changed.IsZero() {
-		s.changed = time.Now()
+		s.changed = s.now()
 	}
 	s.mu.Unlock()
 }
@@ -282,9 +292,9 @@ func (s *Syncer) Pass(ctx context.Context) error {
 	since := s.changed
 	s.changed = time.Time{}
 	s.mu.Unlock()
-	start := time.Now()
+	start := s.now()
 	err := s.pass(ctx, start)
-	s.met.pass(err, time.Since(start))
+	s.met.pass(err, s.now().Sub(start))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastErr = err
@@ -294,9 +304,9 @@ func (s *Syncer) Pass(ctx context.Context) error {
 		}
 		return err
 	}
-	s.lastOK = time.Now()
+	s.lastOK = s.now()
 	if !since.IsZero() {
-		s.met.lag.Observe(time.Since(since).Seconds())
+		s.met.lag.Observe(s.now().Sub(since).Seconds())
 	}
 	return nil
 }
@@ -392,6 +402,9 @@ func (s *Syncer) down() bool {
 	return s.unreachable
 }
 
+// now is the syncer's clock (Config.Now).
+func (s *Syncer) now() time.Time { return s.cfg.Now() }
+
 // deadline is how long a claim or settle with timeout d waits now.
 func (s *Syncer) deadline(d time.Duration) time.Duration {
 	if s.down() {
@@ -406,7 +419,7 @@ func (s *Syncer) deadline(d time.Duration) time.Duration {
 func (s *Syncer) reset(consumer string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.seen[consumer] = time.Now()
+	s.seen[consumer] = s.now()
 	delete(s.gone, consumer)
 	delete(s.known, consumer)
 	delete(s.instances, consumer)

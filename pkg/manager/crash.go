@@ -33,30 +33,23 @@ const (
 	// CrashRestore: an instance a reboot lost was carved again and its
 	// record written, while the other GPUs' workers carve on (restoreAll).
 	CrashRestore = "reconcile.after-recreate"
-	// Crash points of the fleet's sync pass (pkg/fleet), between its
-	// writes to Placement: a GPU provider the pass works on is there (made
-	// now or found), its inventories are synced (written if they differed),
-	// an instance's allocation written, an allocation of no instance
-	// removed.
-	CrashFleetProvider  = "fleet.after-provider"
-	CrashFleetInventory = "fleet.after-inventory"
-	CrashFleetAlloc     = "fleet.after-allocation"
-	CrashFleetUnalloc   = "fleet.after-allocation-removal"
 )
 
-// CrashPoints lists every crash point.
+// CrashPoints lists every crash point of the manager's operations (the
+// fleet's sync pass has its own: fleet.CrashPoints).
 var CrashPoints = []string{
 	CrashCreateIntent, CrashCreateGI, CrashCreateCI, CrashCreateVGPU, CrashCreateCommit,
 	CrashDestroyStart, CrashDestroyVGPU, CrashDestroyCI, CrashDestroyGI,
 	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashCreateAttach,
 	CrashMoveRelease, CrashMoveCarve, CrashReconcile, CrashRestore,
-	CrashFleetProvider, CrashFleetInventory, CrashFleetAlloc, CrashFleetUnalloc,
 }
 
 // CrashAt returns a crash hook that kills the process with SIGKILL (no
 // deferred cleanup, as a power cut or kill -9) the nth time point is
-// reached. spec is "point" or "point:n", e.g. from $VGPUD_CRASH_AT.
-func CrashAt(spec string) (func(string), error) {
+// reached. spec is "point" or "point:n", e.g. from $VGPUD_CRASH_AT; point
+// is one of CrashPoints or of more, the crash points of the other packages
+// the daemon gives the same hook (fleet.CrashPoints).
+func CrashAt(spec string, more ...string) (func(string), error) {
 	if spec == "" {
 		return nil, nil
 	}
@@ -68,12 +61,13 @@ func CrashAt(spec string) (func(string), error) {
 		}
 		point, nth = p, v
 	}
+	all := append(append([]string(nil), CrashPoints...), more...)
 	known := false
-	for _, c := range CrashPoints {
+	for _, c := range all {
 		known = known || c == point
 	}
 	if !known {
-		return nil, fmt.Errorf("unknown crash point %q (known: %s)", point, strings.Join(CrashPoints, ", "))
+		return nil, fmt.Errorf("unknown crash point %q (known: %s)", point, strings.Join(all, ", "))
 	}
 	var mu sync.Mutex
 	hits := 0

@@ -89,7 +89,7 @@ func (m *Manager) decideMIG(s *snapshot, models map[string]offer, names []string
 			}
 		}
 	}
-	fleet := m.migFleet(s)
+	pool := m.migPool(s)
 	var any offer
 	for _, o := range models {
 		any = o
@@ -128,15 +128,15 @@ func (m *Manager) decideMIG(s *snapshot, models map[string]offer, names []string
 			}
 		}
 		// Only GPUs with a free VF or mdev parent can host the vGPU.
-		for i := range fleet {
-			g := m.gpuOf(s, fleet[i].ID)
-			if _, _, ok := m.deviceFor(s, g, models[fleet[i].Model].typID()); !ok {
-				fleet[i].Unavailable = true
+		for i := range pool {
+			g := m.gpuOf(s, pool[i].ID)
+			if _, _, ok := m.deviceFor(s, g, models[pool[i].Model].typID()); !ok {
+				pool[i].Unavailable = true
 			}
 		}
 	}
 	pr := placement.Request{Profile: any.gi.Name, GPU: pin, Models: names, Tenant: req.Tenant, Affinity: req.Affinity}
-	dec, err := placement.Place(fleet, pr)
+	dec, err := placement.Place(pool, pr)
 	if err != nil {
 		if errors.Is(err, placement.ErrUnknownProfile) && m.noMIGEnabled(s, names) {
 			return decision{}, fail(ErrInvalidArgument, err, "no GPU of model %s has MIG enabled; enable it first (`vgpuctl gpu mig GPU on`)", strings.Join(names, ", "))

@@ -43,9 +43,8 @@
 //     a GPU instance is re-created or the driver reloads
 //   - tenants.go: tenants and quotas; args.go: argument checks and names
 //   - drain.go: Shutdown waits for operations in flight
-//   - fleet.go: the claim hooks of a create and the host as Placement
-//     counts it; behind.go: what an operation left Placement behind on,
-//     for its caller
+//   - fleet.go: the claim hooks of a create; behind.go: what an
+//     operation left Placement behind on, for its caller
 //
 // Recovery, after a crash, a reboot or a change behind vgpud's back:
 //
@@ -65,7 +64,13 @@
 //
 // Views, what callers read:
 //
-//   - view.go: the snapshot an admission decides on, instance views
+//   - view.go: the snapshot an admission decides on, a GPU's state,
+//     instance views
+//   - room.go: how many more of each profile one GPU takes (roomOn), the
+//     one number Capacity adds up and the fleet view publishes
+//   - fleetview.go: the host as Placement counts it, whole or one GPU;
+//     fleetunits.go: its units (slices, shared framebuffer, what each
+//     record holds) and the shape of lost GPUs
 //   - events.go: events to subscribers; refusal.go: why a request does
 //     not fit, in words; errors.go: the sentinels and their translation
 //

@@ -3,6 +3,7 @@ package manager_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
@@ -146,4 +147,26 @@ func TestFleetViewOfSharedGPUInstances(t *testing.T) {
 		t.Fatalf("room for %s after one: %d, want %d (three seats left in the shared instance)", typ, c.Room, before.Room-1)
 	}
 	e.roomIsAdmission(pci)
+}
+
+// TestFleetGPUByUUIDIsTheViewsGPU: one GPU read alone is that GPU of the
+// whole view; a GPU the host does not have is ErrNotFound.
+func TestFleetGPUByUUIDIsTheViewsGPU(t *testing.T) {
+	e := newEnv(t, nil)
+	e.tenant("acme", unlimited())
+	e.mustCreate("acme", "3g.40gb", sim.DefaultH100MIG)
+	e.mustCreate("acme", "L4-4Q", sim.DefaultL4)
+	view, err := e.m.FleetView()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range view {
+		one, err := e.m.FleetGPUByUUID(g.UUID)
+		if err != nil || !reflect.DeepEqual(one, g) {
+			t.Fatalf("GPU %s read alone: %+v, %v; in the view: %+v", g.PCI, one, err, g)
+		}
+	}
+	if _, err := e.m.FleetGPUByUUID("GPU-00000000-0000-0000-0000-000000000000"); !errors.Is(err, manager.ErrNotFound) {
+		t.Fatalf("an unknown GPU read alone: %v, want ErrNotFound", err)
+	}
 }

@@ -49,15 +49,8 @@ func (m *Manager) GPUs() ([]GPUView, error) {
 		}
 		for i := range s.inv.GPUs {
 			g := s.inv.GPUs[i]
-			v := GPUView{GPU: g, State: gpu.StateOK}
-			switch {
-			case g.Lost:
-				v.State = gpu.StateLost
-			case s.failed[g.UUID] != "":
-				v.State, v.Reason = gpu.StateFailed, s.failed[g.UUID]
-			case s.passthroughOn(g.UUID) != nil:
-				v.State = gpu.StatePassthrough
-			}
+			v := GPUView{GPU: g}
+			v.State, v.Reason = s.state(&g)
 			for _, r := range s.byGPU[g.UUID] {
 				v.Instances = append(v.Instances, r.UUID)
 			}

@@ -128,10 +128,38 @@ func (m *Manager) Capacity() ([]Capacity, error) {
 	return out, nil
 }
 
+// capacity adds up, per model, the room of each GPU (roomOn). Its rows
+// are the MIG profiles of the models with a GPU that takes MIG instances
+// and the MIG-backed vGPU types riding on them, every time-sliced type of
+// the GPUs with a vGPU flow, and the whole GPU of every model.
 func (m *Manager) capacity(s *snapshot) []Capacity {
+	rooms := map[string]room{}
+	for i := range s.inv.GPUs {
+		if g := &s.inv.GPUs[i]; g.Model != "" {
+			rooms[g.UUID] = m.roomOn(s, g)
+		}
+	}
 	var out []Capacity
-	for _, f := range placement.Capacity(m.migFleet(s)) {
-		out = append(out, Capacity{Model: f.Model, Profile: f.Profile, Kind: string(store.KindMIG), Count: f.Count, GPUs: f.GPUs})
+	listed := map[Capacity]bool{}
+	row := func(model string, kind store.InstanceKind, profile string) {
+		c := Capacity{Model: model, Profile: profile, Kind: string(kind)}
+		if listed[c] {
+			return
+		}
+		listed[c] = true
+		for i := range s.inv.GPUs {
+			if g := &s.inv.GPUs[i]; g.Model == model {
+				n := rooms[g.UUID][roomKey{kind, profile}]
+				c.Count += n
+				if n > 0 {
+					c.GPUs++
+				}
+			}
+		}
+		out = append(out, c)
+	}
+	for _, f := range placement.Capacity(m.migPool(s)) {
+		row(f.Model, store.KindMIG, f.Profile)
 		// MIG-backed vGPU types ride on the same GPU instances.
 		md, _ := m.catalog().Model(f.Model) // nil for a model the catalog lacks: skipped
 		if md == nil || md.VGPU == nil {
@@ -139,53 +167,19 @@ func (m *Manager) capacity(s *snapshot) []Capacity {
 		}
 		for _, t := range md.VGPU.Types {
 			if t.MIGBacked() && *t.GPUInstanceProfile == f.ProfileID {
-				out = append(out, Capacity{Model: f.Model, Profile: t.Name, Kind: string(store.KindMIGVGPU),
-					Count: f.Count * t.MaxPerGPUInstance, GPUs: f.GPUs})
+				row(f.Model, store.KindMIGVGPU, t.Name)
 			}
 		}
 	}
-	type key struct{ model, typ string }
-	counts := map[key]*Capacity{}
 	for _, h := range m.vgpuHosts(s) {
-		g := m.gpuOf(s, h.ID)
-		// vgpuHosts lists only catalog models, and only their types.
-		md, _ := m.catalog().Model(h.Model)
 		for name := range h.Types {
-			t, _ := md.VGPUTypeByName(name) // a type of md: see above
-			n := min(placement.VGPURoom(h, name), s.freeDevices(g, t.ID))
-			k := key{h.Model, name}
-			c := counts[k]
-			if c == nil {
-				c = &Capacity{Model: h.Model, Profile: name, Kind: string(store.KindVGPU)}
-				counts[k] = c
-			}
-			c.Count += n
-			if n > 0 {
-				c.GPUs++
-			}
+			row(h.Model, store.KindVGPU, name)
 		}
 	}
-	for _, c := range counts {
-		out = append(out, *c)
-	}
-	pass := map[string]*Capacity{}
 	for i := range s.inv.GPUs {
-		g := &s.inv.GPUs[i]
-		if g.Model == "" {
-			continue
+		if g := &s.inv.GPUs[i]; g.Model != "" {
+			row(g.Model, store.KindPassthrough, ProfilePassthrough)
 		}
-		c := pass[g.Model]
-		if c == nil {
-			c = &Capacity{Model: g.Model, Profile: ProfilePassthrough, Kind: string(store.KindPassthrough)}
-			pass[g.Model] = c
-		}
-		if s.unavailable(g) == "" && !s.carved(g) {
-			c.Count++
-			c.GPUs++
-		}
-	}
-	for _, c := range pass {
-		out = append(out, *c)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Model != out[j].Model {
@@ -218,5 +212,5 @@ func (m *Manager) defragPlan(s *snapshot, offers []offer, req CreateRequest) ([]
 		}
 		pin = g.UUID
 	}
-	return placement.Defragment(m.migFleet(s), placement.Request{Profile: offers[0].gi.Name, GPU: pin, Models: names, Tenant: req.Tenant, Affinity: req.Affinity})
+	return placement.Defragment(m.migPool(s), placement.Request{Profile: offers[0].gi.Name, GPU: pin, Models: names, Tenant: req.Tenant, Affinity: req.Affinity})
 }

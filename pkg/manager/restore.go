@@ -189,7 +189,7 @@ func (m *Manager) moveIfTaken(r *store.Instance, g *gpu.GPU) error {
 	if !ok {
 		return fail(ErrBackendFailure, nil, "GPU model %s lost profile %d from the catalog", r.Model, r.GIProfileID)
 	}
-	d, err := placement.Place(m.migFleet(s), placement.Request{Profile: p.Name, GPU: r.GPUUUID})
+	d, err := placement.Place(m.migPool(s), placement.Request{Profile: p.Name, GPU: r.GPUUUID})
 	if err != nil {
 		return classify(err, "slot %d of GPU %s is taken by a device vgpud did not create", r.GIStart, g.PCI)
 	}

@@ -86,96 +86,128 @@ func (s *snapshot) movable(r *store.Instance) bool {
 	return !ok || !a.Live
 }
 
-// unavailable says why a GPU takes no new instance, or "".
-func (s *snapshot) unavailable(g *gpu.GPU) string {
+// state is g's service state, by the one precedence every view uses: lost
+// (it does not answer), then failed (why says why), then passed through
+// whole, else ok.
+func (s *snapshot) state(g *gpu.GPU) (st gpu.State, why string) {
 	switch {
 	case g.Lost:
-		return "lost"
+		return gpu.StateLost, ""
 	case s.failed[g.UUID] != "":
-		return "failed: " + s.failed[g.UUID]
+		return gpu.StateFailed, s.failed[g.UUID]
 	case s.passthroughOn(g.UUID) != nil:
+		return gpu.StatePassthrough, ""
+	}
+	return gpu.StateOK, ""
+}
+
+// unavailable says why a GPU takes no new instance, or "".
+func (s *snapshot) unavailable(g *gpu.GPU) string {
+	switch st, why := s.state(g); st {
+	case gpu.StateLost:
+		return "lost"
+	case gpu.StateFailed:
+		return "failed: " + why
+	case gpu.StatePassthrough:
 		return "passed through whole"
-	case s.switching[g.UUID]:
+	}
+	if s.switching[g.UUID] {
 		return "its MIG mode is being changed"
 	}
 	return ""
 }
 
-// migFleet is the placement view of the MIG-enabled GPUs. GPU instances the
-// host shows and no record explains are foreign: they occupy their slices
-// and are never moved.
-func (m *Manager) migFleet(s *snapshot) []placement.GPU {
+// migPool is the placement view of the MIG-capable GPUs (migGPU).
+func (m *Manager) migPool(s *snapshot) []placement.GPU {
 	var out []placement.GPU
 	for i := range s.inv.GPUs {
-		g := &s.inv.GPUs[i]
-		grid := m.grid(g.Model)
-		if grid == nil || !g.MIG.Capable {
-			continue
+		if pg, ok := m.migGPU(s, &s.inv.GPUs[i]); ok {
+			out = append(out, pg)
 		}
-		pg := placement.GPU{ID: g.UUID, Model: g.Model, Grid: grid, Unavailable: !g.MIG.Enabled || s.unavailable(g) != ""}
-		matched := map[string]bool{}
-		for _, gi := range g.MIG.Instances {
-			recs := s.giRecords(g.UUID, gi.Placement.Start, gi.ProfileID)
-			slot := placement.Slot{Start: gi.Placement.Start, Size: gi.Placement.Size, ProfileID: gi.ProfileID}
-			if len(recs) == 0 {
-				slot.Instance, slot.Foreign = fmt.Sprintf("foreign-gi-%d@%s", gi.ID, g.PCI), true
-			} else {
-				slot.Instance, slot.Tenant = recs[0].UUID, recs[0].Tenant
-				slot.Movable = len(recs) == 1 && s.movable(recs[0])
-				for _, r := range recs {
-					matched[r.UUID] = true
-				}
-			}
-			pg.Used = append(pg.Used, slot)
-		}
-		// Records whose GPU instance the host does not show (being created,
-		// or lost in a reboot and not yet re-created) keep their slots.
-		seen := map[[2]int]bool{}
-		for _, r := range s.byGPU[g.UUID] {
-			if matched[r.UUID] || (r.Kind != store.KindMIG && r.Kind != store.KindMIGVGPU) || r.GISize <= 0 {
-				continue
-			}
-			k := [2]int{r.GIStart, r.GIProfileID}
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
-			pg.Used = append(pg.Used, placement.Slot{Start: r.GIStart, Size: r.GISize, ProfileID: r.GIProfileID, Instance: r.UUID, Tenant: r.Tenant})
-		}
-		out = append(out, pg)
 	}
 	return out
 }
 
-// vgpuHosts is the placement view of the GPUs that take time-sliced vGPUs.
+// migGPU is the placement view of g if it is MIG-capable with a slot grid
+// (unavailable unless MIG is on and g takes new instances). GPU instances
+// the host shows and no record explains are foreign: they occupy their
+// slices and are never moved.
+func (m *Manager) migGPU(s *snapshot, g *gpu.GPU) (placement.GPU, bool) {
+	grid := m.grid(g.Model)
+	if grid == nil || !g.MIG.Capable {
+		return placement.GPU{}, false
+	}
+	pg := placement.GPU{ID: g.UUID, Model: g.Model, Grid: grid, Unavailable: !g.MIG.Enabled || s.unavailable(g) != ""}
+	matched := map[string]bool{}
+	for _, gi := range g.MIG.Instances {
+		recs := s.giRecords(g.UUID, gi.Placement.Start, gi.ProfileID)
+		slot := placement.Slot{Start: gi.Placement.Start, Size: gi.Placement.Size, ProfileID: gi.ProfileID}
+		if len(recs) == 0 {
+			slot.Instance, slot.Foreign = fmt.Sprintf("foreign-gi-%d@%s", gi.ID, g.PCI), true
+		} else {
+			slot.Instance, slot.Tenant = recs[0].UUID, recs[0].Tenant
+			slot.Movable = len(recs) == 1 && s.movable(recs[0])
+			for _, r := range recs {
+				matched[r.UUID] = true
+			}
+		}
+		pg.Used = append(pg.Used, slot)
+	}
+	// Records whose GPU instance the host does not show (being created,
+	// or lost in a reboot and not yet re-created) keep their slots.
+	seen := map[[2]int]bool{}
+	for _, r := range s.byGPU[g.UUID] {
+		if matched[r.UUID] || (r.Kind != store.KindMIG && r.Kind != store.KindMIGVGPU) || r.GISize <= 0 {
+			continue
+		}
+		k := [2]int{r.GIStart, r.GIProfileID}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		pg.Used = append(pg.Used, placement.Slot{Start: r.GIStart, Size: r.GISize, ProfileID: r.GIProfileID, Instance: r.UUID, Tenant: r.Tenant})
+	}
+	return pg, true
+}
+
+// vgpuHosts is the placement view of the GPUs that take time-sliced vGPUs
+// (vgpuHost).
 func (m *Manager) vgpuHosts(s *snapshot) []placement.VGPUHost {
 	var out []placement.VGPUHost
 	for i := range s.inv.GPUs {
-		g := &s.inv.GPUs[i]
-		md, ok := m.catalog().Model(g.Model)
-		if !ok || md.VGPU == nil || g.VGPU.Flavour == gpu.FlavourNone || g.VGPU.Flavour == "" {
-			continue
+		if h, ok := m.vgpuHost(s, &s.inv.GPUs[i]); ok {
+			out = append(out, h)
 		}
-		h := placement.VGPUHost{ID: g.UUID, Model: g.Model, Types: map[string]placement.VGPUTypeCap{},
-			Current: map[string]int{}, Tenants: map[string]int{}, Heterogeneous: g.VGPU.Heterogeneous, MemoryMiB: md.MemoryMiB,
-			Unavailable: g.MIG.Enabled || s.unavailable(g) != ""}
-		for name, c := range placement.VGPUTypes(md) {
-			if t, ok := md.VGPUTypeByName(name); ok && md.HasFlow(t, string(g.VGPU.Flavour)) {
-				h.Types[name] = c
-			}
-		}
-		for _, d := range s.devices(g, md) {
-			if d.typ == nil || d.typ.MIGBacked() {
-				continue
-			}
-			h.Current[d.typ.Name]++
-			if d.rec != nil {
-				h.Tenants[d.rec.Tenant]++
-			}
-		}
-		out = append(out, h)
 	}
 	return out
+}
+
+// vgpuHost is the placement view of g if its catalog model has vGPU types
+// and g a vGPU creation flow (unavailable in MIG mode or when g takes no
+// new instance). Its Types are the time-sliced types of g's flow.
+func (m *Manager) vgpuHost(s *snapshot, g *gpu.GPU) (placement.VGPUHost, bool) {
+	md, ok := m.catalog().Model(g.Model)
+	if !ok || md.VGPU == nil || g.VGPU.Flavour == gpu.FlavourNone || g.VGPU.Flavour == "" {
+		return placement.VGPUHost{}, false
+	}
+	h := placement.VGPUHost{ID: g.UUID, Model: g.Model, Types: map[string]placement.VGPUTypeCap{},
+		Current: map[string]int{}, Tenants: map[string]int{}, Heterogeneous: g.VGPU.Heterogeneous, MemoryMiB: md.MemoryMiB,
+		Unavailable: g.MIG.Enabled || s.unavailable(g) != ""}
+	for name, c := range placement.VGPUTypes(md) {
+		if t, ok := md.VGPUTypeByName(name); ok && md.HasFlow(t, string(g.VGPU.Flavour)) {
+			h.Types[name] = c
+		}
+	}
+	for _, d := range s.devices(g, md) {
+		if d.typ == nil || d.typ.MIGBacked() {
+			continue
+		}
+		h.Current[d.typ.Name]++
+		if d.rec != nil {
+			h.Tenants[d.rec.Tenant]++
+		}
+	}
+	return h, true
 }
 
 // device is one vGPU the host shows or a record promises.

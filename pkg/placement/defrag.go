@@ -24,7 +24,7 @@ func (m Move) String() string {
 }
 
 // Limits of the defragmentation search. They bound a refused request's cost
-// to a few milliseconds on a crowded 8-GPU fleet.
+// to a few milliseconds on a crowded 8-GPU pool.
 const (
 	// maxExtraMoves: plans may move up to this many instances beyond those
 	// blocking the target slot (to make room for a blocker elsewhere).
@@ -50,12 +50,12 @@ const (
 //
 // Errors are Place's; when no plan exists within the search limits the error
 // still wraps ErrFragmented and says that the blocking instances cannot move.
-func Defragment(fleet []GPU, r Request) (moves []Move, d Decision, err error) {
-	d, err = Place(fleet, r)
+func Defragment(pool []GPU, r Request) (moves []Move, d Decision, err error) {
+	d, err = Place(pool, r)
 	if err == nil || !errors.Is(err, ErrFragmented) {
 		return nil, d, err
 	}
-	work := cloneFleet(fleet)
+	work := clonePool(pool)
 	views, pis, verr := eligible(work, &r)
 	if verr != nil {
 		return nil, Decision{}, verr
@@ -97,7 +97,7 @@ func Defragment(fleet []GPU, r Request) (moves []Move, d Decision, err error) {
 		return nil, Decision{}, withDetail(err, fmt.Sprintf("no plan of at most %d moves of movable instances clears a slot", minBlockers+maxExtraMoves))
 	}
 
-	after := cloneFleet(fleet)
+	after := clonePool(pool)
 	for _, m := range best {
 		applyMove(after, m)
 	}
@@ -116,7 +116,7 @@ func Defragment(fleet []GPU, r Request) (moves []Move, d Decision, err error) {
 
 // target is a slot the request could take once its blockers move.
 type target struct {
-	gpu      int // fleet index
+	gpu      int // pool index
 	start    int
 	blockers []Slot
 	score    candidate // the request's score there once cleared
@@ -181,8 +181,8 @@ func movableOccupants(g *GPU, mask uint64, moved map[string]bool) ([]Slot, bool)
 	return out, true
 }
 
-// planner searches move plans on a private copy of the fleet. Its state is
-// always the fleet as it would be after the moves recorded so far, so every
+// planner searches move plans on a private copy of the pool. Its state is
+// always the pool as it would be after the moves recorded so far, so every
 // recorded move is legal at its turn.
 type planner struct {
 	work      []GPU
@@ -211,7 +211,7 @@ func (pl *planner) clear(t *target, profile string, limit int) ([]Move, bool) {
 		return nil, false
 	}
 	// The search left the state as the plan leaves it; undo it so that the
-	// next target starts from the fleet as it is.
+	// next target starts from the pool as it is.
 	for i := len(plan) - 1; i >= 0; i-- {
 		m := plan[i]
 		applyMove(pl.work, Move{Instance: m.Instance, FromGPU: m.ToGPU, FromStart: m.ToStart, ToGPU: m.FromGPU, ToStart: m.FromStart})
@@ -328,12 +328,12 @@ type dest struct{ gpu, start int }
 
 // sameModelViews returns views of the GPUs that can hold profile name of
 // home's model.
-func sameModelViews(fleet []GPU, home int, name string) ([]view, []int) {
-	hg := &fleet[home]
-	views := make([]view, 0, len(fleet))
-	pis := make([]int, 0, len(fleet))
-	for i := range fleet {
-		g := &fleet[i]
+func sameModelViews(pool []GPU, home int, name string) ([]view, []int) {
+	hg := &pool[home]
+	views := make([]view, 0, len(pool))
+	pis := make([]int, 0, len(pool))
+	for i := range pool {
+		g := &pool[i]
 		if g.Model != hg.Model || g.Grid == nil {
 			continue
 		}
@@ -354,11 +354,11 @@ func sameModelViews(fleet []GPU, home int, name string) ([]view, []int) {
 // destinations lists the free slots where b (already removed from home)
 // could be re-created: on home first, then on other GPUs of the same model,
 // each group in the allocator's order.
-func destinations(fleet []GPU, home int, b Slot, name string) []dest {
+func destinations(pool []GPU, home int, b Slot, name string) []dest {
 	r := Request{Profile: name}
 	var sc scorer
 	var same, other []candidate
-	views, pis := sameModelViews(fleet, home, name)
+	views, pis := sameModelViews(pool, home, name)
 	for k := range views {
 		v := &views[k]
 		for _, s := range v.grid.Profiles[pis[k]].Starts {
@@ -381,8 +381,8 @@ func destinations(fleet []GPU, home int, b Slot, name string) []dest {
 // occupants move: starts of b's profile not overlapping b itself, where the
 // per-profile limit would allow b; home first, then by fewest occupied
 // slices.
-func displaceable(fleet []GPU, home int, b Slot, name string) []dest {
-	views, pis := sameModelViews(fleet, home, name)
+func displaceable(pool []GPU, home int, b Slot, name string) []dest {
+	views, pis := sameModelViews(pool, home, name)
 	type opt struct {
 		d        dest
 		occupied int
@@ -403,7 +403,7 @@ func displaceable(fleet []GPU, home int, b Slot, name string) []dest {
 			if v.idx == home {
 				n-- // b leaves
 			}
-			for _, sl := range fleet[v.idx].Used {
+			for _, sl := range pool[v.idx].Used {
 				if sl.ProfileID == p.ID && span(sl.Start, sl.Size)&m != 0 {
 					n--
 				}
@@ -452,12 +452,12 @@ func removeSlot(g *GPU, instance string) {
 	}
 }
 
-// applyMove performs m on fleet (a copy the caller owns).
-func applyMove(fleet []GPU, m Move) {
+// applyMove performs m on pool (a copy the caller owns).
+func applyMove(pool []GPU, m Move) {
 	var moved Slot
 	found := false
-	for i := range fleet {
-		g := &fleet[i]
+	for i := range pool {
+		g := &pool[i]
 		if g.ID != m.FromGPU {
 			continue
 		}
@@ -473,17 +473,17 @@ func applyMove(fleet []GPU, m Move) {
 		return
 	}
 	moved.Start = m.ToStart
-	for i := range fleet {
-		if fleet[i].ID == m.ToGPU {
-			fleet[i].Used = append(fleet[i].Used, moved)
+	for i := range pool {
+		if pool[i].ID == m.ToGPU {
+			pool[i].Used = append(pool[i].Used, moved)
 			return
 		}
 	}
 }
 
-func cloneFleet(fleet []GPU) []GPU {
-	out := make([]GPU, len(fleet))
-	for i, g := range fleet {
+func clonePool(pool []GPU) []GPU {
+	out := make([]GPU, len(pool))
+	for i, g := range pool {
 		out[i] = g
 		out[i].Used = append([]Slot(nil), g.Used...)
 	}

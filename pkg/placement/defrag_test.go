@@ -69,7 +69,7 @@ func TestDefragment(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := cloneFleet(tc.fleet)
+			before := clonePool(tc.fleet)
 			moves, d, err := Defragment(tc.fleet, tc.req)
 			if err != nil {
 				t.Fatalf("Defragment: %v", err)
@@ -139,7 +139,7 @@ func TestDefragmentRefusals(t *testing.T) {
 // not legal at its turn, then checks the decision.
 func checkPlan(t *testing.T, fleet []GPU, moves []Move, d Decision) {
 	t.Helper()
-	work := cloneFleet(fleet)
+	work := clonePool(fleet)
 	find := func(id string) int {
 		for i := range work {
 			if work[i].ID == id {

@@ -1,10 +1,10 @@
-// Package placement is vgpud's allocator: given the fleet's slot maps and a
+// Package placement is vgpud's allocator: given the pool of GPUs (their slot maps) and a
 // request, it chooses the GPU and the start slot of a MIG GPU instance, the
 // GPU instance and start of a compute instance inside one (compute.go), the
 // GPU of a time-sliced vGPU, and, when a MIG request is refused for
 // fragmentation, the moves of movable instances that would admit it. It is
 // pure: no I/O, no NVML, no clock, no state between calls; callers pass the
-// fleet as it is and apply the decision themselves. The manager imports it;
+// pool as it is and apply the decision themselves. The manager imports it;
 // it imports only pkg/profile (to build grids from the catalog).
 //
 // # Legality
@@ -32,13 +32,13 @@
 //     its own and within its instance limit. The vectors are compared
 //     lexicographically: losing the room for one 7g outweighs any loss of
 //     smaller room, losing a 4g slot outweighs any 3g loss, and so on. Only
-//     the chosen GPU changes, so this is also the change in the fleet-wide
+//     the chosen GPU changes, so this is also the change in the pool-wide
 //     count of creatable instances per profile: the largest profiles stay
 //     creatable as long as possible.
 //  3. A GPU already in use over an empty one (bin packing: empty GPUs are
 //     the only home of whole-GPU profiles), then the fuller GPU (best fit, so
 //     lightly used GPUs drain and become empty).
-//  4. Fleet order, then the lowest start.
+//  4. Pool order, then the lowest start.
 //
 // On an empty H100 this puts a 3g.40gb at start 4 (start 0 would also take
 // the only 4g.40gb slot) and a first 1g.10gb at start 6: every start costs
@@ -47,12 +47,12 @@
 //
 // The lexicographic order was chosen by measurement (bench/placement):
 // a slice-weighted sum of losses, losses weighted by how scarce each
-// profile's room is in the fleet, and best-fit before room loss were within
+// profile's room is in the pool, and best-fit before room loss were within
 // noise of it or worse, and it is the easiest to explain in Decision.Reason.
 //
 // # Defragmentation
 //
-// Defragment answers a request refused with ErrFragmented: the fleet has
+// Defragment answers a request refused with ErrFragmented: the pool has
 // enough free slices but no GPU has a legal start. It looks for the fewest
 // moves of movable instances (not attached to a running VM; never foreign
 // ones) that clear a slot for the request, preferring moves within a GPU,

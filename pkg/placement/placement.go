@@ -8,12 +8,12 @@ import (
 )
 
 // Sentinel errors callers tell apart; every returned error wraps one of them
-// with the request and what the fleet has instead.
+// with the request and what the pool has instead.
 var (
-	// ErrUnknownProfile: no GPU model in the fleet (within the request's
+	// ErrUnknownProfile: no GPU model in the pool (within the request's
 	// constraints) has the requested MIG profile or vGPU type.
 	ErrUnknownProfile = errors.New("unknown profile")
-	// ErrNoSuchGPU: the request names a GPU that is not in the fleet.
+	// ErrNoSuchGPU: the request names a GPU that is not in the pool.
 	ErrNoSuchGPU = errors.New("no such GPU")
 	// ErrNoCapacity: no eligible GPU can take the request; the message says
 	// what could still be created instead.
@@ -98,7 +98,7 @@ type Decision struct {
 	Reason string
 }
 
-// Free is how many more instances of one profile the fleet could create now,
+// Free is how many more instances of one profile the pool could create now,
 // each profile counted on its own (creating one uses room of others).
 type Free struct {
 	Model     string
@@ -112,7 +112,7 @@ type Free struct {
 
 // view is one usable GPU as the scorer sees it.
 type view struct {
-	idx    int // position in the fleet
+	idx    int // position in the pool
 	gpu    *GPU
 	model  string
 	grid   *Grid
@@ -228,24 +228,24 @@ func (sc *scorer) score(c *candidate, r *Request) {
 
 // eligible returns the views the request may use and the profile index in
 // each; it reports ErrNoSuchGPU and ErrUnknownProfile.
-func eligible(fleet []GPU, r *Request) ([]view, []int, error) {
+func eligible(pool []GPU, r *Request) ([]view, []int, error) {
 	if r.GPU != "" {
 		found := false
-		for i := range fleet {
-			if fleet[i].ID == r.GPU {
+		for i := range pool {
+			if pool[i].ID == r.GPU {
 				found = true
 				break
 			}
 		}
 		if !found {
-			return nil, nil, fmt.Errorf("GPU %s is not in the fleet of %d GPUs: %w", r.GPU, len(fleet), ErrNoSuchGPU)
+			return nil, nil, fmt.Errorf("GPU %s is not in the fleet of %d GPUs: %w", r.GPU, len(pool), ErrNoSuchGPU)
 		}
 	}
 	known := false
 	var views []view
 	var pis []int
-	for i := range fleet {
-		g := &fleet[i]
+	for i := range pool {
+		g := &pool[i]
 		if r.GPU != "" && g.ID != r.GPU {
 			continue
 		}
@@ -282,13 +282,13 @@ func eligible(fleet []GPU, r *Request) ([]view, []int, error) {
 
 // Place chooses the GPU and start slot for one GPU instance so that the
 // largest profiles stay creatable as long as possible (see the package
-// documentation for the order). It does not change fleet.
+// documentation for the order). It does not change pool.
 //
 // Errors: ErrNoSuchGPU, ErrUnknownProfile, ErrFragmented (wraps
 // ErrNoCapacity) when the eligible GPUs have the free slices but no legal
 // start, ErrNoCapacity otherwise; capacity errors say what could be created.
-func Place(fleet []GPU, r Request) (Decision, error) {
-	views, pis, err := eligible(fleet, &r)
+func Place(pool []GPU, r Request) (Decision, error) {
+	views, pis, err := eligible(pool, &r)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -395,7 +395,7 @@ func refusal(views []view, pis []int, r *Request) error {
 // refusalError is a capacity refusal. Its message, which lists what could be
 // created instead, is built only when read: callers that go on to
 // Defragment or try elsewhere mostly only test it with errors.Is. It holds
-// copies of the GPUs' occupancy, so the message describes the fleet as it
+// copies of the GPUs' occupancy, so the message describes the pool as it
 // was at the refusal.
 type refusalError struct {
 	profile    string
@@ -445,11 +445,11 @@ func (e *refusalError) Error() string {
 
 // Capacity reports, per model and profile, how many more instances fit now
 // (each profile counted independently), for orchestrators. Unavailable GPUs
-// count nothing. Models appear in fleet order, profiles in grid order.
-func Capacity(fleet []GPU) []Free {
+// count nothing. Models appear in pool order, profiles in grid order.
+func Capacity(pool []GPU) []Free {
 	var views []view
-	for i := range fleet {
-		if v, ok := newView(i, &fleet[i], ""); ok {
+	for i := range pool {
+		if v, ok := newView(i, &pool[i], ""); ok {
 			views = append(views, v)
 		}
 	}

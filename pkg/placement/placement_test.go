@@ -204,7 +204,7 @@ func TestPlace(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := cloneFleet(tc.fleet)
+			before := clonePool(tc.fleet)
 			d, err := Place(tc.fleet, tc.req)
 			if err != nil {
 				t.Fatalf("Place: %v", err)

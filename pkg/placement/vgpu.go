@@ -169,7 +169,7 @@ type vgpuCand struct {
 // heterogeneous GPU running other types, fullest first; an empty GPU. Within
 // each group the GPU whose loss hurts the wanted types least wins: the
 // framebuffer of wanted vGPUs that would no longer fit anywhere, then the
-// framebuffer of wanted-type room lost; fleet order breaks ties. Locking an
+// framebuffer of wanted-type room lost; pool order breaks ties. Locking an
 // empty homogeneous GPU removes all its room for every other type, which is
 // what the wanted hints weigh.
 //
@@ -185,7 +185,7 @@ func PlaceVGPU(hosts []VGPUHost, r VGPURequest) (VGPUDecision, error) {
 			return VGPUDecision{}, fmt.Errorf("GPU %s is not among %d vGPU hosts: %w", r.GPU, len(hosts), ErrNoSuchGPU)
 		}
 	}
-	// Fleet room per wanted type, before this request.
+	// Pool room per wanted type, before this request.
 	capBefore := map[string]int{}
 	fbOf := map[string]uint64{}
 	for i := range hosts {
@@ -289,7 +289,7 @@ func PlaceVGPU(hosts []VGPUHost, r VGPURequest) (VGPUDecision, error) {
 }
 
 // vgpuHurt weighs placing type t on h against the wanted types: the
-// framebuffer of wanted vGPUs that the fleet could no longer create, and the
+// framebuffer of wanted vGPUs that the pool could no longer create, and the
 // framebuffer of wanted-type room h loses.
 func vgpuHurt(h *VGPUHost, t string, names []string, wanted, capBefore map[string]int, fbOf map[string]uint64) (unmet, lost uint64) {
 	if len(wanted) == 0 {
