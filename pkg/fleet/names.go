@@ -52,9 +52,14 @@ func norm(s string) string {
 // ClassName is the resource class of a profile: CUSTOM_VGPUD_MIG_ and the
 // MIG profile (1g.10gb → CUSTOM_VGPUD_MIG_1G_10GB), or CUSTOM_VGPUD_ and the
 // vGPU type without its "NVIDIA " prefix (NVIDIA L4-4Q → CUSTOM_VGPUD_L4_4Q).
+//
+// A MIG profile's "-me" (without media engines, as in Blackwell's
+// 1g.24gb-me) becomes _NO_ME, so that it stays apart from "+me" (with
+// them: 1g.24gb+me → CUSTOM_VGPUD_MIG_1G_24GB_ME): Placement must count the
+// two profiles apart.
 func ClassName(kind store.InstanceKind, profile string) string {
 	if kind == store.KindMIG {
-		return "CUSTOM_VGPUD_MIG_" + norm(profile)
+		return "CUSTOM_VGPUD_MIG_" + norm(strings.ReplaceAll(profile, "-", ".no."))
 	}
 	return "CUSTOM_VGPUD_" + norm(strings.TrimPrefix(profile, "NVIDIA "))
 }
