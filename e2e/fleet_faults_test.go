@@ -290,6 +290,38 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 	d, ctx := hosts[0], ctxFleet(t)
 	nprov := len(d.providers)
 	d.stopAndCheck(t)
+	// emptyHost destroys d's instances: the earlier rounds' load may have
+	// filled its MIG GPUs (how many operations a round runs depends on the
+	// machine's speed), and a round that carves needs room. A destroy
+	// removes its own allocation, so no pass reaches a removal crash point
+	// through it; a pass may reach the round's crash point meanwhile (work
+	// an earlier round left): then it says false, the crash come early.
+	emptyHost := func() bool {
+		died := func() bool {
+			select {
+			case <-d.done:
+				return true
+			case <-time.After(10 * time.Second):
+				return false
+			}
+		}
+		insts, err := d.client.Instances(ctx, "")
+		if err != nil {
+			if died() {
+				return false
+			}
+			t.Fatal(err)
+		}
+		for _, in := range insts {
+			if err := d.Destroy(ctx, in.UUID); err != nil && dbusapi.ErrorName(err) != dbusapi.NameNotFound {
+				if died() {
+					return false
+				}
+				t.Fatal(err)
+			}
+		}
+		return true
+	}
 	for _, c := range []struct {
 		point string
 		// nth is the hit that kills: the start-up pass syncs every
@@ -304,8 +336,16 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 		// An allocation Placement lost (an operator's mistake): the next
 		// pass writes it again.
 		{fleet.CrashAlloc, 1, func() {
+			if !emptyHost() {
+				return
+			}
 			id := uuid.NewString()
 			if err := d.create(ctx, dbusapi.CreateRequest{Tenant: "acme", Profile: "1g.10gb", UUID: id}); err != nil {
+				select {
+				case <-d.done: // a pass the destroys started reached the point
+					return
+				case <-time.After(10 * time.Second):
+				}
 				t.Fatal(err)
 			}
 			// Its allocation is the claim, or, for a create served before
@@ -329,31 +369,8 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 		// it once its grace is over. (A destroy removes its allocation
 		// itself, so passes remove only what no operation did.)
 		{fleet.CrashUnalloc, 1, func() {
-			// The earlier rounds' load may have filled this host's MIG
-			// GPUs (how many operations a round runs depends on the
-			// machine's speed): room first. A destroy removes its own
-			// allocation, so no pass reaches the crash point here.
-			// A pass may reach the crash point meanwhile (a claim left
-			// by an earlier round): that is the round's crash, come early.
-			died := func() bool {
-				select {
-				case <-d.done:
-					return true
-				case <-time.After(10 * time.Second):
-					return false
-				}
-			}
-			insts, err := d.client.Instances(ctx, "")
-			if err != nil && !died() {
-				t.Fatal(err)
-			}
-			for _, in := range insts {
-				if err := d.Destroy(ctx, in.UUID); err != nil && dbusapi.ErrorName(err) != dbusapi.NameNotFound {
-					if died() {
-						return
-					}
-					t.Fatal(err)
-				}
+			if !emptyHost() {
+				return
 			}
 			q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_MIG_SLICE:1"}, "limit": {"100"}}
 			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
