@@ -358,14 +358,19 @@ func (s *NovaScheduler) Place(ctx context.Context, f Flavor, profile, consumer s
 	claimed := false
 	h, p, err := s.place(ctx, f, profile, consumer, rnd, &claimed)
 	if err != nil && claimed && !errors.Is(err, ErrNoValidHost) {
-		s.mu.Lock()
-		if s.unsettled == nil {
-			s.unsettled = map[string]bool{}
-		}
-		s.unsettled[consumer] = true
-		s.mu.Unlock()
+		s.mayBeLeft(consumer)
 	}
 	return h, p, err
+}
+
+// mayBeLeft notes a consumer whose claim may be left in Placement.
+func (s *NovaScheduler) mayBeLeft(consumer string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unsettled == nil {
+		s.unsettled = map[string]bool{}
+	}
+	s.unsettled[consumer] = true
 }
 
 // ErrNoValidHost is Nova's NoValidHost: no candidate, or every attempt
@@ -426,8 +431,15 @@ func (s *NovaScheduler) place(ctx context.Context, f Flavor, profile, consumer s
 		last = fmt.Errorf("%s: %w", c.h.Name(), err)
 		// Before a reschedule (and when the build fails for good) the
 		// compute manager deletes the instance's allocation.
-		if _, derr := s.Nova.Delete(ctx, consumer); derr != nil {
+		deleted, derr := s.Nova.Delete(ctx, consumer)
+		if derr != nil {
 			return nil, "", errors.Join(last, derr)
+		}
+		if !deleted {
+			// Nova's report client turns a Placement that does not
+			// answer into "nothing deleted" (safe_connect swallows
+			// ConnectFailure): the claim may be left, as Nova leaves it.
+			s.mayBeLeft(consumer)
 		}
 		if s.Reschedule == nil || !s.Reschedule(err) {
 			s.Refused.Add(1)
