@@ -56,9 +56,10 @@ func TestSettingsBackAfterEvents(t *testing.T) {
 	back("set")
 
 	// Each event, with no vGPU on the GPU (a reset is refused while there
-	// are some): the settings are lost, then set again.
+	// are some, and while the VFs are enabled: an operator disables them
+	// around it): the settings are lost, then set again.
 	for _, ev := range [][][]string{
-		{{"reset-gpu", l4}},
+		{{"reset-gpu", l4, "--vfs-off"}},
 		{{"driver", "unload"}, {"driver", "load"}},
 	} {
 		followEvents(t, d, func() {

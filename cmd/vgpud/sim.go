@@ -53,11 +53,15 @@ func simCmd(cfg *config.Config) *cobra.Command {
 		sub("reboot", "Simulate a host reboot: MIG instances, vGPUs and mdevs are gone", cobra.NoArgs, func(h *sim.Host, _ []string) error {
 			return h.Reboot()
 		}),
-		sub("reset-gpu GPU", "Simulate nvidia-smi -r: commit a pending MIG mode; heterogeneous mode and the scheduler revert", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
-			return h.ResetGPU(a[0])
-		}),
+		resetGPUCmd(withHost),
 		sub("vf-rebind GPU", "Simulate sriov-manage -d then -e: VFs re-created empty; GPU instances, heterogeneous mode and the scheduler lost", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
 			return h.RebindVFs(a[0])
+		}),
+		sub("nvml-client GPU open|close NAME", "Simulate another NVML client (dcgm, an exporter) holding the GPU or letting it go", cobra.ExactArgs(3), func(h *sim.Host, a []string) error {
+			if a[1] == "open" {
+				return h.OpenSession(a[0], a[2])
+			}
+			return h.CloseSession(a[0], a[2])
 		}),
 		sub("lose-gpu GPU", "Simulate the GPU falling off the bus (XID 79)", cobra.ExactArgs(1), func(h *sim.Host, a []string) error {
 			return h.LoseGPU(a[0])
@@ -111,4 +115,30 @@ func simCmd(cfg *config.Config) *cobra.Command {
 	cmd.AddCommand(simWorkloadCmds(cfg)...)
 	cmd.AddCommand(simMIGCmds(cfg)...)
 	return cmd
+}
+
+// resetGPUCmd is `vgpud sim reset-gpu`: nvidia-smi -r, which the driver
+// refuses while the GPU's VFs are enabled; --vfs-off does what an
+// operator does around it (sriov-manage -d, the reset, sriov-manage -e).
+func resetGPUCmd(withHost func(func(*sim.Host, []string) error) func(*cobra.Command, []string) error) *cobra.Command {
+	var vfsOff bool
+	c := &cobra.Command{
+		Use:   "reset-gpu GPU",
+		Short: "Simulate nvidia-smi -r: commit a pending MIG mode; heterogeneous mode and the scheduler revert",
+		Args:  cobra.ExactArgs(1),
+	}
+	c.RunE = withHost(func(h *sim.Host, a []string) error {
+		if !vfsOff {
+			return h.ResetGPU(a[0])
+		}
+		if err := h.SetVFs(a[0], false); err != nil {
+			return err
+		}
+		if err := h.ResetGPU(a[0]); err != nil {
+			return err
+		}
+		return h.SetVFs(a[0], true)
+	})
+	c.Flags().BoolVar(&vfsOff, "vfs-off", false, "disable the GPU's SR-IOV VFs around the reset (sriov-manage -d, then -e)")
+	return c
 }

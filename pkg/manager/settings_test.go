@@ -25,7 +25,7 @@ func TestSettingsBackAfterEvents(t *testing.T) {
 		instances bool
 		event     func(h *sim.Host) error
 	}{
-		{"reset", false, func(h *sim.Host) error { return h.ResetGPU(sim.DefaultL4) }},
+		{"reset", false, resetL4},
 		{"vf-rebind", true, func(h *sim.Host) error { return h.RebindVFs(sim.DefaultL4) }},
 		{"driver-reload", false, func(h *sim.Host) error {
 			if err := h.SetDriverLoaded(false); err != nil {
@@ -130,7 +130,7 @@ func TestSettingsRefusedNotRetriedEveryCheck(t *testing.T) {
 	if err := e.m.SetHeterogeneous(ctx, sim.DefaultL4, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.sim.ResetGPU(sim.DefaultL4); err != nil {
+	if err := resetL4(e.sim); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.sim.AddFault(sim.Fault{Op: "SetVgpuHeterogeneousMode", Return: 999}); err != nil {
@@ -165,4 +165,16 @@ func TestSettingsRefusedNotRetriedEveryCheck(t *testing.T) {
 		t.Fatal("heterogeneous mode not set again after the GPU changed")
 	}
 	assertConsistent(t, e)
+}
+
+// resetL4 resets the L4 as an operator must: the driver refuses a reset
+// while the GPU's VFs are enabled, so they are disabled around it.
+func resetL4(h *sim.Host) error {
+	if err := h.SetVFs(sim.DefaultL4, false); err != nil {
+		return err
+	}
+	if err := h.ResetGPU(sim.DefaultL4); err != nil {
+		return err
+	}
+	return h.SetVFs(sim.DefaultL4, true)
 }

@@ -16,7 +16,7 @@ func TestEventsLoseSettings(t *testing.T) {
 		name  string
 		event func(h *sim.Host) error
 	}{
-		{"reset", func(h *sim.Host) error { return h.ResetGPU(sim.DefaultL4) }},
+		{"reset", resetWithVFsOff},
 		{"vf-rebind", func(h *sim.Host) error { return h.RebindVFs(sim.DefaultL4) }},
 		{"driver-reload", func(h *sim.Host) error {
 			if err := h.SetDriverLoaded(false); err != nil {
@@ -75,4 +75,17 @@ func TestRebindVFsRefusedWhileAVMRuns(t *testing.T) {
 	if m, _ := e.dev(t, sim.DefaultL4).GetVgpuHeterogeneousMode(); m.Mode != 1 {
 		t.Fatalf("the refused rebind changed heterogeneous mode: %+v", m)
 	}
+}
+
+// resetWithVFsOff resets the L4 as an operator must: its VFs disabled
+// first (the driver refuses a reset while they are enabled), enabled again
+// after.
+func resetWithVFsOff(h *sim.Host) error {
+	if err := h.SetVFs(sim.DefaultL4, false); err != nil {
+		return err
+	}
+	if err := h.ResetGPU(sim.DefaultL4); err != nil {
+		return err
+	}
+	return h.SetVFs(sim.DefaultL4, true)
 }

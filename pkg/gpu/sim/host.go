@@ -33,6 +33,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -438,18 +439,20 @@ func (h *Host) Reboot() error {
 	})
 }
 
-// ResetGPU simulates `nvidia-smi -r`: refused with IN_USE while vGPUs,
-// mdevs or GPU instances exist; otherwise commits a pending MIG mode and
-// returns heterogeneous mode and the vGPU scheduler to the driver's
-// defaults (homogeneous, best effort), as a reset does (docs/simulator.md).
+// ResetGPU simulates `nvidia-smi -r`: refused with IN_USE while a VM
+// holds a vGPU, vGPUs, mdevs or GPU instances exist, the GPU's SR-IOV VFs
+// are enabled or a process holds an NVML session on it (the error names
+// each); otherwise commits a pending MIG mode and returns heterogeneous
+// mode and the vGPU scheduler to the driver's defaults (homogeneous, best
+// effort), as a reset does (docs/simulator.md).
 func (h *Host) ResetGPU(id string) error {
 	return h.mutate(func(st *state) (bool, error) {
 		g := st.gpu(id)
 		if g == nil {
 			return false, fmt.Errorf("%w: %s", ErrNoSuchGPU, id)
 		}
-		if len(g.vgpus()) > 0 || len(g.GIs) > 0 {
-			return false, fmt.Errorf("reset GPU %s: %w", g.PCI, nvml.ERROR_IN_USE)
+		if why := g.resetBlockers(); why != "" {
+			return false, fmt.Errorf("reset GPU %s: %s: %w", g.PCI, why, nvml.ERROR_IN_USE)
 		}
 		g.MIGCurrent = g.MIGPending
 		g.Lost = false
@@ -504,8 +507,11 @@ func (h *Host) SetVFs(id string, on bool) error {
 		}
 		for _, v := range g.vgpus() {
 			if v.VM != "" {
-				return false, fmt.Errorf("sriov-manage: cannot obtain unbindLock for %s: %w", g.PCI, nvml.ERROR_IN_USE)
+				return false, fmt.Errorf("sriov-manage: cannot obtain unbindLock for %s: VM %s holds a vGPU: %w", g.PCI, v.VM, nvml.ERROR_IN_USE)
 			}
+		}
+		if hs := g.holders(); !on && len(hs) > 0 {
+			return false, fmt.Errorf("sriov-manage: cannot obtain unbindLock for %s: NVML sessions are open by %s: %w", g.PCI, strings.Join(hs, ", "), nvml.ERROR_IN_USE)
 		}
 		if !on {
 			vfs := map[string]bool{}

@@ -68,15 +68,20 @@ type lib struct {
 	*mock.Interface
 	h *Host
 
+	// id names the library's NVML sessions (sessions.go).
+	id string
+
 	mu    sync.Mutex
 	inits int
+	// released are the GPUs whose session the library closed (ReleaseGPU).
+	released map[string]bool
 }
 
 // NVML returns the host's NVML library. Each call returns a new library
 // handle with its own Init/Shutdown reference count, as a process has.
 func (h *Host) NVML() nvml.Interface {
 	bases()
-	return &lib{Interface: baseInterface, h: h}
+	return &lib{Interface: baseInterface, h: h, id: newLibID()}
 }
 
 var _ nvml.Interface = (*lib)(nil)
@@ -102,7 +107,11 @@ func (l *lib) Init() nvml.Return {
 	}
 	l.mu.Lock()
 	l.inits++
+	first := l.inits == 1
 	l.mu.Unlock()
+	if first {
+		l.openSessions()
+	}
 	return nvml.SUCCESS
 }
 
@@ -113,11 +122,16 @@ func (l *lib) Shutdown() nvml.Return {
 		return ret
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.inits == 0 {
+		l.mu.Unlock()
 		return nvml.ERROR_UNINITIALIZED
 	}
 	l.inits--
+	last := l.inits == 0
+	l.mu.Unlock()
+	if last {
+		l.closeSessions()
+	}
 	return nvml.SUCCESS
 }
 

@@ -71,6 +71,12 @@ type Options struct {
 	// VFsRestoredOnReboot: the boot unit re-runs sriov-manage -e after a reboot
 	// (default true: set false to simulate a host that forgot).
 	VFsRestoredOnReboot *bool `json:"vfsRestoredOnReboot,omitempty"`
+	// NVMLSessions: each process's NVML holds a session on every GPU from
+	// its first Init to its last Shutdown (or exit), and the driver refuses
+	// a GPU reset and sriov-manage -d while one is open (sessions.go). Off,
+	// the default, sessions are not modelled, so that the hand-driven
+	// events (vgpud sim reset-gpu) work while the daemon runs.
+	NVMLSessions bool `json:"nvmlSessions,omitempty"`
 	// CallLatency is added to every NVML call (e.g. "50us"); fault rules add more.
 	CallLatency string `json:"callLatency,omitempty"`
 	// Latency is the time each GPU-changing driver operation takes, per

@@ -51,7 +51,9 @@ type gpuState struct {
 	Heterogeneous bool   `json:"heterogeneous"`
 	Sched         sched  `json:"scheduler"`
 	Lost          bool   `json:"lost,omitempty"`
-	IOMMUGroup    int    `json:"iommuGroup"`
+	// Sessions are the NVML clients holding the GPU (sessions.go).
+	Sessions   []nvmlSession `json:"nvmlSessions,omitempty"`
+	IOMMUGroup int           `json:"iommuGroup"`
 	// PowerCapW, when set, throttles the GPU (clock events) under load.
 	PowerCapW int `json:"powerCapW,omitempty"`
 
