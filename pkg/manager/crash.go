@@ -33,6 +33,12 @@ const (
 	// CrashRestore: an instance a reboot lost was carved again and its
 	// record written, while the other GPUs' workers carve on (restoreAll).
 	CrashRestore = "reconcile.after-recreate"
+	// The MIG mode change carried through a GPU reset (migreset.go).
+	CrashMIGIntent  = "mig-mode.after-intent"
+	CrashMIGRelease = "mig-mode.after-release"
+	CrashMIGVFsOff  = "mig-mode.after-vfs-off"
+	CrashMIGReset   = "mig-mode.after-reset"
+	CrashMIGVFsOn   = "mig-mode.after-vfs-on"
 )
 
 // CrashPoints lists every crash point of the manager's operations (the
@@ -42,6 +48,7 @@ var CrashPoints = []string{
 	CrashDestroyStart, CrashDestroyVGPU, CrashDestroyCI, CrashDestroyGI,
 	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashCreateAttach,
 	CrashMoveRelease, CrashMoveCarve, CrashReconcile, CrashRestore,
+	CrashMIGIntent, CrashMIGRelease, CrashMIGVFsOff, CrashMIGReset, CrashMIGVFsOn,
 }
 
 // CrashAt returns a crash hook that kills the process with SIGKILL (no

@@ -89,8 +89,11 @@ func (m *Manager) GPU(id string) (GPUView, error) {
 }
 
 // SetMIGMode enables or disables MIG on a GPU. It is refused while vgpud
-// instances live on the GPU. When the driver leaves the change pending the
-// error is ErrBusy and says how to commit it.
+// instances live on the GPU. When the driver leaves the change pending
+// until a reset, vgpud resets the GPU (migreset.go) where it may and
+// nothing outside it holds the GPU (refused before any change, naming what
+// does); where it may not (no resetter, gpuReset: never) the error is
+// ErrBusy and says how to commit it.
 func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 	done, err := m.beginCarving()
 	if err != nil {
@@ -108,11 +111,38 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 	if err != nil {
 		return err
 	}
+	// Where the change will need a reset (the VFs are enabled, vGPUs
+	// exist), what would refuse it is named before anything changes.
+	// It reads the GPU afresh: a foreign vGPU may be newer than the last
+	// discovery.
+	if m.resetAllowed() {
+		m.refreshGPU(ctx, g.UUID)
+		if h := m.hostGPU(g.UUID); h != nil {
+			g = *h
+		}
+	}
+	if m.resetAllowed() && (g.VGPU.NumVFs > 0 || hostHoldsVGPUs(&g)) {
+		if why := m.migResetBlockers(ctx, &g); why != "" {
+			l.Unlock()
+			m.invMu.Lock()
+			delete(m.switching, g.UUID)
+			m.invMu.Unlock()
+			return fail(ErrBusy, nil, "MIG mode of GPU %s not changed: a change needs a GPU reset, and something outside vgpud holds the GPU: %s", g.PCI, why)
+		}
+	}
 	// The driver call (up to seconds) runs outside the admission lock:
 	// admission places nothing on the GPU until it is re-read.
 	err = m.mig.SetMIGMode(ctx, g.UUID, on)
+	carried := false
+	if errors.Is(err, gpu.ErrResetRequired) && m.resetAllowed() {
+		err = m.carryMIGReset(ctx, &g, on)
+		carried = err == nil
+	}
 	l.Unlock()
 	m.refreshGPU(ctx, g.UUID)
+	if carried {
+		m.settingsAfterReset(ctx, &g)
+	}
 	m.invMu.Lock()
 	delete(m.switching, g.UUID)
 	m.invMu.Unlock()
@@ -126,7 +156,11 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 		return nil
 	}
 	if errors.Is(err, gpu.ErrResetRequired) {
-		return fail(ErrBusy, err, "MIG mode on GPU %s is pending: stop the GPU's clients and disable its SR-IOV VFs (sriov-manage -d %s), then reset it (nvidia-smi -r -i %d)", g.PCI, g.PCI, g.Index)
+		why := ""
+		if m.reset != nil && m.resetPolicy == GPUResetNever {
+			why = " (gpuReset: never: vgpud resets no GPU)"
+		}
+		return manualReset(&g, err, why)
 	}
 	if err != nil {
 		return classify(err, "set MIG mode on GPU %s", g.PCI)

@@ -28,6 +28,9 @@ func (m *Manager) resolveLeftover(ctx context.Context, it store.Intent, rep *Rec
 // resolveIntent resolves one intent a crash left, by the kind of its
 // operation, against the record it names (missing: the record is gone).
 func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *ReconcileReport) error {
+	if it.Op == store.OpMIGMode {
+		return m.resolveMIGMode(ctx, it, rep)
+	}
 	var rec store.Instance
 	err := m.db.View(func(tx *store.Tx) (err error) { rec, err = tx.Instance(it.Instance); return err })
 	missing := errors.Is(err, store.ErrNotFound)

@@ -100,6 +100,12 @@ type Config struct {
 	// RecoveryConcurrency is how many GPUs reconcile restores at once
 	// (restoreAll); 0: DefaultRecoveryConcurrency.
 	RecoveryConcurrency int
+	// Reset resets GPUs for the MIG mode changes that need it
+	// (migreset.go); nil: such a change is left pending for an operator.
+	Reset GPUResetter
+	// GPUReset is GPUResetAllow (the default) or GPUResetNever: an
+	// operator who forbids resets gets the manual procedure.
+	GPUReset string
 }
 
 // Manager runs the operations.
@@ -112,6 +118,9 @@ type Manager struct {
 	now   func() time.Time
 	crash func(string)
 	retry time.Duration
+	// reset and resetPolicy: the GPU resets of MIG mode changes.
+	reset       GPUResetter
+	resetPolicy string
 	// recovery bounds how many GPUs reconcile restores at once.
 	recovery int
 
@@ -208,7 +217,7 @@ type Manager struct {
 func New(c Config) *Manager {
 	m := &Manager{
 		log: c.Logger, db: c.Store, mig: c.NVML, vgpu: c.Sysfs, disc: discover.Host{NVML: c.NVML, Sysfs: c.Sysfs}, virt: c.Virt,
-		now: c.Now, crash: c.Crash, retry: c.BusyRetry, degraded: c.Degraded,
+		now: c.Now, crash: c.Crash, retry: c.BusyRetry, reset: c.Reset, resetPolicy: c.GPUReset, degraded: c.Degraded,
 		gpuLocks:   map[string]*sync.Mutex{},
 		failedGPUs: map[string]GPUFault{}, boot: c.BootID, undefinePolicy: c.UndefinePolicy, events: newBroadcaster(), dirty: map[string]bool{}, readOf: map[string]uint64{}, switching: map[string]bool{},
 	}

@@ -182,6 +182,9 @@ const (
 	// OpCreateAttach spans a create and the attach that follows it: left
 	// behind by a crash, the instance it made is destroyed unless attached.
 	OpCreateAttach Op = "create-attach"
+	// OpMIGMode: a MIG mode change carried through a GPU reset; Instance
+	// is the GPU's UUID.
+	OpMIGMode Op = "mig-mode"
 )
 
 // Intent is one in-flight operation: what it is, its plan and the steps it
@@ -238,7 +241,7 @@ func (it *Intent) validate() error {
 		return fmt.Errorf("%w: intent without an ID", ErrInvalid)
 	}
 	switch it.Op {
-	case OpCreate, OpDestroy, OpAttach, OpDetach, OpMove, OpReconcile, OpCreateAttach:
+	case OpCreate, OpDestroy, OpAttach, OpDetach, OpMove, OpReconcile, OpCreateAttach, OpMIGMode:
 	default:
 		return fmt.Errorf("%w: intent %s: op %q: want create, destroy, attach, detach, move or reconcile", ErrInvalid, it.ID, it.Op)
 	}

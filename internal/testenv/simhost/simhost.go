@@ -68,6 +68,9 @@ type Host struct {
 	DB      *store.DB
 	NVML    *nvmlb.Backend
 	Sysfs   *sysfs.Sysfs
+	// simReset is the latest start's resetter, its NVML sessions dropped at
+	// a restart.
+	simReset *sim.Resetter
 	Manager *manager.Manager
 	// Report is what the last start's reconcile did.
 	Report manager.ReconcileReport
@@ -125,7 +128,8 @@ func (h *Host) start(ctx context.Context) error {
 		return err
 	}
 	h.DB = db
-	h.NVML = nvmlb.New(h.Sim.NVML(), h.Catalog, h.opts.NVML)
+	lib := h.Sim.NVML()
+	h.NVML = nvmlb.New(lib, h.Catalog, h.opts.NVML)
 	if err := h.NVML.Init(ctx); err != nil {
 		return err
 	}
@@ -136,6 +140,12 @@ func (h *Host) start(ctx context.Context) error {
 	h.Sysfs = sysfs.New(fs).WithMdevctl(h.Sim.MdevctlDir())
 	c := h.opts.Manager
 	c.Catalog, c.Store, c.NVML, c.Sysfs = h.Catalog, h.DB, h.NVML, h.Sysfs
+	if h.simReset, err = h.Sim.Resetter(lib); err != nil {
+		return err
+	}
+	if c.Reset == nil {
+		c.Reset = h.simReset
+	}
 	if h.opts.SimBootID {
 		c.BootID = func() string { id, _ := h.Sim.BootID(); return id }
 	}
@@ -159,6 +169,10 @@ func (h *Host) start(ctx context.Context) error {
 // manager are made and reconciled (Report says what that did). The old
 // manager is dropped as a killed daemon's would be, not closed.
 func (h *Host) Restart(ctx context.Context) error {
+	if h.simReset != nil {
+		// The process died: the kernel closed its NVML sessions.
+		h.simReset.ProcessExited()
+	}
 	if h.DB != nil {
 		if err := h.DB.Close(); err != nil {
 			return err
