@@ -12,6 +12,7 @@ import (
 	nvmlbackend "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/gpu/sysfs"
+	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/profiles"
 )
@@ -23,6 +24,10 @@ type host struct {
 	sim   *sim.Host
 	nvml  *nvmlbackend.Backend
 	sysfs *sysfs.Sysfs
+	// reset resets GPUs for MIG mode changes (the simulated host's; the
+	// real driver's reset is not wired: such a change is left pending
+	// for an operator).
+	reset manager.GPUResetter
 }
 
 func newLogger(cfg *config.Config) *slog.Logger {
@@ -80,6 +85,13 @@ func openHost(cfg *config.Config, log *slog.Logger, observe nvmlbackend.Observer
 		mdevctl = cfg.MdevctlDir
 	}
 	h.nvml = nvmlbackend.New(lib, cat, nvmlbackend.Options{Logger: log.With("component", "nvml"), Observer: observe})
+	if h.sim != nil {
+		r, err := h.sim.Resetter(lib)
+		if err != nil {
+			return nil, err
+		}
+		h.reset = r
+	}
 	h.sysfs = sysfs.New(fsys)
 	if mdevctl != "" {
 		h.sysfs.WithMdevctl(mdevctl)

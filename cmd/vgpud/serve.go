@@ -151,6 +151,7 @@ func (d *daemon) start(ctx context.Context) error {
 		Catalog: h.cat, Store: db, NVML: h.nvml, Sysfs: h.sysfs, Virt: mv,
 		Logger: log.With("component", "manager"), Crash: crash, Degraded: degraded, BootID: h.bootID,
 		UndefinePolicy: d.cfg.UndefinePolicy, RecoveryConcurrency: d.cfg.GPUConcurrency,
+		Reset: h.reset, GPUReset: d.cfg.GPUReset,
 	})
 	d.fleet = fleet.NewRunner(fleet.RunnerConfig{Host: d.mgr, Logger: log, Crash: crash})
 	if degraded == "" {

@@ -83,6 +83,10 @@ type Config struct {
 	// UndefinePolicy is what happens to a VM's instances when it is
 	// undefined: release (destroy them) or keep.
 	UndefinePolicy string `json:"undefinePolicy,omitempty"`
+	// GPUReset says whether vgpud may reset a GPU to carry a MIG mode
+	// change through (allow) or leaves the change pending with the manual
+	// procedure (never).
+	GPUReset string `json:"gpuReset,omitempty"`
 	// GroupAccess is what group vgpud may do over D-Bus: manage (read
 	// and change) or read (changes then need polkit's dev.vgpud1.manage).
 	GroupAccess string `json:"groupAccess,omitempty"`
@@ -190,6 +194,7 @@ func Default() *Config {
 		DriverWait:        Duration{2 * time.Minute},
 		CollectInterval:   Duration{time.Second},
 		UndefinePolicy:    "release",
+		GPUReset:          "allow",
 		GroupAccess:       "manage",
 		CriticalXIDs:      slices.Clone(defaultCriticalXIDs),
 		UeventSettle:      Duration{500 * time.Millisecond},
@@ -234,6 +239,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&v.cfg.DriverWait.Duration, "driver-wait", c.DriverWait.Duration, "how long start-up waits for the NVIDIA driver")
 	fs.DurationVar(&v.cfg.CollectInterval.Duration, "collect-interval", c.CollectInterval.Duration, "metrics collection interval")
 	fs.StringVar(&v.cfg.UndefinePolicy, "undefine-policy", c.UndefinePolicy, "when a VM is undefined: release or keep its instances")
+	fs.StringVar(&v.cfg.GPUReset, "gpu-reset", c.GPUReset, "whether vgpud may reset a GPU to commit a MIG mode change: allow or never")
 	fs.UintSliceVar(&v.cfg.CriticalXIDs, "critical-xids", c.CriticalXIDs, "XIDs that mark a GPU failed until it is reset")
 	fs.DurationVar(&v.cfg.UeventSettle.Duration, "uevent-settle", c.UeventSettle.Duration, "quiet time after a burst of uevents before the host is re-read")
 	fs.DurationVar(&v.cfg.RecoverProbe.Duration, "recover-probe", c.RecoverProbe.Duration, "how often a failed or lost GPU is re-read")
@@ -306,6 +312,8 @@ func (c *Config) Load(fs *pflag.FlagSet) error {
 			next.CollectInterval = v.cfg.CollectInterval
 		case "undefine-policy":
 			next.UndefinePolicy = v.cfg.UndefinePolicy
+		case "gpu-reset":
+			next.GPUReset = v.cfg.GPUReset
 		case "critical-xids":
 			next.CriticalXIDs = slices.Clone(v.cfg.CriticalXIDs)
 		case "uevent-settle":
@@ -383,6 +391,9 @@ func (c *Config) validate() error {
 	}
 	if c.CollectInterval.Duration < 100*time.Millisecond || c.CollectInterval.Duration > time.Hour {
 		return fmt.Errorf("collectInterval: %v must be 100ms..1h", c.CollectInterval.Duration)
+	}
+	if c.GPUReset != "allow" && c.GPUReset != "never" {
+		return fmt.Errorf("gpuReset: %q must be allow or never", c.GPUReset)
 	}
 	if c.UndefinePolicy != "release" && c.UndefinePolicy != "keep" {
 		return fmt.Errorf("undefinePolicy: %q must be release or keep", c.UndefinePolicy)

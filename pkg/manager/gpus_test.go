@@ -124,9 +124,10 @@ func TestGPUModes(t *testing.T) {
 // MIG on, asked while a MIG-off is still pending (the driver cannot take
 // it while the GPU's VFs are enabled), undoes the pending change: the GPU
 // is in the mode asked for with nothing pending, and the answer says so
-// (success), not Busy with a reset to do.
+// (success), not Busy with a reset to do. (Resets are forbidden, so that
+// the off stays pending.)
 func TestMIGOnUndoingAPendingOff(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnvNoReset(t, nil)
 	ctx := context.Background()
 	err := e.m.SetMIGMode(ctx, sim.DefaultH100MIG, false)
 	if !errors.Is(err, manager.ErrBusy) {

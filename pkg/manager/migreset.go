@@ -23,7 +23,7 @@ import (
 // pinned scheduler) are put back after, in the driver's order
 // (settings.go). Each step is recorded in an intent (store.OpMIGMode) and
 // followed by a crash point: a restart finishes the sequence
-// (resolveMIGMode). docs/operations.md, "MIG mode on a vGPU host".
+// (resolveMIGMode). docs/operations.md, "MIG mode changes and GPU resets".
 
 // GPUResetter is the host side of a GPU reset: the NVML session vgpud
 // holds on a GPU (which the driver's reset and sriov-manage -d refuse

@@ -23,6 +23,25 @@ func sessionsHost() *sim.Spec {
 	return s
 }
 
+// newEnvNoReset is newEnv with GPU resets forbidden (gpuReset: never):
+// a MIG mode change the driver leaves pending stays so.
+func newEnvNoReset(t testing.TB, spec *sim.Spec) *env {
+	t.Helper()
+	e := &env{t: t}
+	e.host = simhost.Start(t, simhost.Options{
+		Spec: spec,
+		Manager: manager.Config{
+			Crash:     func(p string) { e.crashAt(p) },
+			BusyRetry: 1,
+			Logger:    testenv.Logger(t),
+			GPUReset:  manager.GPUResetNever,
+		},
+		SimBootID: true,
+	})
+	e.cat, e.sim, e.db, e.m = e.host.Catalog, e.host.Sim, e.host.DB, e.host.Manager
+	return e
+}
+
 // migState reads the GPU's MIG mode, its VF count and the intents left.
 func (e *env) migState(pci string) (on, pending bool, vfs, intents int) {
 	e.t.Helper()
@@ -111,8 +130,7 @@ func TestMIGModeRefusedWhenHeld(t *testing.T) {
 		unchanged(t, e)
 	})
 	t.Run("never", func(t *testing.T) {
-		h := simhost.Start(t, simhost.Options{Spec: sessionsHost(), Manager: manager.Config{BusyRetry: 1, GPUReset: manager.GPUResetNever, Logger: testenv.Logger(t)}})
-		e := &env{t: t, host: h, cat: h.Catalog, sim: h.Sim, db: h.DB, m: h.Manager}
+		e := newEnvNoReset(t, sessionsHost())
 		err := e.m.SetMIGMode(ctx, g, true)
 		if !errors.Is(err, manager.ErrBusy) || !strings.Contains(err.Error(), "sriov-manage -d") || !strings.Contains(err.Error(), "gpuReset: never") {
 			t.Fatalf("MIG on with resets forbidden: %v; want the manual procedure", err)

@@ -71,7 +71,7 @@ type Host struct {
 	// simReset is the latest start's resetter, its NVML sessions dropped at
 	// a restart.
 	simReset *sim.Resetter
-	Manager *manager.Manager
+	Manager  *manager.Manager
 	// Report is what the last start's reconcile did.
 	Report manager.ReconcileReport
 
