@@ -67,6 +67,10 @@ type Change struct {
 	Tenant  string `json:"tenant,omitempty"`
 	// MIG is the mode set-mig-mode sets.
 	MIG *bool `json:"mig,omitempty"`
+	// ResetSteps: the MIG mode change needs a GPU reset, which vgpud
+	// carries through in these steps (for the dry run; Execute ignores
+	// them).
+	ResetSteps []string `json:"resetSteps,omitempty"`
 	// Scheduler is what set-scheduler and set-gpu-instance-scheduler set.
 	Scheduler *SchedulerSpec `json:"scheduler,omitempty"`
 	// Settings are what define-tenant and update-tenant set.
@@ -126,6 +130,9 @@ func (c Change) String() string {
 			verb = "enable"
 		}
 		s = fmt.Sprintf("%s MIG on %s (%s)", verb, c.GPU, c.Model)
+		if len(c.ResetSteps) > 0 {
+			s += " through a GPU reset: " + strings.Join(c.ResetSteps, ", ")
+		}
 	case OpSetScheduler:
 		s = fmt.Sprintf("set the vGPU scheduler of %s (%s) to %s", c.GPU, c.Model, c.Scheduler)
 	case OpDefineTenant:

@@ -73,6 +73,11 @@ func DiffWith(ctx context.Context, m Manager, d *Desired, lim Limits) (ChangeSet
 	if err := preflight(h, df.cs); err != nil {
 		return ChangeSet{}, err
 	}
+	for i, c := range df.cs.Changes {
+		if c.Op == OpSetMIGMode {
+			df.cs.Changes[i].ResetSteps = h.resetSteps[c.GPUUUID]
+		}
+	}
 	sortChanges(df.cs.Changes)
 	sort.Strings(df.cs.Kept)
 	return df.cs, nil

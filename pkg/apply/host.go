@@ -31,6 +31,10 @@ type Manager interface {
 	UpdateTenant(ctx context.Context, t tenant.Tenant) (store.Tenant, error)
 	UndefineTenant(ctx context.Context, name string, force bool) error
 	SetMIGMode(ctx context.Context, id string, on bool) error
+	// MIGResetPlan says what a MIG mode change takes beyond the driver's
+	// call: nil, the GPU reset's steps, or why it is refused
+	// (manager.ErrBusy).
+	MIGResetPlan(ctx context.Context, id string, on bool) ([]string, error)
 	SetGPUScheduler(ctx context.Context, id string, r manager.SchedulerRequest) (manager.SchedulerView, error)
 	SetGPUInstanceScheduler(ctx context.Context, id string, gi int, r manager.SchedulerRequest) (manager.GPUInstanceSchedulerView, error)
 	// HasGPUInstanceScheduler says whether GPUs of a catalog model have
@@ -49,10 +53,16 @@ type host struct {
 	insts    []manager.InstanceView
 	tenants  map[string]manager.TenantView
 	profiles map[string][]manager.ProfileInfo // by model
+	// migReset answers Manager.MIGResetPlan; resetSteps are its answers
+	// for the change set's MIG mode changes, by GPU UUID (the dry run
+	// lists them).
+	migReset   func(id string, on bool) ([]string, error)
+	resetSteps map[string][]string
 }
 
 func readHost(m Manager) (*host, error) {
-	h := &host{tenants: map[string]manager.TenantView{}, profiles: map[string][]manager.ProfileInfo{}}
+	h := &host{tenants: map[string]manager.TenantView{}, profiles: map[string][]manager.ProfileInfo{}, resetSteps: map[string][]string{}}
+	h.migReset = func(id string, on bool) ([]string, error) { return m.MIGResetPlan(context.Background(), id, on) }
 	var err error
 	if h.gpus, err = m.GPUs(); err != nil {
 		return nil, err

@@ -36,7 +36,13 @@ func newEnv(t *testing.T) *env {
 // newEnvSpec is newEnv on another simulated host (nil: the default).
 func newEnvSpec(t *testing.T, spec *sim.Spec) *env {
 	t.Helper()
-	h := simhost.Start(t, simhost.Options{Spec: spec, Manager: manager.Config{BusyRetry: 1}})
+	return newEnvConfig(t, spec, manager.Config{BusyRetry: 1})
+}
+
+// newEnvConfig is newEnvSpec with the manager configured as c says.
+func newEnvConfig(t *testing.T, spec *sim.Spec, c manager.Config) *env {
+	t.Helper()
+	h := simhost.Start(t, simhost.Options{Spec: spec, Manager: c})
 	return &env{t: t, sim: h.Sim, m: h.Manager, db: h.DB}
 }
 

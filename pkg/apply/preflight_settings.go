@@ -19,6 +19,12 @@ import (
 //   - MIG goes off only on a GPU without GPU instances: the driver
 //     refuses it (IN_USE) while one vgpud did not create is there, and
 //     apply never touches those;
+//   - a MIG mode change that needs a GPU reset (the GPU's VFs are
+//     enabled) goes through only where the manager will carry the reset
+//     through: not while a VM runs on the GPU or something else outside
+//     vgpud holds it, nor with resets forbidden (gpuReset: never: the
+//     manual procedure is the answer); the reset's steps are kept for the
+//     dry run (host.resetSteps);
 //   - a scheduler setting is one the driver takes: a known policy and a
 //     time slice in the scheduler's range (gpu.ValidateTimeslice).
 //
@@ -59,12 +65,18 @@ func checkGPUSettings(h *host, cs ChangeSet, destroyed map[string]bool, pr *prob
 		case c.Op == OpSetMIGMode && len(stay) > 0:
 			pr.add(manager.ErrBusy, "%s: GPU %s (%s) holds %d vgpud instances that stay; destroy them before changing its MIG mode",
 				c, g.PCI, g.Model, len(stay))
-		case c.Op == OpSetMIGMode && c.MIG != nil && !*c.MIG:
-			if gis := foreignGIs(g, h.insts); len(gis) > 0 {
-				pr.add(manager.ErrBusy, "%s: GPU %s (%s) holds %s vgpud did not create (%s), and the driver keeps MIG on while a GPU instance is there; "+
-					"apply never touches them: destroy them with nvidia-smi mig -dci and -dgi first, or leave mig out of the layout",
-					c, g.PCI, g.Model, plural(len(gis), "GPU instance"), strings.Join(gis, ", "))
+		case c.Op == OpSetMIGMode && c.MIG != nil && !*c.MIG && len(foreignGIs(g, h.insts)) > 0:
+			gis := foreignGIs(g, h.insts)
+			pr.add(manager.ErrBusy, "%s: GPU %s (%s) holds %s vgpud did not create (%s), and the driver keeps MIG on while a GPU instance is there; "+
+				"apply never touches them: destroy them with nvidia-smi mig -dci and -dgi first, or leave mig out of the layout",
+				c, g.PCI, g.Model, plural(len(gis), "GPU instance"), strings.Join(gis, ", "))
+		case c.Op == OpSetMIGMode && c.MIG != nil && h.migReset != nil:
+			steps, err := h.migReset(g.UUID, *c.MIG)
+			if err != nil {
+				pr.add(manager.ErrBusy, "%s: %s", c, manager.Message(err))
+				continue
 			}
+			h.resetSteps[g.UUID] = steps
 		}
 	}
 }

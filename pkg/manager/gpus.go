@@ -122,7 +122,7 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 		}
 	}
 	if m.resetAllowed() && (g.VGPU.NumVFs > 0 || hostHoldsVGPUs(&g)) {
-		if why := m.migResetBlockers(ctx, &g); why != "" {
+		if why := m.migResetBlockers(ctx, &g, nil); why != "" {
 			l.Unlock()
 			m.invMu.Lock()
 			delete(m.switching, g.UUID)

@@ -88,24 +88,28 @@ func (m *Manager) resetAllowed() bool {
 
 // manualReset is the error of a change left pending for an operator.
 func manualReset(g *gpu.GPU, err error, why string) error {
-	return fail(ErrBusy, err, "MIG mode on GPU %s is pending%s: stop the GPU's clients and disable its SR-IOV VFs (sriov-manage -d %s), then reset it (nvidia-smi -r -i %d)", g.PCI, why, g.PCI, g.Index)
+	return fail(ErrBusy, err, "MIG mode on GPU %s is pending until a GPU reset%s: stop the GPU's clients and disable its SR-IOV VFs (sriov-manage -d %s), then reset it (nvidia-smi -r -i %d)", g.PCI, why, g.PCI, g.Index)
 }
 
-// migResetBlockers names what outside vgpud holds g, so that a reset would
-// be refused: vGPUs and mdevs no record explains (another tool's or a VM's)
-// and other processes' NVML sessions. "" when nothing does.
-func (m *Manager) migResetBlockers(ctx context.Context, g *gpu.GPU) string {
+// migResetBlockers names what holds g so that a reset would be refused
+// and vgpud may not undo: a VM running a vGPU (vgpud's or not), vGPUs and
+// mdevs no record explains (owned: the VFs and mdev UUIDs of vgpud's
+// records, which the change's own destroys take first) and other
+// processes' NVML sessions. "" when nothing does.
+func (m *Manager) migResetBlockers(ctx context.Context, g *gpu.GPU, owned map[string]bool) string {
 	var why []string
 	for _, a := range g.VGPU.Active {
 		why = append(why, fmt.Sprintf("VM %s runs a vGPU (type %d)", a.VMID, a.Type))
 	}
 	for _, vf := range g.VGPU.VFs {
-		if vf.Type != 0 {
+		if vf.Type != 0 && !owned[vf.PCI] {
 			why = append(why, fmt.Sprintf("VF %s holds a vGPU (type %d) vgpud did not create", vf.PCI, vf.Type))
 		}
 	}
 	for _, md := range g.VGPU.Mdevs {
-		why = append(why, fmt.Sprintf("mdev %s vgpud did not create", md.UUID))
+		if !owned[md.UUID] {
+			why = append(why, fmt.Sprintf("mdev %s vgpud did not create", md.UUID))
+		}
 	}
 	if m.reset != nil {
 		hs, err := m.reset.Holders(ctx, g.UUID)
@@ -116,6 +120,45 @@ func (m *Manager) migResetBlockers(ctx context.Context, g *gpu.GPU) string {
 		}
 	}
 	return strings.Join(why, "; ")
+}
+
+// MIGResetPlan says what a MIG mode change of GPU id to on takes besides
+// the driver's call, for a dry run and apply's pre-flight, from the GPU as
+// last discovered: nil when no reset is expected (no VFs and no vGPU on
+// the GPU, or the mode is already on) ; the steps vgpud will take to reset
+// it; ErrBusy naming what outside vgpud holds the GPU (a running VM, a
+// foreign vGPU or mdev, another NVML client), or with the manual procedure
+// where vgpud may not reset GPUs. The GPU's vgpud instances are not
+// counted: the caller destroys them first or refuses them itself.
+func (m *Manager) MIGResetPlan(ctx context.Context, id string, on bool) ([]string, error) {
+	g, err := m.gpuByAnyID(id)
+	if err != nil {
+		return nil, err
+	}
+	if !g.MIG.Capable || (g.MIG.Enabled == on && g.MIG.Pending == on) || (g.VGPU.NumVFs == 0 && !hostHoldsVGPUs(&g)) {
+		return nil, nil
+	}
+	if !m.resetAllowed() {
+		why := ""
+		if m.reset != nil {
+			why = " (gpuReset: never: vgpud resets no GPU)"
+		}
+		return nil, manualReset(&g, nil, why)
+	}
+	owned := map[string]bool{}
+	if err := m.db.View(func(tx *store.Tx) error {
+		s, err := m.snapshot(tx)
+		for _, r := range s.byGPU[g.UUID] {
+			owned[r.VF], owned[r.MdevUUID] = true, true
+		}
+		return err
+	}); err != nil {
+		return nil, classify(err, "read the records of GPU %s", g.PCI)
+	}
+	if why := m.migResetBlockers(ctx, &g, owned); why != "" {
+		return nil, fail(ErrBusy, nil, "the MIG mode change of GPU %s needs a GPU reset, and something outside vgpud holds the GPU: %s", g.PCI, why)
+	}
+	return m.MIGResetSteps(&g), nil
 }
 
 // carryMIGReset runs the sequence on g, whose MIG mode change to on the
