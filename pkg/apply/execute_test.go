@@ -174,25 +174,26 @@ func TestExecuteStopsAtFirstError(t *testing.T) {
 }
 
 // A MIG mode change the driver leaves pending (the GPU has SR-IOV VFs
-// enabled, as on a vGPU host) stops the run with ErrBusy after the
-// destroys it needed.
+// enabled, as on a vGPU host) is carried through a GPU reset after the
+// destroys it needed; with resets forbidden the dry run refuses it before
+// any change, with the manual procedure.
 func TestExecuteModeChangePending(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
 	e.apply(mustParse(t, "mig-parted.yaml", "gpu0-1g.10gb"))
-	cs, err := apply.Diff(ctx, e.m, mustParse(t, "mig-parted.yaml", "all-disabled"))
-	if err != nil {
-		t.Fatal(err)
+	e.apply(mustParse(t, "mig-parted.yaml", "all-disabled"))
+	if e.migOn(sim.DefaultH100MIG) || len(e.layout()) != 0 {
+		t.Fatalf("MIG on %v, layout %v", e.migOn(sim.DefaultH100MIG), e.layout())
 	}
-	res, err := apply.Execute(ctx, e.m, cs)
-	if !errors.Is(err, manager.ErrBusy) || !strings.Contains(err.Error(), "pending") {
-		t.Fatalf("error %v, want ErrBusy (pending)", err)
+
+	e = newEnvConfig(t, nil, manager.Config{BusyRetry: 1, GPUReset: manager.GPUResetNever})
+	e.apply(mustParse(t, "mig-parted.yaml", "gpu0-1g.10gb"))
+	before := e.layout()
+	_, err := apply.Diff(context.Background(), e.m, mustParse(t, "mig-parted.yaml", "all-disabled"))
+	if !errors.Is(err, manager.ErrBusy) || !strings.Contains(err.Error(), "pending until a GPU reset") {
+		t.Fatalf("dry run with resets forbidden: %v, want ErrBusy with the manual procedure", err)
 	}
-	if len(res.Done) != 7 || res.Failed == nil || res.Failed.Op != apply.OpSetMIGMode || res.Failed.GPU != sim.DefaultH100MIG {
-		t.Fatalf("result %+v", res)
-	}
-	if got := e.layout(); len(got) != 0 {
-		t.Fatalf("layout %v", got)
+	if got := e.layout(); !slices.Equal(got, before) {
+		t.Fatalf("layout %v, want %v", got, before)
 	}
 }
 
