@@ -166,6 +166,7 @@ func (m *Manager) MIGResetPlan(ctx context.Context, id string, on bool) ([]strin
 // the GPU (admitModeChange).
 func (m *Manager) carryMIGReset(ctx context.Context, g *gpu.GPU, on bool) error {
 	plan := migPlan{GPU: g.UUID, PCI: g.PCI, On: on, VFs: g.VGPU.NumVFs > 0}
+	// A struct of strings and bools always marshals.
 	payload, _ := json.Marshal(plan)
 	id := uuid.NewString()
 	if err := m.db.Update(func(tx *store.Tx) error {
