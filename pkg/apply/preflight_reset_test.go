@@ -88,3 +88,14 @@ func TestApplyMIGResetForbidden(t *testing.T) {
 		t.Fatalf("dry run with resets forbidden: %v; want the manual procedure", err)
 	}
 }
+
+// mig-parted's configs (the forms of its config-default.yaml) apply to the
+// default host in one apply each, from whatever layout the one before
+// left, MIG mode changes of GPUs with VFs included (carried through a GPU
+// reset), and applying one again changes nothing (env.apply checks both).
+func TestMigPartedConfigsApplyInOneGo(t *testing.T) {
+	e := newEnvSpec(t, sessionsSpec())
+	for _, name := range []string{"all-balanced", "all-disabled", "all-enabled", "all-1g.10gb", "all-balanced", "all-enabled", "all-disabled", "all-1g.10gb", "all-disabled"} {
+		e.apply(mustParse(t, "nvidia/mig-parted.yaml", name))
+	}
+}
