@@ -124,7 +124,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 				in:  []arg{{name: "tenant", doc: "Tenant of the request."}, {name: "profile", doc: "Profile of the request."}, {name: "apply", doc: "Perform the moves."}, optsArg},
 				out: []arg{{name: "moves", doc: "(instance, profile, from gpu, from slot, to gpu, to slot)."}, {name: "gpu", doc: "GPU the request fits on after the moves."}, {name: "start", doc: "Its first slot there."}, {name: "applied", doc: "Whether the moves were performed."}}},
 			{name: "SetMIGMode", access: accessManage, fn: s.setMIGMode,
-				doc: "Enable or disable MIG on a GPU. Refused while vgpud instances live on it; Busy, with the steps, when the driver leaves it pending a GPU reset.",
+				doc: "Enable or disable MIG on a GPU. Refused while vgpud instances live on it. A change the driver leaves pending a GPU reset is carried through by vgpud (VFs off, reset, VFs on, settings set again; docs/operations.md); Busy naming what holds the GPU when something outside vgpud does (a running VM, a foreign vGPU or mdev, another NVML client), and Busy with the manual steps under `gpuReset: never`.",
 				in:  []arg{gpuArg, {name: "enabled", doc: "MIG on or off."}, optsArg}},
 			{name: "SetHeterogeneous", access: accessManage, fn: s.setHeterogeneous,
 				doc: "Let time-sliced vGPUs of different sizes share a GPU, or not; refused while vGPUs exist on it.",
