@@ -46,12 +46,14 @@ type busDaemonOpts struct {
 	metricsListen string
 	// args are more vgpud flags.
 	args []string
+	// env is more of vgpud's environment (VGPUD_CRASH_AT).
+	env []string
 }
 
 // startBusDaemon runs vgpud --sim on the bus and waits until it owns dev.vgpud1.
 func startBusDaemon(t testing.TB, bus *testbus.Bus, o busDaemonOpts) *busDaemon {
 	t.Helper()
-	d := &busDaemon{bus: bus, stateDir: o.stateDir, done: make(chan struct{})}
+	d := &busDaemon{bus: bus, stateDir: o.stateDir, done: make(chan struct{}), env: o.env}
 	if d.stateDir == "" {
 		d.stateDir = t.TempDir()
 	}

@@ -5,9 +5,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
 )
 
 // TestMIGModeCarriedThrough: on a simulated host whose NVML sessions hold
@@ -87,5 +89,45 @@ func TestMIGModeCarriedThrough(t *testing.T) {
 	}
 	if migOn() {
 		t.Fatal("MIG on after the refusal")
+	}
+}
+
+// TestMIGModeKilledAtEachStep: vgpud killed (kill -9 at a crash point) at
+// each step of a MIG mode change carried through a GPU reset; the next
+// start finishes it: MIG on, the VFs back, nothing left pending.
+func TestMIGModeKilledAtEachStep(t *testing.T) {
+	const gpu = sim.DefaultH100TS
+	for _, p := range []string{manager.CrashMIGIntent, manager.CrashMIGRelease, manager.CrashMIGVFsOff, manager.CrashMIGReset, manager.CrashMIGVFsOn} {
+		t.Run(p, func(t *testing.T) {
+			spec := filepath.Join(t.TempDir(), "host.yaml")
+			if err := os.WriteFile(spec, []byte("version: v1\ngpus:\n"+
+				"  - {model: H100-SXM5-80GB, pci: \""+gpu+"\", flavour: vfio}\n"+
+				"options: {nvmlSessions: true}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			bus := testbus.Start(t)
+			d := startBusDaemon(t, bus, busDaemonOpts{args: []string{"--sim-host", spec}, env: []string{"VGPUD_CRASH_AT=" + p}})
+			if r := d.ctl(t, "gpu", "mig", gpu, "on"); r.code == 0 {
+				t.Fatalf("gpu mig on returned success though vgpud was to die at %s", p)
+			}
+			select {
+			case <-d.done:
+			case <-time.After(15 * time.Second):
+				t.Fatalf("vgpud did not die at %s", p)
+			}
+			d = startBusDaemon(t, bus, busDaemonOpts{stateDir: d.stateDir, args: []string{"--sim-host", spec}})
+			var g schemaGPU
+			for _, x := range decodeSchema[docList[schemaGPU]](t, d.ctl(t, "gpus", "-o", "json").must(t, "gpus")).Items {
+				if x.PCI == gpu {
+					g = x
+				}
+			}
+			if !g.MIG.Enabled || g.VGPU.NumVFs == 0 {
+				t.Fatalf("after the restart: MIG %+v, VFs %d; want MIG on, the VFs back\n%s", g.MIG, g.VGPU.NumVFs, tailText(d.log(), 4000))
+			}
+			if r := d.ctl(t, "reconcile").must(t, "reconcile"); !strings.Contains(r.out, " 0 pending") {
+				t.Fatalf("reconcile after the restart:\n%s", r.out)
+			}
+		})
 	}
 }

@@ -122,8 +122,12 @@ func (d *daemon) start(ctx context.Context) error {
 	}
 	d.host = h
 	degraded := ""
+	ownVFs, err := manager.VFsDisabledByVgpud(db)
+	if err != nil {
+		return err
+	}
 	err = health.WaitDriver(ctx, health.Startup{Driver: h.nvml, Inventory: discover.Host{NVML: h.nvml, Sysfs: h.sysfs},
-		Catalog: h.cat, Wait: cfg.DriverWait.Duration, Notify: d.notify, Logger: log})
+		Catalog: h.cat, OwnVFs: ownVFs, Wait: cfg.DriverWait.Duration, Notify: d.notify, Logger: log})
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -30,6 +31,10 @@ type Startup struct {
 	}
 	// Catalog says which models take vGPUs on VFs.
 	Catalog *profile.Catalog
+	// OwnVFs are the GPUs (UUIDs) whose VFs vgpud itself disabled, in a
+	// MIG mode change a crash cut off: not waited for, the start-up
+	// reconcile enables them (manager.VFsDisabledByVgpud).
+	OwnVFs []string
 	// Wait bounds the whole wait (driverWait).
 	Wait time.Duration
 	// Notify tells the service manager what start-up waits for.
@@ -77,10 +82,10 @@ func WaitDriver(ctx context.Context, s Startup) error {
 // awaitingVFs lists the GPUs whose VFs should be there and are not: the
 // PCI function offers SR-IOV (sriov_totalvfs > 0), the vGPU manager is
 // loaded (NVML lists vGPU types for the GPU), and no VF is enabled yet.
-func awaitingVFs(inv gpu.Inventory, cat *profile.Catalog) []string {
+func awaitingVFs(inv gpu.Inventory, cat *profile.Catalog, own []string) []string {
 	var out []string
 	for _, g := range inv.GPUs {
-		if g.Lost || g.VGPU.TotalVFs == 0 || g.VGPU.NumVFs > 0 || len(g.VGPU.Supported) == 0 {
+		if g.Lost || slices.Contains(own, g.UUID) || g.VGPU.TotalVFs == 0 || g.VGPU.NumVFs > 0 || len(g.VGPU.Supported) == 0 {
 			continue
 		}
 		if m, ok := cat.Model(g.Model); ok && (m.VGPU == nil || m.VGPU.SRIOVVFs == 0) {
@@ -100,7 +105,7 @@ func (s Startup) waitVFs(ctx context.Context, deadline time.Time) {
 	for attempt := 1; ; attempt++ {
 		inv, err := s.Inventory.Inventory(ctx)
 		if err == nil {
-			missing = awaitingVFs(inv, s.Catalog)
+			missing = awaitingVFs(inv, s.Catalog, s.OwnVFs)
 			if len(missing) == 0 {
 				if attempt > 1 {
 					s.Logger.Info("SR-IOV virtual functions are ready", "after", attempt)

@@ -247,6 +247,23 @@ func (m *Manager) settingsAfterReset(ctx context.Context, g *gpu.GPU) {
 	}
 }
 
+// VFsDisabledByVgpud lists the GPUs (UUIDs) whose VFs a MIG mode change
+// cut off by a crash left disabled: the start-up wait for the VFs must not
+// wait for them, the start-up reconcile enables them.
+func VFsDisabledByVgpud(db *store.DB) ([]string, error) {
+	var its []store.Intent
+	if err := db.View(func(tx *store.Tx) (err error) { its, err = tx.Intents(); return err }); err != nil {
+		return nil, fmt.Errorf("read intents: %w", err)
+	}
+	var out []string
+	for _, it := range its {
+		if it.Op == store.OpMIGMode && slices.Contains(it.Steps, migStepVFsOff) && !slices.Contains(it.Steps, migStepVFsOn) {
+			out = append(out, it.Instance)
+		}
+	}
+	return out, nil
+}
+
 // resolveMIGMode finishes a sequence a crash cut off: the steps not
 // recorded are taken (a reset not yet done is done, the VFs enabled
 // again), then the settings the reset lost are set again. Called by
