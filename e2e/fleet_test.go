@@ -83,7 +83,8 @@ func startFleetDaemon(t *testing.T, name, spec, endpoint, interval string) *flee
 
 // startFleetDaemonWith starts a daemon with its own grace period, whose
 // fleet section also has extra (lines of YAML indented under fleet:, e.g.
-// "  parentUUID: ...\n").
+// "  parentUUID: ...\n"). An empty spec is the built-in host
+// (sim.DefaultSpec).
 func startFleetDaemonWith(t *testing.T, name, spec, endpoint, interval, grace, extra string) *fleetDaemon {
 	t.Helper()
 	dir := t.TempDir()
@@ -91,7 +92,11 @@ func startFleetDaemonWith(t *testing.T, name, spec, endpoint, interval, grace, e
 	// A short sync interval and grace keep the test short; convergence is
 	// still event-driven for every create and destroy.
 	cfg := fmt.Sprintf("version: v1\nfleet:\n  endpoint: %s\n  host: %s\n  syncInterval: %s\n  grace: %s\n  timeout: 5s\n%s", endpoint, name, interval, grace, extra)
-	for p, s := range map[string]string{specPath: spec, cfgPath: cfg} {
+	files := map[string]string{cfgPath: cfg}
+	if spec != "" {
+		files[specPath] = spec
+	}
+	for p, s := range files {
 		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -103,8 +108,11 @@ func startFleetDaemonWith(t *testing.T, name, spec, endpoint, interval, grace, e
 		t.Fatal(err)
 	}
 	d.logPath = filepath.Join(dir, "vgpud.log")
-	d.args = []string{"--sim", "--sim-host", specPath, "--config", cfgPath, "--state-dir", d.stateDir, "--metrics-listen", "",
+	d.args = []string{"--sim", "--config", cfgPath, "--state-dir", d.stateDir, "--metrics-listen", "",
 		"--bus-address", bus.Address(), "--libvirt-socket", "", "--log-level", "info"}
+	if spec != "" {
+		d.args = append(d.args, "--sim-host", specPath)
+	}
 	d.start(t)
 	t.Cleanup(func() { d.stop(t) })
 	d.dial(t)
