@@ -107,23 +107,28 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	if len(cons.Allocations) == 0 {
 		return manager.FleetClaim{}, fmt.Errorf("placement holds no allocation for consumer %s (never written, or removed as stale): %w", consumer, manager.ErrNotFound)
 	}
-	view, err := s.src.FleetView()
-	if err != nil {
-		return manager.FleetClaim{}, err
-	}
-	var found []gpuProvider
-	for _, p := range s.desired(view) {
-		if _, ok := cons.Allocations[p.uuid]; ok {
-			found = append(found, p)
+	// The GPU is found by its provider's UUID (derived from its PCI
+	// address), and only that GPU is read: the whole host's view is the
+	// pass's.
+	var found []string
+	for _, g := range s.src.Inventory().GPUs {
+		if _, ok := cons.Allocations[GPUProviderUUID(s.top(), g.PCI)]; ok && g.Model != "" {
+			found = append(found, g.UUID)
 		}
 	}
 	if len(found) != 1 {
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s names %d of this host's GPU providers, not one (is it for another host?): %w", consumer, len(found), manager.ErrInvalidArgument)
 	}
+	p, ok, err := s.provider(found[0])
+	switch {
+	case err != nil:
+		return manager.FleetClaim{}, err
+	case !ok:
+		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s names GPU %s, which this host no longer has: %w", consumer, found[0], manager.ErrInvalidArgument)
+	}
 	// A scheduler's claim under a UUID an instance destroyed here had
 	// (Nova reuses instance UUIDs): not that instance's leftover.
 	s.reset(consumer)
-	p := found[0]
 	res := cons.Allocations[p.uuid].Resources
 	c := manager.FleetClaim{Instance: consumer, GPU: p.gpu.UUID, Slices: res[SliceClass]}
 	for rc, n := range res {

@@ -2,11 +2,15 @@ package fleet
 
 import (
 	"context"
+	"net/url"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
 // TestClaimReadsOneGPU: a create's claim and settle read the GPU they
@@ -37,5 +41,41 @@ func TestClaimReadsOneGPU(t *testing.T) {
 	cons, err := c.Consumer(ctx, rec.UUID)
 	if err != nil || len(cons.Allocations) != 1 {
 		t.Fatalf("the create's claim: %+v, %v", cons, err)
+	}
+}
+
+// TestAdoptReadsOneGPU: a create for a scheduler's consumer finds the GPU
+// from the allocation's provider and reads that GPU alone, never the
+// whole host's view; the instance lands on the GPU the scheduler chose.
+func TestAdoptReadsOneGPU(t *testing.T) {
+	srv, c := startPlacement(t)
+	h := simhost.Start(t, simhost.Options{})
+	simhost.DefineTenant(t, h.Manager, "acme")
+	src := &countingSource{Source: h.Manager}
+	s, err := New(Config{Host: "hosta"}, newClient(t, srv.URL()), src, quietLog(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Manager.SetFleet(s)
+	ctx := context.Background()
+	if err := s.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"}, "limit": {"5"}}
+	cands, err := c.AllocationCandidates(ctx, q.Encode())
+	if err != nil || len(cands) == 0 {
+		t.Fatalf("candidates = %v, %v", cands, err)
+	}
+	id := uuid.NewString()
+	if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
+		t.Fatal(err)
+	}
+	src.views.Store(0)
+	rec, err := h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", PlacementConsumer: id})
+	if err != nil || rec.UUID != id || rec.GPUPCI != sim.DefaultH100MIG {
+		t.Fatalf("adopting create = %+v, %v", rec, err)
+	}
+	if n := src.views.Load(); n != 0 {
+		t.Fatalf("an adopting create read the whole host's fleet view %d times", n)
 	}
 }

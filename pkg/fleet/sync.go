@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
@@ -48,6 +49,9 @@ type Source interface {
 	// FleetGPUByUUID is one GPU of FleetView, read alone; an error
 	// wrapping manager.ErrNotFound when the host has no such GPU.
 	FleetGPUByUUID(gpuUUID string) (manager.FleetGPU, error)
+	// Inventory is the host's GPUs as last discovered: an adopted
+	// allocation's provider names its GPU by PCI address.
+	Inventory() gpu.Inventory
 	// HasInstance reports whether a consumer is an instance now.
 	HasInstance(id string) bool
 	Subscribe() (<-chan manager.Event, func())
