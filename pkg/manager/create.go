@@ -71,7 +71,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	started := m.now()
 	intent := uuid.NewString()
 	defer m.inflight.add(intent, req.UUID)()
-	rec, existing, err := m.admitCreate(ctx, req, offers, intent)
+	rec, existing, err := m.admitCreate(ctx, req, offers, intent, claim.decided())
 	if err != nil || existing {
 		return rec, claim.end(err)
 	}
@@ -89,7 +89,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	return rec, claim.end(err)
 }
 
-func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []offer, intent string) (store.Instance, bool, error) {
+// admitCreate admits req under the admission lock and records it with its
+// intent. prior is the decision the create's claim was written for (nil:
+// none): taken again when nothing it was made from changed meanwhile.
+func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []offer, intent string, prior *basis) (store.Instance, bool, error) {
 	m.admit.Lock()
 	defer m.admit.Unlock()
 	var rec store.Instance
@@ -107,11 +110,11 @@ func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []o
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-		d, err := m.admissible(tx, req, offers)
+		b, err := m.admissibleFrom(tx, req, offers, prior)
 		if err != nil {
 			return err
 		}
-		rec = m.record(req, d)
+		rec = m.record(req, b.d)
 		if err := tx.PutInstance(&rec); err != nil {
 			return err
 		}
@@ -132,31 +135,49 @@ func (m *Manager) admitCreate(ctx context.Context, req CreateRequest, offers []o
 // admissible is the admission's decision for req, recording nothing: the
 // tenant, the offers it may use, the placement and its quota.
 func (m *Manager) admissible(tx *store.Tx, req CreateRequest, offers []offer) (decision, error) {
-	t, err := tx.Tenant(req.Tenant)
-	if errors.Is(err, store.ErrNotFound) {
-		return decision{}, fail(ErrNotFound, err, "tenant %s does not exist; define it with `vgpuctl tenant define %s`", req.Tenant, req.Tenant)
-	}
+	b, err := m.admissibleFrom(tx, req, offers, nil)
 	if err != nil {
 		return decision{}, err
+	}
+	return b.d, nil
+}
+
+// admissibleFrom is admissible, taking prior's placement again when prior
+// was decided from exactly what tx and the host show now (a create's claim
+// decided where to carve before the admission lock). The tenant, the
+// offers it may use and its quota are checked all the same. It returns
+// the decision with what it was made from.
+func (m *Manager) admissibleFrom(tx *store.Tx, req CreateRequest, offers []offer, prior *basis) (*basis, error) {
+	t, err := tx.Tenant(req.Tenant)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fail(ErrNotFound, err, "tenant %s does not exist; define it with `vgpuctl tenant define %s`", req.Tenant, req.Tenant)
+	}
+	if err != nil {
+		return nil, err
 	}
 	mine, err := allowed(t.Tenant, offers, req.Profile)
 	if err != nil {
-		return decision{}, err
+		return nil, err
 	}
 	s, err := m.snapshot(tx)
 	if err != nil {
-		return decision{}, err
+		return nil, err
 	}
-	d, err := m.decide(s, mine, req)
-	if err != nil {
-		return decision{}, err
+	b := &basis{tenant: t, s: s, cat: m.catalog()}
+	if prior.holds(b) {
+		b.d = prior.d
+	} else {
+		m.decisions.Add(1)
+		if b.d, err = m.decide(s, mine, req); err != nil {
+			return nil, err
+		}
 	}
 	vram, compute, n := s.usage(req.Tenant)
 	if err := t.Admit(tenant.Usage{VRAMBytes: vram, ComputeMilli: compute, Instances: n},
-		tenant.Request{VRAMBytes: d.o.vram(), ComputeMilli: d.o.compute(), Model: d.o.model.Name, Profile: d.o.name()}); err != nil {
-		return decision{}, classify(err, "admit %s for tenant %s", req.Profile, req.Tenant)
+		tenant.Request{VRAMBytes: b.d.o.vram(), ComputeMilli: b.d.o.compute(), Model: b.d.o.model.Name, Profile: b.d.o.name()}); err != nil {
+		return nil, classify(err, "admit %s for tenant %s", req.Profile, req.Tenant)
 	}
-	return d, nil
+	return b, nil
 }
 
 // allowed keeps the offers a tenant may use.

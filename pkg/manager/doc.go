@@ -30,7 +30,8 @@
 //   - manager.go: the Manager, its ports' wiring, its locks and their
 //     order, host reads (Refresh) and sysfs calls bounded by a deadline
 //   - create.go, decide.go, carve.go: a create's admission, the decision
-//     where it goes, and its host steps; compute.go: compute instances in
+//     where it goes, and its host steps; basis.go: what a decision was
+//     made from, so that a create that claimed decides once; compute.go: compute instances in
 //     a shared GPU instance; offers.go: profile names and what each costs
 //   - destroy.go, release.go: a destroy, and taking an instance off the
 //     host in reverse (also an undo's)

@@ -101,6 +101,8 @@ type fleetOp struct {
 	instance string
 	claimed  bool // a claim this create wrote (dropped when it fails)
 	adopted  bool // a scheduler's allocation (never dropped here)
+	// basis is the admission's decision the claim was written for.
+	basis *basis
 	// For an adopted create: the manager, the GPU and the profile the
 	// allocation names, which a stale refusal reports.
 	m       *Manager
@@ -180,20 +182,21 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 	if f == nil || m.instanceExists(req.UUID) {
 		return nil, nil
 	}
-	var d decision
+	var b *basis
 	err := m.db.View(func(tx *store.Tx) error {
 		// The claim names the GPU the admission will pin: the admission's
 		// own decision, without recording it.
 		var err error
-		d, err = m.admissible(tx, *req, offers)
+		b, err = m.admissibleFrom(tx, *req, offers, nil)
 		return err
 	})
-	if err != nil || d.o.ci != nil {
+	if err != nil || b.d.o.ci != nil {
 		// The admission gives the refusal its proper message; compute
 		// instances narrower than their GPU instance are not published
 		// (claimOf) and so not claimed.
 		return nil, nil
 	}
+	d := b.d
 	c := FleetClaim{Instance: req.UUID, GPU: d.g.UUID, Profile: d.o.name(), Kind: d.o.kind,
 		Slices: m.fleetSlices(d.g, d.o), FramebufferMiB: m.fleetFramebuffer(d.g, d.o)}
 	if err := f.Claim(ctx, c); err != nil {
@@ -204,9 +207,10 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 		notePlacementBehind(ctx, fmt.Sprintf("allocation not written before carving (%s); the sync writes it", Message(err)))
 		return nil, nil
 	}
-	// The claim names this GPU: the admission must carve there.
+	// The claim names this GPU: the admission must carve there, and takes
+	// this decision again unless what it was made from changed.
 	req.GPU = d.g.UUID
-	return &fleetOp{f: f, instance: req.UUID, claimed: true}, nil
+	return &fleetOp{f: f, instance: req.UUID, claimed: true, basis: b}, nil
 }
 
 func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, offers []offer) (*fleetOp, error) {

@@ -189,6 +189,10 @@ type Manager struct {
 	// inflight: intents of operations in flight, which reconcile leaves
 	// alone.
 	inflight inflightSet
+	// decisions counts the placements the admission searched for
+	// (decide), a create's claim and its admission together once when
+	// nothing changed between them (basis).
+	decisions atomic.Int64
 	// calls counts sysfs calls that outran their deadline (see quiesce).
 	calls hostcall.Tracker
 
