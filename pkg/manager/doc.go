@@ -31,8 +31,9 @@
 //     order, host reads (Refresh) and sysfs calls bounded by a deadline
 //   - create.go, decide.go, carve.go: a create's admission, the decision
 //     where it goes, and its host steps; basis.go: what a decision was
-//     made from, so that a create that claimed decides once; compute.go: compute instances in
-//     a shared GPU instance; offers.go: profile names and what each costs
+//     made from, so that a create that claimed decides once; compute.go:
+//     compute instances in a shared GPU instance; offers.go: profile
+//     names and what each costs
 //   - destroy.go, release.go: a destroy, and taking an instance off the
 //     host in reverse (also an undo's)
 //   - attach.go: attach and detach, and their unclear libvirt answers;
