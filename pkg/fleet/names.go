@@ -7,6 +7,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
 	"github.com/vgpud/vgpud/pkg/store"
 )
 
@@ -79,6 +80,23 @@ func GPUProviderUUID(top, pci string) string {
 func GPUProviderName(host, pci string) string {
 	r := strings.NewReplacer(":", "_", ".", "_")
 	return host + "_pci_" + r.Replace(strings.ToLower(pci))
+}
+
+// madeHere reports whether p is a GPU provider vgpud made under top: its
+// UUID is the one GPUProviderUUID derives from top and the PCI address its
+// name carries. Such a provider is vgpud's with or without TraitManaged: a
+// pass cut between creating it and writing its traits (a reload, a stop, a
+// crash) leaves it without them.
+func madeHere(top string, p placementapi.Provider) bool {
+	i := strings.LastIndex(p.Name, "_pci_")
+	if i < 0 {
+		return false
+	}
+	f := strings.Split(p.Name[i+len("_pci_"):], "_")
+	if len(f) != 4 {
+		return false
+	}
+	return p.UUID == GPUProviderUUID(top, f[0]+":"+f[1]+":"+f[2]+"."+f[3])
 }
 
 // traitsOf are a GPU provider's traits.

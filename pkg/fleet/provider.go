@@ -330,7 +330,7 @@ func (s *Syncer) removeStaleIn(ctx context.Context, tree []placementapi.Provider
 			errs = append(errs, err)
 			continue
 		}
-		if !contains(traits, TraitManaged) {
+		if !contains(traits, TraitManaged) && !madeHere(s.top(), p) {
 			continue // not vgpud's
 		}
 		allocs, err := s.c.ProviderAllocations(ctx, p.UUID)

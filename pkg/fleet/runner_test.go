@@ -166,3 +166,29 @@ func TestFleetHostChangeRetiresOldTree(t *testing.T) {
 	}
 	testenv.WaitFor(t, "the new host's tree published", 30*time.Second, func() bool { return treeOf("new-host") == 5 })
 }
+
+// TestRetireTakesProvidersCutBeforeTheirTraits: a pass cut between
+// creating a GPU's provider and writing its traits (a reload, a stop, a
+// crash) leaves a provider without CUSTOM_VGPUD_MANAGED under vgpud's
+// root; it is still vgpud's (its UUID is the one vgpud derives from the
+// root and its PCI address), so retiring the tree removes it, and the root
+// with it. A provider of another name under the root is not vgpud's.
+func TestRetireTakesProvidersCutBeforeTheirTraits(t *testing.T) {
+	srv, c := startPlacement(t)
+	a := startHost(t, "hostr", srv.URL(), nil, Config{})
+	a.pass(t)
+	ctx := context.Background()
+	const pci = "0000:99:00.0"
+	if err := c.CreateProvider(ctx, GPUProviderUUID(a.s.top(), pci), GPUProviderName("hostr", pci), a.s.top()); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := a.s.Status(ctx); err != nil || !strings.Contains(fmt.Sprint(st.Differences), GPUProviderName("hostr", pci)) {
+		t.Fatalf("fleet status differences %v (%v): want the traitless provider named stale", st.Differences, err)
+	}
+	if err := a.s.Retire(ctx); err != nil {
+		t.Fatalf("retire with a provider cut before its traits: %v", err)
+	}
+	if tree, err := c.Tree(ctx, a.s.top()); err != nil || len(tree) != 0 {
+		t.Fatalf("after retiring, the tree holds %d providers (%v)", len(tree), err)
+	}
+}

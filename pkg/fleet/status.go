@@ -194,7 +194,7 @@ func (s *Syncer) staleProviders(ctx context.Context, tree []placementapi.Provide
 		if err != nil {
 			return nil, fmt.Errorf("traits of %s: %w", p.Name, err)
 		}
-		if contains(traits, TraitManaged) {
+		if contains(traits, TraitManaged) || madeHere(s.top(), p) {
 			diffs = append(diffs, Difference{Kind: DiffProviderStale, Provider: p.Name, Subject: p.UUID, Host: "no such GPU", Placement: "provider"})
 		}
 	}
