@@ -163,20 +163,7 @@ func packageRows(doc string) []archRow {
 // files too: e2e has nothing else), as go list ./... does.
 func packageDirs(root string) ([]string, error) {
 	seen := map[string]bool{}
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			switch d.Name() {
-			case ".git", "testdata", "bin", "node_modules":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") {
-			return nil
-		}
+	err := walkGoFiles(root, func(path string) error {
 		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.PackageClauseOnly|parser.ParseComments)
 		if err != nil {
 			return err
@@ -340,20 +327,7 @@ var docCite = regexp.MustCompile(`([\w./-]*[\w-]+\.md)\b(?:,\s+["“']([^"”']+
 // docCitations reads every comment of every Go file, test files too.
 func docCitations(root string) ([]citation, error) {
 	var out []citation
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			switch d.Name() {
-			case ".git", "testdata", "bin", "node_modules":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") {
-			return nil
-		}
+	err := walkGoFiles(root, func(path string) error {
 		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ParseComments)
 		if err != nil {
 			return err

@@ -132,11 +132,10 @@ func allowedBy(rules []string, dir string) bool {
 	return false
 }
 
-// loadPackages reads every package of the module under root: the doc
-// comment's Imports line and the imports of its non-test files.
-func loadPackages(root string) ([]pkgInfo, error) {
-	byDir := map[string]*pkgInfo{}
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+// walkGoFiles calls fn with every Go file of the module under root, as go
+// list ./... sees them: .git, testdata, bin and node_modules are skipped.
+func walkGoFiles(root string, fn func(path string) error) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -147,7 +146,19 @@ func loadPackages(root string) ([]pkgInfo, error) {
 			}
 			return nil
 		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		return fn(path)
+	})
+}
+
+// loadPackages reads every package of the module under root: the doc
+// comment's Imports line and the imports of its non-test files.
+func loadPackages(root string) ([]pkgInfo, error) {
+	byDir := map[string]*pkgInfo{}
+	err := walkGoFiles(root, func(path string) error {
+		if strings.HasSuffix(path, "_test.go") {
 			return nil
 		}
 		rel, err := filepath.Rel(root, filepath.Dir(path))
