@@ -1,8 +1,10 @@
 // Package libvirtd gives tests a real libvirtd with the QEMU driver: as root
 // it starts virtlogd and libvirtd as child processes of its own, in a private
 // mount namespace, and stops them at cleanup; otherwise it uses a libvirtd
-// already answering on the default socket. It also defines tiny TCG domains
-// that are undefined at cleanup.
+// already answering on the default socket. StartPair starts two such
+// libvirtds that libvirt takes for two hosts (own hostname in a UTS
+// namespace, own host UUID), for migration tests (pair.go). It also defines
+// tiny TCG domains that are undefined at cleanup.
 //
 // Only tests import it (pkg/virt's tests and the e2e suite).
 //
@@ -87,6 +89,10 @@ type Env struct {
 
 	ns *namespace // the private mount namespace (owned Envs)
 
+	// hostname and hostUUID make the Env a host of its own for libvirt
+	// (StartPair); empty for Start's.
+	hostname, hostUUID string
+
 	mu       sync.Mutex
 	libvirtd *proc
 	virtlogd *proc
@@ -120,6 +126,15 @@ func Start(t testing.TB) *Env {
 		e.sweepStale(t)
 		return e
 	}
+	return startOwned(t, "", "")
+}
+
+// startOwned starts virtlogd and libvirtd in a private namespace. A
+// non-empty host gives them a UTS namespace with that hostname and
+// libvirtd the host_uuid hostUUID, so that libvirt takes it for a host of
+// its own (pair.go).
+func startOwned(t testing.TB, host, hostUUID string) *Env {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "vgpud-libvirtd-")
 	if err != nil {
 		t.Fatalf("libvirtd: temp dir: %v", err)
@@ -129,7 +144,7 @@ func Start(t testing.TB) *Env {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatalf("libvirtd: %v", err)
 	}
-	e := &Env{socket: filepath.Join(dir, "libvirt-sock"), owned: true, dir: dir}
+	e := &Env{socket: filepath.Join(dir, "libvirt-sock"), owned: true, dir: dir, hostname: host, hostUUID: hostUUID}
 	t.Cleanup(func() {
 		e.stopAll(t)
 		if t.Failed() {
@@ -144,7 +159,7 @@ func Start(t testing.TB) *Env {
 	if err := e.writeConfig(); err != nil {
 		t.Fatalf("libvirtd: %v", err)
 	}
-	ns, err := newNamespace(dir)
+	ns, err := newNamespace(dir, host)
 	if err != nil {
 		t.Fatalf("libvirtd: %v", err)
 	}
@@ -173,6 +188,12 @@ func cannotStart() string {
 // the QEMU driver's in the private /etc/libvirt.
 func (e *Env) writeConfig() error {
 	conf := fmt.Sprintf("unix_sock_dir = %q\nunix_sock_rw_perms = \"0700\"\nauth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\n", e.dir)
+	if e.hostUUID != "" {
+		// libvirt refuses a migration whose two ends report the same
+		// host UUID (by default the machine's SMBIOS or /etc/machine-id,
+		// shared by every libvirtd on one machine).
+		conf += fmt.Sprintf("host_uuid = %q\n", e.hostUUID)
+	}
 	if f := os.Getenv(debugEnv); f != "" {
 		// libvirtd's own log filter syntax, e.g. "1:qemu 3:*".
 		conf += fmt.Sprintf("log_filters = %q\nlog_outputs = %q\n", f, "1:stderr")

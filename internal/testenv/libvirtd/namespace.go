@@ -23,22 +23,26 @@ var privatePaths = []string{"/etc/libvirt", "/run/libvirt", "/var/lib/libvirt", 
 // system path lives ("/run/libvirt" → "root/run/libvirt").
 func privateDir(p string) string { return filepath.Join("root", p) }
 
-// namespace is a mount namespace held open by a sleeping child process
+// namespace is a mount namespace (and, for an Env that stands for a host of
+// its own, a UTS namespace with that host's name) held open by a sleeping child process
 // (the holder) made with unshare(1); daemons join it with nsenter(1), so a
 // libvirtd restarted by a test finds its predecessor's state (and reattaches
 // to its guests) as libvirtd restarted on a host does.
 type namespace struct {
 	dir    string // the Env's directory: private trees under dir/root
+	uts    bool   // a UTS namespace of its own: libvirtd's hostname differs
 	holder *exec.Cmd
 	done   chan struct{}
 }
 
-// holderScript makes the private directories and bind-mounts them over
-// the system paths, then says "ready" and sleeps until killed. unshare's
+// holderScript sets the hostname when given one (only inside a UTS
+// namespace of its own), makes the private directories and bind-mounts them
+// over the system paths, then says "ready" and sleeps until killed. unshare's
 // --propagation private keeps these mounts from reaching the host and the
 // host's later mounts from reaching in.
 const holderScript = `set -e
-dir=$1; shift
+dir=$1; host=$2; shift 2
+if [ -n "$host" ]; then hostname "$host"; fi
 for p in "$@"; do
 	mkdir -p "$dir/root$p" "$p"
 	mount --bind "$dir/root$p" "$p"
@@ -50,10 +54,17 @@ exec sleep infinity
 // holderTimeout bounds the holder's set-up (a few mounts).
 const holderTimeout = 10 * time.Second
 
-// newNamespace makes the namespace for an Env whose directory is dir.
-func newNamespace(dir string) (*namespace, error) {
-	args := append([]string{"--mount", "--propagation", "private", "--", "sh", "-c", holderScript, "holder", dir}, privatePaths...)
-	cmd := exec.Command("unshare", args...)
+// newNamespace makes the namespace for an Env whose directory is dir. A
+// non-empty hostname gives it a UTS namespace with that name, so libvirtd
+// in it reports a hostname of its own (ConnectGetHostname, migration's
+// same-host check).
+func newNamespace(dir, hostname string) (*namespace, error) {
+	args := []string{"--mount", "--propagation", "private"}
+	if hostname != "" {
+		args = append(args, "--uts")
+	}
+	args = append(args, "--", "sh", "-c", holderScript, "holder", dir, hostname)
+	cmd := exec.Command("unshare", append(args, privatePaths...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -65,7 +76,7 @@ func newNamespace(dir string) (*namespace, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the mount namespace holder (unshare): %w", err)
 	}
-	ns := &namespace{dir: dir, holder: cmd, done: make(chan struct{})}
+	ns := &namespace{dir: dir, uts: hostname != "", holder: cmd, done: make(chan struct{})}
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(out).ReadString('\n')
@@ -90,14 +101,19 @@ func newNamespace(dir string) (*namespace, error) {
 }
 
 // command runs name in the namespace. nsenter joins it and then execs name
-// (no fork for a mount namespace), so the process is the daemon itself.
+// (no fork for mount and UTS namespaces), so the process is the daemon
+// itself.
 // A nil namespace runs name as it is.
 func (ns *namespace) command(name string, args ...string) *exec.Cmd {
 	if ns == nil {
 		return exec.Command(name, args...)
 	}
 	pid := strconv.Itoa(ns.holder.Process.Pid)
-	return exec.Command("nsenter", append([]string{"--target", pid, "--mount", "--", name}, args...)...)
+	opts := []string{"--target", pid, "--mount"}
+	if ns.uts {
+		opts = append(opts, "--uts")
+	}
+	return exec.Command("nsenter", append(append(opts, "--", name), args...)...)
 }
 
 // path is where a path inside the namespace is seen from outside: a path
