@@ -242,7 +242,7 @@ type MigrationProgress struct {
 	// Active says a job runs (a migration, or another job libvirt
 	// reports the same way).
 	Active bool
-	// Operation is libvirt's virDomainJobOperation (4: outgoing
+	// Operation is libvirt's virDomainJobOperation (5: outgoing
 	// migration).
 	Operation int
 	Elapsed   time.Duration
@@ -287,7 +287,7 @@ func (c *Conn) MigrationProgress(ctx context.Context, ref string) (MigrationProg
 }
 
 func progressFrom(typ libvirt.DomainJobType, params []libvirt.TypedParam) MigrationProgress {
-	p := MigrationProgress{Active: typ != libvirt.DomainJobNone && typ != libvirt.DomainJobCompleted}
+	p := MigrationProgress{Active: typ == libvirt.DomainJobBounded || typ == libvirt.DomainJobUnbounded}
 	u := map[string]*uint64{
 		libvirt.DomainJobDataTotal:           &p.DataTotal,
 		libvirt.DomainJobDataProcessed:       &p.DataProcessed,

@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 )
 
 // Version is a dotted version: libvirt's, QEMU's or the kernel's.
@@ -232,13 +233,18 @@ func (r *rpc) holdsVFIO(d libvirt.Domain) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if live.Devices == nil {
-		return false, nil
+	return hasVFIOHostdev(live), nil
+}
+
+// hasVFIOHostdev reports whether def holds an mdev or PCI hostdev.
+func hasVFIOHostdev(def *libvirtxml.Domain) bool {
+	if def == nil || def.Devices == nil {
+		return false
 	}
-	for i := range live.Devices.Hostdevs {
-		if _, ok := hostdevFromXML(&live.Devices.Hostdevs[i]); ok {
-			return true, nil
+	for i := range def.Devices.Hostdevs {
+		if _, ok := hostdevFromXML(&def.Devices.Hostdevs[i]); ok {
+			return true
 		}
 	}
-	return false, nil
+	return false
 }
