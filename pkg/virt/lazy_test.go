@@ -45,6 +45,17 @@ func TestLazyNotConnected(t *testing.T) {
 		{"Attach", func(ctx context.Context) error { _, err := l.Attach(ctx, "vm", mdevA, "inst-1"); return err }},
 		{"Detach", func(ctx context.Context) error { return l.Detach(ctx, "vm", mdevA, "inst-1") }},
 		{"Attached", func(ctx context.Context) error { _, err := l.Attached(ctx, "vm"); return err }},
+		{"DomainXML", func(ctx context.Context) error { _, err := l.DomainXML(ctx, "vm", true); return err }},
+		{"DestinationXML", func(ctx context.Context) error { _, err := l.DestinationXML(ctx, "vm", mdevA, mdevB, ""); return err }},
+		{"HostVersions", func(ctx context.Context) error { _, err := l.HostVersions(ctx); return err }},
+		{"PrecheckLive", func(ctx context.Context) error { return l.PrecheckLive(ctx, "vm", virt.HostVersions{}) }},
+		{"MigrateLive", func(ctx context.Context) error {
+			return l.MigrateLive(ctx, "vm", virt.LiveMigration{DestURI: "qemu+tls://b/system"})
+		}},
+		{"MigrationProgress", func(ctx context.Context) error { _, err := l.MigrationProgress(ctx, "vm"); return err }},
+		{"AbortMigration", func(ctx context.Context) error { return l.AbortMigration(ctx, "vm") }},
+		{"DefineMigrated", func(ctx context.Context) error { _, err := l.DefineMigrated(ctx, "<domain/>"); return err }},
+		{"UndefineMigrated", func(ctx context.Context) error { return l.UndefineMigrated(ctx, "vm") }},
 	}
 	for _, c := range calls {
 		t.Run(c.name+"/after ReconnectWait", func(t *testing.T) {

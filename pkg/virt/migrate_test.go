@@ -111,6 +111,32 @@ func TestMigrateOffline(t *testing.T) {
 		}
 	})
 
+	t.Run("the halves refuse a running domain and bad XML", func(t *testing.T) {
+		d := dstEnv.DefineDomain(t, "mig-define-running")
+		dstEnv.StartDomain(t, d.Name)
+		doc, err := dst.DomainXML(ctx, d.Name, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The same UUID arriving while it runs here must not replace its
+		// configuration.
+		if _, err := dst.DefineMigrated(ctx, doc); !errors.Is(err, virt.ErrDomainRunning) {
+			t.Fatalf("DefineMigrated over a running domain: %v, want ErrDomainRunning", err)
+		}
+		if err := dst.UndefineMigrated(ctx, d.Name); !errors.Is(err, virt.ErrDomainRunning) {
+			t.Fatalf("UndefineMigrated of a running domain: %v, want ErrDomainRunning", err)
+		}
+		if _, err := dst.DefineMigrated(ctx, "<domain><name>x</name></domain>"); !errors.Is(err, virt.ErrBadDestXML) {
+			t.Fatalf("DefineMigrated without a UUID: %v, want ErrBadDestXML", err)
+		}
+		if err := dst.UndefineMigrated(ctx, "mig-no-such-domain"); err != nil {
+			t.Fatalf("UndefineMigrated of a domain already gone: %v", err)
+		}
+		if got := strings.TrimSpace(dstEnv.Virsh(t, "domstate", d.Name)); got != "running" {
+			t.Fatalf("domstate = %q after the refusals", got)
+		}
+	})
+
 	t.Run("another domain's XML refused", func(t *testing.T) {
 		d := srcEnv.DefineDomain(t, "mig-offline-other")
 		other := libvirtd.TinyDomain("mig-offline-impostor")

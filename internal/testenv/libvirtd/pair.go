@@ -45,8 +45,8 @@ func StartPair(t testing.TB) (src, dst *Env) {
 	return src, dst
 }
 
-// Hostname is the hostname libvirtd reports: the machine's for an Env from
-// Start, its own for one from StartPair.
+// Hostname is the hostname of an Env from StartPair, which its libvirtd
+// reports; "" for one from Start (whose libvirtd reports the machine's).
 func (e *Env) Hostname() string { return e.hostname }
 
 // HostUUID is the host_uuid in libvirtd.conf ("" when libvirt derives it
