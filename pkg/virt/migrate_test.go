@@ -269,6 +269,10 @@ func TestMigrateLive(t *testing.T) {
 			t.Fatalf("MigrateLive after abort: %v, want ErrMigrationAborted", err)
 		}
 		assertStayed(t, ctx, src, dst, d.Name)
+		// The downtime bound was set before the migration started.
+		if got := strings.TrimSpace(srcEnv.Virsh(t, "migrate-getmaxdowntime", d.Name)); got != "500" {
+			t.Fatalf("max downtime = %q ms, want 500", got)
+		}
 	})
 
 	t.Run("deadline aborts", func(t *testing.T) {
