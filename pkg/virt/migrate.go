@@ -253,7 +253,7 @@ type MigrationProgress struct {
 	// Memory* count the guest memory; MemoryIteration is the pre-copy
 	// pass.
 	MemoryTotal, MemoryProcessed, MemoryRemaining, MemoryIteration uint64
-	// VFIOData is the device state moved so far (libvirt 10.2 and later).
+	// VFIOData is the device state moved so far (libvirt 10.6 and later).
 	VFIOData uint64
 }
 

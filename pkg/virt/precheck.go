@@ -67,9 +67,9 @@ type HostVersions struct {
 }
 
 // Oldest versions that migrate a running domain with a VFIO device (a
-// vGPU's mdev or VF): QEMU's VFIO migration left experimental in 8.1,
-// libvirt allows migrating a domain with a hostdev from 8.6, and the
-// kernel's VFIO migration uAPI v2 is 5.18's.
+// vGPU's mdev or VF): QEMU's VFIO migration is no longer experimental from
+// 8.1, the kernel's VFIO migration interface (version 2) is 5.18's, and
+// libvirt 8.6 is the oldest vgpud moves such a domain with.
 var (
 	MinQEMUVFIOMigration    = Version{8, 1, 0}
 	MinLibvirtVFIOMigration = Version{8, 6, 0}
