@@ -161,14 +161,15 @@ type (
 			Pending     bool   `json:"pending,omitempty"`
 		} `json:"scheduler,omitempty"`
 		GPUInstanceSchedulers []struct {
-			GPUInstance int    `json:"gpuInstance"`
-			Profile     string `json:"profile,omitempty"`
-			Start       int    `json:"start"`
-			Size        int    `json:"size"`
-			Mode        string `json:"mode"`
-			Policy      string `json:"policy,omitempty"`
-			TimesliceNs int64  `json:"timesliceNs,omitempty"`
-			Pending     bool   `json:"pending,omitempty"`
+			GPUInstance     int    `json:"gpuInstance"`
+			LastGPUInstance int    `json:"lastGPUInstance"`
+			Profile         string `json:"profile,omitempty"`
+			Start           int    `json:"start"`
+			Size            int    `json:"size"`
+			Mode            string `json:"mode"`
+			Policy          string `json:"policy,omitempty"`
+			TimesliceNs     int64  `json:"timesliceNs,omitempty"`
+			Pending         bool   `json:"pending,omitempty"`
 		} `json:"gpuInstanceSchedulers,omitempty"`
 	}
 

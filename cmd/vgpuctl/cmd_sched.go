@@ -30,8 +30,9 @@ func (a *app) gpuSchedulerCmd() *cobra.Command {
 	var mode, policy string
 	var timeslice time.Duration
 	var gi int
+	var clear bool
 	cmd := &cobra.Command{
-		Use:   "scheduler GPU [--gpu-instance N] [--policy POLICY [--timeslice DURATION]] [--mode pinned|adaptive]",
+		Use:   "scheduler GPU [--gpu-instance N] [--policy POLICY [--timeslice DURATION]] [--mode pinned|adaptive] [--clear]",
 		Short: "Pin a GPU's (or GPU instance's) vGPU scheduler policy and time slice, or hand it to the share loop",
 		Long: `Pin the time-sliced vGPU scheduler of a GPU to a policy (best_effort,
 equal_share or fixed_share) and time slice (--timeslice 2ms; the driver's
@@ -49,17 +50,28 @@ mode) the setting is the scheduler of GPU instance N (gpu show lists them),
 under which that GPU instance's vGPUs take turns. It is kept by the GPU
 instance's profile and placement and set again on the GPU instance there when
 it is re-created (a reboot, a reconcile) or the driver reloads. The driver takes
-it only while no VM runs in the GPU instance (pending until then). --mode
-adaptive drops the pin: the driver's setting stays.`,
+it only while no VM runs in the GPU instance (pending until then). --clear (or
+--mode adaptive) drops the pin: the driver's setting stays. vgpud drops the pin
+itself when it destroys the GPU instance (its last vGPU destroyed) or turns MIG
+off on the GPU. A pin whose GPU instance went otherwise (destroyed by hand)
+stays pending, shown by gpu show with the id its GPU instance had; --clear
+with that id drops it.`,
 		Example: `  vgpuctl gpu scheduler 0000:81:00.0 --policy fixed_share --timeslice 2ms
   vgpuctl gpu scheduler 0000:81:00.0 --mode adaptive
-  vgpuctl gpu scheduler 0000:c1:00.0 --gpu-instance 3 --policy equal_share --timeslice 5ms`,
+  vgpuctl gpu scheduler 0000:c1:00.0 --gpu-instance 3 --policy equal_share --timeslice 5ms
+  vgpuctl gpu scheduler 0000:c1:00.0 --gpu-instance 3 --clear`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeGPUs,
 		RunE: a.withAPI(func(ctx context.Context, c api, cmd *cobra.Command, args []string) error {
+			if clear {
+				if mode != "" || policy != "" || timeslice != 0 {
+					return usagef("--clear drops the pin: give neither --mode, --policy nor --timeslice")
+				}
+				mode = "adaptive"
+			}
 			switch {
 			case mode == "" && policy == "":
-				return usagef("give --policy (best_effort, equal_share, fixed_share) to pin the scheduler, or --mode adaptive")
+				return usagef("give --policy (best_effort, equal_share, fixed_share) to pin the scheduler, or --mode adaptive (--clear)")
 			case mode != "" && mode != "pinned" && mode != "adaptive":
 				return usagef("--mode %q: want pinned or adaptive", mode)
 			case mode == "adaptive" && (policy != "" || timeslice != 0):
@@ -100,6 +112,7 @@ adaptive drops the pin: the driver's setting stays.`,
 	f.DurationVar(&timeslice, "timeslice", 0, "time slice set with the policy, 1ms..30ms in whole microseconds, e.g. 2ms; 0s keeps the driver's")
 	f.StringVar(&mode, "mode", "", "pinned (the default with --policy) or adaptive (the share loop chooses)")
 	f.IntVar(&gi, "gpu-instance", 0, "the scheduler of this GPU instance (Blackwell GB20x in MIG mode), not the GPU's")
+	f.BoolVar(&clear, "clear", false, "drop the pin (the same as --mode adaptive); with --gpu-instance also the pin of a GPU instance that is gone")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions([]string{"best_effort", "equal_share", "fixed_share"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"pinned", "adaptive"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -162,6 +175,9 @@ func giSchedLines(w io.Writer, ss []dbusapi.GPUInstanceScheduler) {
 		what := fmt.Sprintf("GPU instance %d", s.GPUInstance)
 		if s.GPUInstance < 0 {
 			what = fmt.Sprintf("GPU instance %s at %d (none there now)", dash(s.Profile), s.Start)
+			if s.LastGPUInstance >= 0 {
+				what = fmt.Sprintf("GPU instance %d, %s at %d (gone; --gpu-instance %d --clear drops its pin)", s.LastGPUInstance, dash(s.Profile), s.Start, s.LastGPUInstance)
+			}
 		}
 		cell := "not pinned (the driver's setting)"
 		if s.Mode == "pinned" {

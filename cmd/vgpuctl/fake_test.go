@@ -36,6 +36,9 @@ type fake struct {
 	// held, when set, is the scheduler GPU reports for every GPU (what
 	// the daemon holds after a pin).
 	held *dbusapi.GPUSchedulerState
+	// giScheds, when set, are the GPU instance schedulers GPU reports for
+	// every GPU.
+	giScheds []dbusapi.GPUInstanceScheduler
 	// behind is what creates and destroys left Placement behind on.
 	behind string
 }
@@ -117,6 +120,9 @@ func (f *fake) GPU(_ context.Context, id string) (dbusapi.GPU, error) {
 		if g.PCI == id {
 			if f.held != nil {
 				g.Scheduler = f.held
+			}
+			if f.giScheds != nil {
+				g.GPUInstanceSchedulers = f.giScheds
 			}
 			return g, nil
 		}

@@ -594,3 +594,28 @@ func TestPlacementBehindIsReported(t *testing.T) {
 		}
 	}
 }
+
+// gpu scheduler --gpu-instance N --clear drops the pin (the call is
+// adaptive), also of a GPU instance that is gone; gpu show names such a
+// pin by the id its GPU instance had and says how to drop it. --clear
+// with a setting is a usage error with no call.
+func TestGPUInstanceSchedulerClear(t *testing.T) {
+	f := &fake{}
+	for _, args := range [][]string{{"--policy", "equal_share"}, {"--mode", "pinned"}, {"--timeslice", "5ms"}} {
+		if _, errOut, code := runFake(f, append([]string{"gpu", "scheduler", "0000:41:00.0", "--gpu-instance", "5", "--clear"}, args...)...); code != exitUsage || len(f.calls) != 0 {
+			t.Errorf("--clear %v: exit %d, calls %v, %s; want a usage error and no call", args, code, f.calls, errOut)
+		}
+	}
+	out, errOut, code := runFake(f, "gpu", "scheduler", "0000:41:00.0", "--gpu-instance", "5", "--clear")
+	if code != 0 || f.lastCall() != `SetGPUInstanceScheduler 0000:41:00.0 5 "adaptive" "" 0s` || !strings.Contains(out, "GPU instance 5 is not pinned") {
+		t.Fatalf("--clear: exit %d, call %q, out %q, err %q", code, f.lastCall(), out, errOut)
+	}
+	f = &fake{giScheds: []dbusapi.GPUInstanceScheduler{
+		{GPUInstance: 3, Profile: "1g.24gb+gfx", Start: 0, Size: 3, LastGPUInstance: 3, GPUSchedulerState: dbusapi.GPUSchedulerState{Mode: "adaptive"}},
+		{GPUInstance: -1, Profile: "1g.24gb+gfx", Start: 3, Size: 3, LastGPUInstance: 5, GPUSchedulerState: dbusapi.GPUSchedulerState{Mode: "pinned", Policy: "equal_share", Pending: true}},
+	}}
+	out, _, code = runFake(f, "gpu", "show", "0000:41:00.0")
+	if want := "GPU instance 5, 1g.24gb+gfx at 3 (gone; --gpu-instance 5 --clear drops its pin) scheduler: pinned: equal_share (the driver's time slice), pending"; code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("gpu show: exit %d, out %q; want %q", code, out, want)
+	}
+}

@@ -924,8 +924,18 @@ func gpuFrom(p map[string]dbus.Variant) GPU {
 	if v, ok := p["GPUInstanceSchedulers"]; ok {
 		_ = v.Store(&scheds)
 	}
-	for _, x := range scheds {
+	var lastIDs []int32
+	if v, ok := p["GPUInstanceSchedulerLastIDs"]; ok {
+		_ = v.Store(&lastIDs)
+	}
+	for i, x := range scheds {
+		last := int(x.ID)
+		if i < len(lastIDs) {
+			// A service older than the property leaves it out.
+			last = int(lastIDs[i])
+		}
 		g.GPUInstanceSchedulers = append(g.GPUInstanceSchedulers, GPUInstanceScheduler{GPUInstance: int(x.ID), Profile: x.Profile, Start: int(x.Start), Size: int(x.Size),
+			LastGPUInstance:   last,
 			GPUSchedulerState: GPUSchedulerState{Mode: x.Mode, Policy: x.Policy, Timeslice: time.Duration(x.TimesliceUsec) * time.Microsecond, Pending: x.Pending}})
 	}
 	return g

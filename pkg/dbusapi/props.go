@@ -131,6 +131,13 @@ var gpuProps = []prop[manager.GPUView]{
 		}
 		return out
 	}},
+	{name: "GPUInstanceSchedulerLastIDs", doc: "For each entry of GPUInstanceSchedulers, in the same order, the id its GPU instance last had: the entry's own for a GPU instance on the GPU; for a pin whose GPU instance is gone, the id that GPU instance had, by which SetGPUInstanceScheduler drops the pin (-1: not known, a pin recorded by an older version).", get: func(g *manager.GPUView) any {
+		out := []int32{}
+		for _, v := range g.GPUInstanceSchedulers {
+			out = append(out, int32(v.LastGPUInstance))
+		}
+		return out
+	}},
 	{name: "TotalVFs", doc: "SR-IOV virtual functions the GPU offers.", get: func(g *manager.GPUView) any { return int32(g.VGPU.TotalVFs) }},
 	{name: "NumVFs", doc: "SR-IOV virtual functions enabled now.", get: func(g *manager.GPUView) any { return int32(g.VGPU.NumVFs) }},
 	{name: "Instances", doc: "Objects of the vgpud instances on this GPU.", get: func(g *manager.GPUView) any { return instancePaths(g.Instances) }},

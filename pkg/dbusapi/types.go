@@ -84,6 +84,10 @@ type GPUInstanceScheduler struct {
 	Profile     string `json:"profile,omitempty"`
 	Start       int    `json:"start"`
 	Size        int    `json:"size"`
+	// LastGPUInstance is, for a pin whose GPU instance is gone, the id
+	// that GPU instance last had (the one to drop the pin by); -1 where
+	// not known. For a GPU instance on the GPU it is GPUInstance.
+	LastGPUInstance int `json:"lastGPUInstance"`
 	GPUSchedulerState
 }
 

@@ -173,6 +173,7 @@ func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent 
 		return classify(forgot, "forget instance %s", rec.UUID)
 	}
 	m.log.Info("destroyed", "instance", rec.UUID, "tenant", rec.Tenant, "gpu", rec.GPUPCI)
+	m.dropPinAfterDestroy(rec)
 	m.emit(Event{Kind: EventInstanceRemoved, ID: rec.UUID})
 	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "destroy", Took: m.now().Sub(started)})
 	// Destroy removes the allocation, as create claims first: a

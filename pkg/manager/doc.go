@@ -42,7 +42,9 @@
 //   - gpus.go: GPU operations (MIG mode, heterogeneous mode, failed and
 //     lost GPUs, clear); sched.go: vGPU scheduler pins; sched_gi.go: the
 //     pins of GPU instances' schedulers (Blackwell GB20x), set again when
-//     a GPU instance is re-created or the driver reloads; migreset.go:
+//     a GPU instance is re-created or the driver reloads;
+//     sched_gi_gone.go: those pins dropped with their GPU instance (its
+//     destroy, MIG off) or, once it is gone, by its last id; migreset.go:
 //     a MIG mode change carried through a GPU reset (the VFs and vgpud's
 //     NVML session let go around it), finished at restart
 //   - tenants.go: tenants and quotas; args.go: argument checks and names

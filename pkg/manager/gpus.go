@@ -153,6 +153,9 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 		// with nothing pending, whatever the driver's activation status
 		// said about the pending mode it was given.
 		m.log.Info("MIG mode set: a pending change to it was undone", "gpu", g.PCI, "on", on)
+		if !on {
+			m.dropPinsAfterMIGOff(g)
+		}
 		return nil
 	}
 	if errors.Is(err, gpu.ErrResetRequired) {
@@ -166,6 +169,9 @@ func (m *Manager) SetMIGMode(ctx context.Context, id string, on bool) error {
 		return classify(err, "set MIG mode on GPU %s", g.PCI)
 	}
 	m.log.Info("MIG mode set", "gpu", g.PCI, "on", on)
+	if !on {
+		m.dropPinsAfterMIGOff(g)
+	}
 	return nil
 }
 

@@ -287,6 +287,9 @@ func (m *Manager) resolveMIGMode(ctx context.Context, it store.Intent, rep *Reco
 		return nil
 	}
 	m.log.Info("MIG mode change cut off by a restart: finished", "gpu", p.PCI, "on", p.On)
+	if g := m.hostGPU(p.GPU); !p.On && g != nil && !g.MIG.Enabled {
+		m.dropPinsAfterMIGOff(*g)
+	}
 	if err := m.applyVGPUModes(ctx, rep); err != nil {
 		return err
 	}

@@ -40,6 +40,11 @@ type GPUInstanceSchedulerView struct {
 	Profile     string `json:"profile,omitempty"`
 	Start       int    `json:"start"`
 	Size        int    `json:"size"`
+	// LastGPUInstance is, for a pin whose GPU instance is gone
+	// (GPUInstance -1), the id that GPU instance last had, by which an
+	// operator drops the pin; -1 where not recorded. For a GPU instance
+	// on the GPU it is GPUInstance.
+	LastGPUInstance int `json:"lastGPUInstance"`
 	SchedulerView
 }
 
@@ -76,6 +81,14 @@ func (m *Manager) SetGPUInstanceScheduler(ctx context.Context, id string, giID i
 	g, err := m.gpuByAnyID(id)
 	if err != nil {
 		return GPUInstanceSchedulerView{}, err
+	}
+	if want == nil {
+		// Dropping a pin needs no driver: one whose GPU instance is gone
+		// (destroyed behind vgpud's back, MIG off) is dropped by the id
+		// it last had.
+		if v, gone, err := m.dropIfGone(ctx, g, giID); gone {
+			return v, err
+		}
 	}
 	if err := m.giSchedulerUsable(&g); err != nil {
 		return GPUInstanceSchedulerView{}, err
@@ -226,7 +239,8 @@ func (m *Manager) putGISchedulerRecord(g gpu.GPU, x gpu.GPUInstance, s *gpu.VGPU
 			}
 		}
 		if s != nil {
-			kept = append(kept, store.GPUInstanceScheduler{ProfileID: x.ProfileID, Start: x.Placement.Start, Size: x.Placement.Size,
+			id := x.ID
+			kept = append(kept, store.GPUInstanceScheduler{ProfileID: x.ProfileID, Start: x.Placement.Start, Size: x.Placement.Size, GPUInstance: &id,
 				Scheduler: store.Scheduler{Policy: s.Policy, Timeslice: s.Timeslice, Since: m.now()}})
 			sort.Slice(kept, func(i, j int) bool { return kept[i].Start < kept[j].Start })
 		}
@@ -249,7 +263,7 @@ func (m *Manager) giSchedulerView(g gpu.GPU, x gpu.GPUInstance) GPUInstanceSched
 		}
 	}
 	return GPUInstanceSchedulerView{GPUInstance: x.ID, ProfileID: x.ProfileID, Profile: x.Profile, Start: x.Placement.Start, Size: x.Placement.Size,
-		SchedulerView: SchedulerView{Mode: SchedAdaptive}}
+		LastGPUInstance: x.ID, SchedulerView: SchedulerView{Mode: SchedAdaptive}}
 }
 
 // giSchedulerViews lists the schedulers of g's GPU instances that host
@@ -268,7 +282,7 @@ func (m *Manager) giSchedulerViews(g gpu.GPU, pins []store.GPUInstanceScheduler)
 				continue
 			}
 			v := GPUInstanceSchedulerView{GPUInstance: x.ID, ProfileID: x.ProfileID, Profile: x.Profile, Start: x.Placement.Start, Size: x.Placement.Size,
-				SchedulerView: SchedulerView{Mode: SchedAdaptive}}
+				LastGPUInstance: x.ID, SchedulerView: SchedulerView{Mode: SchedAdaptive}}
 			for i, p := range pins {
 				if p.ProfileID == x.ProfileID && p.Start == x.Placement.Start {
 					used[i] = true
@@ -284,13 +298,16 @@ func (m *Manager) giSchedulerViews(g gpu.GPU, pins []store.GPUInstanceScheduler)
 			continue
 		}
 		s := p.Scheduler
-		v := GPUInstanceSchedulerView{GPUInstance: -1, ProfileID: p.ProfileID, Start: p.Start, Size: p.Size, SchedulerView: schedulerViewOf(&s, "")}
+		v := GPUInstanceSchedulerView{GPUInstance: -1, ProfileID: p.ProfileID, Start: p.Start, Size: p.Size, LastGPUInstance: pinID(p), SchedulerView: schedulerViewOf(&s, "")}
 		if md != nil {
 			if gp, ok := md.GPUInstanceProfileByID(p.ProfileID); ok {
 				v.Profile = gp.Name
 			}
 		}
 		v.Pending, v.PendingWhy = true, "no such GPU instance on the GPU now; set when one is created at this placement"
+		if p.GPUInstance != nil {
+			v.PendingWhy += fmt.Sprintf(", or dropped by the id its GPU instance last had (%d)", *p.GPUInstance)
+		}
 		out = append(out, v)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Start < out[j].Start })
@@ -349,6 +366,9 @@ func (m *Manager) applyGPUInstanceScheduler(ctx context.Context, gpuUUID string,
 	if !ok {
 		m.gischeds.set(key, "")
 		return "" // no GPU instance there now: set when one is created
+	}
+	if p.GPUInstance == nil || *p.GPUInstance != x.ID {
+		m.notePinID(*g, p, x.ID)
 	}
 	want := gpu.VGPUScheduler{Policy: p.Policy, Timeslice: p.Timeslice}
 	cur, err := m.gisched.GPUInstanceScheduler(ctx, gpuUUID, x.ID)

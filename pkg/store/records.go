@@ -152,6 +152,10 @@ type GPUInstanceScheduler struct {
 	ProfileID int `json:"profileID"`
 	Start     int `json:"start"`
 	Size      int `json:"size"`
+	// GPUInstance is the id of the GPU instance at the placement when it
+	// was last seen there (nil in records of older versions): the id an
+	// operator names the pin by once that GPU instance is gone.
+	GPUInstance *int `json:"gpuInstance,omitempty"`
 	Scheduler
 }
 
