@@ -51,7 +51,8 @@ under which that GPU instance's vGPUs take turns. It is kept by the GPU
 instance's profile and placement and set again on the GPU instance there when
 it is re-created (a reboot, a reconcile) or the driver reloads. The driver takes
 it only while no VM runs in the GPU instance (pending until then). --clear (or
---mode adaptive) drops the pin: the driver's setting stays. vgpud drops the pin
+--mode adaptive) drops the pin: the share loop steers the GPU instance's
+scheduler again (where the driver allows it). vgpud drops the pin
 itself when it destroys the GPU instance (its last vGPU destroyed) or turns MIG
 off on the GPU. A pin whose GPU instance went otherwise (destroyed by hand)
 stays pending, shown by gpu show with the id its GPU instance had; --clear
@@ -137,7 +138,7 @@ func schedText(w io.Writer, d schedDoc) error {
 	}
 	switch {
 	case d.Mode != "pinned" && d.GPUInstance != nil:
-		_, err = fmt.Fprintf(w, "vGPU scheduler of %s is not pinned: the driver's setting stays\n", what)
+		_, err = fmt.Fprintf(w, "vGPU scheduler of %s is not pinned: the share loop steers it\n", what)
 	case d.Mode != "pinned":
 		_, err = fmt.Fprintf(w, "vGPU scheduler of %s is adaptive: the share loop chooses its policy\n", what)
 	case d.Pending:
@@ -179,7 +180,7 @@ func giSchedLines(w io.Writer, ss []dbusapi.GPUInstanceScheduler) {
 				what = fmt.Sprintf("GPU instance %d, %s at %d (gone; --gpu-instance %d --clear drops its pin)", s.LastGPUInstance, dash(s.Profile), s.Start, s.LastGPUInstance)
 			}
 		}
-		cell := "not pinned (the driver's setting)"
+		cell := "not pinned (the share loop steers it)"
 		if s.Mode == "pinned" {
 			cell = "pinned: " + schedSetting(s.Policy, s.Timeslice)
 			if s.Pending {

@@ -33,7 +33,7 @@ type GPUInstanceSchedulerBackend interface {
 // GPUInstanceSchedulerView is one GPU instance's scheduler as vgpud
 // manages it: a pinned setting (with the GPU instance it applies to now,
 // -1 while none is at its placement), or adaptive for a GPU instance
-// nothing pins (the driver's setting stays).
+// nothing pins (the share loop steers it).
 type GPUInstanceSchedulerView struct {
 	GPUInstance int    `json:"gpuInstance"`
 	ProfileID   int    `json:"profileID"`
@@ -121,7 +121,7 @@ func (m *Manager) SetGPUInstanceScheduler(ctx context.Context, id string, giID i
 		}
 		m.gischeds.set(key, "")
 		m.log.Info("GPU instance scheduler pin dropped", "gpu", g.PCI, "gpuInstance", giID)
-		m.emit(Event{Kind: EventPolicySwitched, ID: g.UUID, Op: SchedAdaptive, Detail: fmt.Sprintf("GPU %s GPU instance %d: scheduler pin dropped (the driver's setting stays)", g.PCI, giID)})
+		m.emit(Event{Kind: EventPolicySwitched, ID: g.UUID, Op: SchedAdaptive, Detail: fmt.Sprintf("GPU %s GPU instance %d: scheduler pin dropped (the share loop steers it)", g.PCI, giID)})
 		m.emit(Event{Kind: EventGPUChanged, ID: g.UUID})
 		return m.giSchedulerView(g, x), nil
 	}

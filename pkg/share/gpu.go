@@ -36,6 +36,8 @@ type gpuPoller struct {
 	explained bool          // the unsupported scheduler was logged
 	// unsupportedLogged: a wanted policy the GPU does not offer was logged.
 	unsupportedLogged map[Policy]bool
+	// gis are the schedulers of the GPU's GPU instances (gisched.go).
+	gis map[int]*giPoller
 
 	// scheduler log
 	logSeen    bool
@@ -515,7 +517,8 @@ func (p *gpuPoller) acc(uuid string) *instAcc {
 func (p *gpuPoller) view(shares []InstanceShare) GPUShares {
 	g := GPUShares{UUID: p.uuid, Supported: p.supported, SupportReason: p.reason, Policy: Unknown, Desired: p.desired,
 		Switches: map[[2]Policy]uint64{}, Refusals: map[Policy]map[string]uint64{}, ClockEventSeconds: map[string]float64{},
-		LogEntries: p.logEntries, LogOverruns: p.overruns, UnmatchedRunSeconds: p.unmatchedRun.Seconds(), SMMHz: p.smMHz, HasTelemetry: p.hasTel, Telemetry: p.tel, ActiveVGPUs: p.active}
+		LogEntries: p.logEntries, LogOverruns: p.overruns, UnmatchedRunSeconds: p.unmatchedRun.Seconds(), SMMHz: p.smMHz, HasTelemetry: p.hasTel, Telemetry: p.tel, ActiveVGPUs: p.active,
+		GPUInstances: p.giViews()}
 	if p.capsRead && !p.supported {
 		g.Policy, g.Desired = Unsupported, Unsupported
 	} else if p.stateRead {

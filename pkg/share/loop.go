@@ -188,6 +188,7 @@ func (l *Loop) Step(ctx context.Context) error {
 	l.each(func(p *gpuPoller) {
 		s := p.closeWindow(ctx, now, window, byGPU[p.uuid])
 		p.decide(ctx, now, window, byGPU[p.uuid], s)
+		p.decideGIs(ctx, now, window, byGPU[p.uuid], s)
 		v := p.view(s)
 		mu.Lock()
 		shares = append(shares, s...)

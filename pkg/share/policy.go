@@ -56,12 +56,29 @@ func (p *gpuPoller) decide(ctx context.Context, now time.Time, window time.Durat
 // FIXED_SHARE when a guaranteed instance stays starved for Hold, back when
 // the GPU stays without contention for ReleaseHold.
 func (p *gpuPoller) adapt(window time.Duration, shares []InstanceShare) (Policy, string) {
-	cfg := &p.l.cfg
-	if p.desired != FixedShare && p.desired != cfg.SharedPolicy {
+	a := adaptState{desired: p.desired, starved: p.starved, calm: p.calm}
+	to, why := a.next(&p.l.cfg, p.state.Policy, window, shares, 1)
+	p.desired, p.starved, p.calm = a.desired, a.starved, a.calm
+	return to, why
+}
+
+// adaptState is what the adaptive mode remembers of one scheduler (a
+// GPU's, or a GPU instance's) between windows.
+type adaptState struct {
+	desired       Policy
+	starved, calm time.Duration
+}
+
+// next is the adaptive mode's state machine over one scheduler's
+// instances: cur is the driver's policy now, capacity the share of the
+// GPU the scheduler divides (1 for the GPU's, a GPU instance's slices
+// over the grid for its own), against which their demand is contention.
+func (a *adaptState) next(cfg *Config, cur Policy, window time.Duration, shares []InstanceShare, capacity float64) (Policy, string) {
+	if a.desired != FixedShare && a.desired != cfg.SharedPolicy {
 		// First decision: keep a fixed share someone set; else start shared.
-		p.desired = cfg.SharedPolicy
-		if p.state.Policy == FixedShare {
-			p.desired = FixedShare
+		a.desired = cfg.SharedPolicy
+		if cur == FixedShare {
+			a.desired = FixedShare
 		}
 	}
 	var worst *InstanceShare
@@ -84,26 +101,26 @@ func (p *gpuPoller) adapt(window time.Duration, shares []InstanceShare) (Policy,
 			}
 		}
 	}
-	contention := saturated >= 2 || demand > 1
-	if p.desired == FixedShare {
+	contention := saturated >= 2 || demand > capacity
+	if a.desired == FixedShare {
 		if calm && !contention {
-			p.calm += window
+			a.calm += window
 		} else {
-			p.calm = 0
+			a.calm = 0
 		}
-		if p.calm >= cfg.ReleaseHold {
-			p.calm, p.starved = 0, 0
+		if a.calm >= cfg.ReleaseHold {
+			a.calm, a.starved = 0, 0
 			return cfg.SharedPolicy, fmt.Sprintf("no contention for %v (hysteresis)", cfg.ReleaseHold)
 		}
 		return FixedShare, "keeping fixed share while there is contention"
 	}
 	if worst != nil && worst.Interference > cfg.Threshold {
-		p.starved += window
+		a.starved += window
 	} else {
-		p.starved = 0
+		a.starved = 0
 	}
-	if p.starved >= cfg.Hold && worst != nil {
-		p.starved, p.calm = 0, 0
+	if a.starved >= cfg.Hold && worst != nil {
+		a.starved, a.calm = 0, 0
 		return FixedShare, fmt.Sprintf("guaranteed instance %s of tenant %s starved: interference %.2f > %.2f for %v",
 			worst.UUID, worst.Tenant, worst.Interference, cfg.Threshold, cfg.Hold)
 	}

@@ -146,7 +146,7 @@ type GPU struct {
 	PinnedPending bool
 	// GPUInstanceSchedulers are the schedulers of the GPU's GPU instances
 	// that host vGPUs (Blackwell GB20x), as vgpud manages them; the loop
-	// leaves them alone.
+	// drives those no operator pinned (gisched.go).
 	GPUInstanceSchedulers []GPUInstanceScheduler
 }
 
@@ -297,6 +297,9 @@ func (c *Config) defaults() error {
 // Event is a policy decision the loop made.
 type Event struct {
 	GPU string
+	// GPUInstance is the GPU instance whose scheduler it is about; nil for
+	// the GPU's own.
+	GPUInstance *int
 	// Kind: "switched" (the driver took the new policy), "pending" (the
 	// driver refused it for now; it is retried), "refused" (it failed
 	// otherwise), "cancelled" (no longer wanted while pending).
@@ -307,5 +310,8 @@ type Event struct {
 }
 
 func (e Event) String() string {
+	if e.GPUInstance != nil {
+		return fmt.Sprintf("GPU %s GPU instance %d: %s %s -> %s: %s", e.GPU, *e.GPUInstance, e.Kind, e.From, e.To, e.Reason)
+	}
 	return fmt.Sprintf("GPU %s: %s %s -> %s: %s", e.GPU, e.Kind, e.From, e.To, e.Reason)
 }

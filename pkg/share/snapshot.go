@@ -56,6 +56,9 @@ type GPUShares struct {
 	Telemetry    Telemetry
 	// ActiveVGPUs counts the vGPUs VMs have open.
 	ActiveVGPUs int
+	// GPUInstances are the schedulers of its GPU instances that host
+	// vGPUs (Blackwell GB20x in MIG mode; gisched.go).
+	GPUInstances []GPUInstanceShares
 }
 
 // Pending is a policy switch waiting for the driver.

@@ -30,15 +30,22 @@ func (d *Driver) GPU(uuid string) share.GPUDriver {
 	defer d.mu.Unlock()
 	g := d.probes[uuid]
 	if g == nil {
-		g = &gpu{p: d.b.Probe(uuid)}
+		g = &gpu{p: d.b.Probe(uuid), b: d.b, uuid: uuid}
 		d.probes[uuid] = g
 	}
 	return g
 }
 
-type gpu struct{ p *nvmlbackend.Probe }
+type gpu struct {
+	p    *nvmlbackend.Probe
+	b    *nvmlbackend.Backend
+	uuid string
+}
 
-var _ share.GPUDriver = (*gpu)(nil)
+var (
+	_ share.GPUDriver                  = (*gpu)(nil)
+	_ share.GPUInstanceSchedulerDriver = (*gpu)(nil)
+)
 
 func policyOf(p uint32) share.Policy {
 	switch p {
@@ -145,3 +152,20 @@ func (g *gpu) MIGActivity(ctx context.Context, gis []int) (map[int]share.MIGActi
 }
 
 func (g *gpu) MIGMemory(ctx context.Context) (map[int][2]uint64, error) { return g.p.MIGMemory(ctx) }
+
+// GPUInstanceSchedulerState reads GPU instance gi's scheduler (Blackwell
+// GB20x; gpu.ErrNotSupported elsewhere).
+func (g *gpu) GPUInstanceSchedulerState(ctx context.Context, gi int) (share.State, error) {
+	s, err := g.b.GPUInstanceSchedulerState(ctx, g.uuid, gi)
+	if err != nil {
+		return share.State{}, err
+	}
+	return share.State{Policy: policyOf(s.Policy), ARR: s.ARR, Timeslice: s.Timeslice, AvgFactor: s.AvgFactor}, nil
+}
+
+// SetGPUInstanceSchedulerState sets GPU instance gi's scheduler
+// (gpu.ErrNotSupported while a VM runs in it).
+func (g *gpu) SetGPUInstanceSchedulerState(ctx context.Context, gi int, s share.State) error {
+	return g.b.SetGPUInstanceSchedulerState(ctx, g.uuid, gi, nvmlbackend.SchedulerState{Policy: nvmlPolicy(s.Policy), ARR: s.ARR, Timeslice: s.Timeslice,
+		Frequency: s.Frequency, AvgFactor: s.AvgFactor})
+}
