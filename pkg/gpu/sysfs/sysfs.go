@@ -3,7 +3,9 @@
 // flow on SR-IOV virtual functions (nvidia/creatable_vgpu_types,
 // nvidia/current_vgpu_type). Every access goes through FS, rooted at a
 // configurable path, so the simulated host's tree and the real /sys are
-// driven by the same code. No other package touches sysfs paths.
+// driven by the same code. No other package touches sysfs paths. The
+// steps of a real host's GPU reset (reset.go) read the holders of a GPU's
+// device node from /proc, through a second FS.
 //
 // It imports pkg/gpu only.
 //
