@@ -198,7 +198,15 @@ func (d *fleetDaemon) CreateOn(ctx context.Context, consumer, profile, provider 
 }
 
 func (d *fleetDaemon) Destroy(ctx context.Context, id string) error {
-	err := d.client.Destroy(ctx, id, false)
+	_, err := d.DestroyBehind(ctx, id)
+	return err
+}
+
+// DestroyBehind is Destroy that also returns what the destroy left to the
+// sync (its PlacementBehind signal; "" when Placement was brought up to
+// date before the reply).
+func (d *fleetDaemon) DestroyBehind(ctx context.Context, id string) (string, error) {
+	behind, err := d.client.DestroyBehind(ctx, id, false)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch {
@@ -207,7 +215,7 @@ func (d *fleetDaemon) Destroy(ctx context.Context, id string) error {
 	case isGone(err):
 		d.uncertain[id] = true
 	}
-	return err
+	return behind, err
 }
 
 // create creates over D-Bus (a local create when req names no consumer)

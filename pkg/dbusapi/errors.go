@@ -30,7 +30,9 @@ const (
 	NameStaleClaim = "StaleClaim"
 
 	// The client reports these two itself; the daemon sends Unavailable
-	// only from GetFleetStatus (no fleet configured, Placement down).
+	// only from GetFleetStatus (no fleet configured, Placement down), and
+	// Timeout only for an operation the caller's deadline or Cancel cut off
+	// (cancelled), so the name does not depend on whose timer fired first.
 
 	// NameUnavailable: the bus, vgpud or the part of it asked for cannot
 	// be reached.

@@ -213,8 +213,11 @@ func (s *Service) placementBehind(c *call, op, id string, o *manager.PlacementOu
 }
 
 // cancelled says, when the caller's timeout or Cancel ended an operation,
-// that this is why it failed; the sentinel (and so the error name) stays
-// the manager's.
+// that this is why it failed. An error the context itself caused (a driver
+// call cut off at the caller's deadline) is named Timeout, as the client
+// names the same deadline when its own timer fires first: which of the two
+// the caller sees is a race, and it must not change the name. Any other
+// error (a refusal that came before the deadline) keeps the manager's name.
 func cancelled(ctx context.Context, err error) error {
 	if ctx.Err() == nil {
 		return err
@@ -230,7 +233,11 @@ func cancelled(ctx context.Context, err error) error {
 		// the manager names a refusal while it shuts down.
 		return &dbus.Error{Name: ErrorPrefix + NameBusy, Body: []any{fmt.Sprintf("%s (the operation was cancelled because vgpud is stopping; what it did is undone: retry when vgpud is back)", msg)}}
 	}
-	return &dbus.Error{Name: de.Name, Body: []any{fmt.Sprintf("%s (the operation was %s; what it did is undone)", msg, why)}}
+	name := de.Name
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		name = ErrorPrefix + NameTimeout
+	}
+	return &dbus.Error{Name: name, Body: []any{fmt.Sprintf("%s (the operation was %s; what it did is undone)", msg, why)}}
 }
 
 // applyCancelled words an apply that the caller's timeout, Cancel or
