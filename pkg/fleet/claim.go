@@ -294,7 +294,13 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		return later("the GPU's provider", errors.Join(err, placementapi.ErrNotFound))
 	}
 	if removed != "" {
-		err := s.removeAllocation(ctx, removed)
+		err := s.lockAlloc(ctx)
+		if err == nil {
+			// Under allocMu: a pass's write of this allocation is either
+			// wholly done (and removed here) or sees the instance gone.
+			err = s.removeAllocation(ctx, removed)
+			s.unlockAlloc()
+		}
 		s.reached(err)
 		if err != nil {
 			return later("the allocation of destroyed instance "+removed, err)

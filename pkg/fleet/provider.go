@@ -107,17 +107,19 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	again := false
 	for _, consumer := range sortedKeys(p.allocs) {
 		want := p.allocs[consumer]
-		if sameResources(have[consumer], want) || schedulersToWrite(p, consumer, have) || !s.src.HasInstance(consumer) {
+		if sameResources(have[consumer], want) || schedulersToWrite(p, consumer, have) {
 			// A scheduler's claim its create has not confirmed is the
-			// scheduler's to write; an instance destroyed since this
-			// pass read the host (its allocation removed by the
-			// destroy) is not written back.
+			// scheduler's to write.
 			continue
 		}
-		if err := s.writeAllocation(ctx, consumer, p.uuid, want); err != nil {
+		wrote, err := s.writeHeld(ctx, consumer, p.uuid, want)
+		if err != nil {
 			err = fmt.Errorf("allocation of %s: %w", consumer, err)
 			s.fail(ps, p.name, consumer, "allocation", err)
 			errs = append(errs, err)
+			continue
+		}
+		if !wrote {
 			continue
 		}
 		again = again || have[consumer] != nil
@@ -248,6 +250,36 @@ func (s *Syncer) writeAllocation(ctx context.Context, consumer, provider string,
 		a[provider] = placementapi.Allocation{Resources: want}
 	})
 }
+
+// writeHeld writes the allocation of an instance the host still holds.
+// The check and the write are one step under allocMu, and a destroy's
+// settle removes under allocMu after the instance is gone, so the two
+// never interleave: an allocation the destroy removed is never put back
+// after its reply by a pass that read the host before the destroy. false:
+// the instance is gone, nothing written.
+func (s *Syncer) writeHeld(ctx context.Context, consumer, provider string, want map[string]int) (bool, error) {
+	if err := s.lockAlloc(ctx); err != nil {
+		return false, err
+	}
+	defer s.unlockAlloc()
+	if !s.src.HasInstance(consumer) {
+		return false, nil
+	}
+	return true, s.writeAllocation(ctx, consumer, provider, want)
+}
+
+// lockAlloc takes allocMu, or gives up when ctx ends (a pass's write
+// holds it for one request at most, bounded by the client's timeout).
+func (s *Syncer) lockAlloc(ctx context.Context) error {
+	select {
+	case s.allocMu <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the allocation write under way: %w", ctx.Err())
+	}
+}
+
+func (s *Syncer) unlockAlloc() { <-s.allocMu }
 
 // removeAllocation drops what consumer holds on this host's providers.
 func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {

@@ -100,6 +100,10 @@ type Syncer struct {
 	// (a pass's first reads, a claim, a settle). Claims and settles then
 	// wait a quarter of their timeout, not the whole.
 	unreachable bool
+	// allocMu (a one-slot semaphore, so a settle can give up at its
+	// deadline) orders a pass's write of an instance's allocation against
+	// a destroy's removal of it (writeHeld).
+	allocMu chan struct{}
 	// cache: provider UUID → what the last pass left there.
 	cache map[string]cached
 	// classes and traits already made in Placement.
@@ -145,7 +149,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	if met == nil {
 		met = NewMetrics()
 	}
-	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1),
+	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
 		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}}, nil
 }

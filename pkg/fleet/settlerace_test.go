@@ -1,0 +1,136 @@
+package fleet
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+)
+
+// hookedSource is the host with a hook on HasInstance: it lets a test run
+// a destroy at the moment a pass has decided to write an allocation.
+type hookedSource struct {
+	*manager.Manager
+	hook func(id string)
+}
+
+// HasInstance answers, then runs the hook: what the caller does next
+// follows an answer the hook may have made stale.
+func (s hookedSource) HasInstance(id string) bool {
+	ok := s.Manager.HasInstance(id)
+	s.hook(id)
+	return ok
+}
+
+// TestDestroyNotUndoneByAPass: a pass that read the host before a destroy
+// and writes the destroyed instance's allocation (missing in Placement)
+// while the destroy runs must not leave it in Placement once the destroy
+// returned; the destroy's reply promises its allocation is gone.
+func TestDestroyNotUndoneByAPass(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	h := simhost.Start(t, simhost.Options{})
+	simhost.DefineTenant(t, h.Manager, "acme")
+
+	var (
+		mu        sync.Mutex
+		target    string
+		calls     int
+		behind    string
+		destroyed = make(chan error, 1)
+		checked   = make(chan string, 1)
+	)
+	src := hookedSource{Manager: h.Manager}
+	src.hook = func(id string) {
+		mu.Lock()
+		if id != target {
+			mu.Unlock()
+			return
+		}
+		calls++
+		n := calls
+		mu.Unlock()
+		switch n {
+		case 1:
+			// The pass is about to write: destroy now, and give the
+			// destroy time to finish before the write lands.
+			go func() {
+				octx, outcome := manager.WithPlacementOutcome(ctx)
+				err := h.Manager.Destroy(octx, id, manager.DestroyOptions{})
+				mu.Lock()
+				behind = outcome.Behind()
+				mu.Unlock()
+				destroyed <- err
+			}()
+			select {
+			case err := <-destroyed:
+				destroyed <- err
+			case <-time.After(500 * time.Millisecond):
+			}
+		case 2:
+			// The write landed. Once the destroy has returned, its
+			// allocation must be gone.
+			err := <-destroyed
+			destroyed <- err
+			if err != nil {
+				checked <- "destroy: " + err.Error()
+				return
+			}
+			mu.Lock()
+			said := behind
+			mu.Unlock()
+			cons, err := c.Consumer(ctx, id)
+			switch {
+			case said != "":
+				// The destroy said it left the removal to the sync.
+				checked <- ""
+			case err != nil:
+				checked <- "read consumer: " + err.Error()
+			case len(cons.Allocations) != 0:
+				checked <- "the allocation is in Placement after the destroy returned: a pass put it back"
+			default:
+				checked <- ""
+			}
+		}
+	}
+	s, err := New(Config{Host: "race", Grace: time.Hour, ClaimTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second}, newClient(t, srv.URL()), src, quietLog(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Manager.SetFleet(s)
+	if err := s.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Placement loses the allocation: the next pass writes it back.
+	if err := c.Do(ctx, "DELETE", "/allocations/"+rec.UUID, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	target = rec.UUID
+	mu.Unlock()
+	if err := s.Pass(ctx); err != nil {
+		t.Fatalf("pass: %v", err)
+	}
+	if err := <-destroyed; err != nil {
+		t.Fatalf("destroy: %v", err)
+	}
+	select {
+	case msg := <-checked:
+		if msg != "" {
+			t.Fatal(msg)
+		}
+	default:
+		// The pass saw the instance gone at once: nothing was written.
+	}
+	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
+		t.Fatalf("after the pass: %+v, %v", cons, err)
+	}
+}
