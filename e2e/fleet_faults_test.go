@@ -383,20 +383,35 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 				return
 			}
 			q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_MIG_SLICE:1"}, "limit": {"100"}}
+			id := uuid.NewString()
 			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 				cands, err := pc.AllocationCandidates(ctx, q.Encode())
+				if placementapi.Kind(err) == "unreachable" {
+					continue // a loaded Placement: ask again, as a scheduler would
+				}
 				if err != nil {
 					t.Fatal(err)
 				}
 				for _, cand := range cands {
 					for p := range cand.Allocations {
-						if d.Owns(p) {
-							if err := pc.PutConsumer(ctx, uuid.NewString(), placementapi.Consumer{Allocations: cand.Allocations,
-								ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"}); err != nil {
-								t.Fatal(err)
-							}
-							return
+						if !d.Owns(p) {
+							continue
 						}
+						err := pc.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cand.Allocations,
+							ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"})
+						if k := placementapi.Kind(err); k == "unreachable" || k == "conflict" {
+							// The claim may have landed before its answer
+							// was lost (and a second try then conflicts
+							// with it): it counts if it did.
+							if cons, cerr := pc.Consumer(ctx, id); cerr == nil && len(cons.Allocations) > 0 {
+								return
+							}
+							break
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+						return
 					}
 				}
 			}
