@@ -70,6 +70,14 @@ func (s *Scheduler) Place(ctx context.Context, r Request, rnd *rand.Rand) (strin
 		consumer := uuid.NewString()
 		err := s.C.PutConsumer(ctx, consumer, placementapi.Consumer{Allocations: cand.Allocations,
 			ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"})
+		if k := placementapi.Kind(err); k == "unreachable" || k == "conflict" {
+			// The claim may have landed before its answer was lost (a
+			// slow Placement; the client's retry of it then conflicts
+			// with it): then it is this scheduler's claim, not another's.
+			if cons, cerr := s.C.Consumer(ctx, consumer); cerr == nil && len(cons.Allocations) > 0 {
+				err = nil
+			}
+		}
 		if errors.Is(err, placementapi.ErrCapacity) || errors.Is(err, placementapi.ErrConflict) {
 			s.ClaimLost.Add(1) // another scheduler won it in Placement
 			continue
