@@ -297,6 +297,8 @@ func raceForLastSlot(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon
 // the fleet; started again without the crash point, the fleet converges
 // and the host keeps its invariants (checkHost, with the daemon stopped).
 func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sched []tplacement.Host) {
+	// Each round has its own minute (ctx is set at the top of each): how
+	// many rounds fit in one depends on the machine's load.
 	d, ctx := hosts[0], ctxFleet(t)
 	nprov := len(d.providers)
 	d.stopAndCheck(t)
@@ -418,6 +420,7 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 			t.Fatalf("%s: no candidate for a 1g.10gb claim within 20s of emptying the host", d.name)
 		}},
 	} {
+		ctx = ctxFleet(t)
 		logFrom := fileSize(t, d.logPath)
 		start := time.Now()
 		d.restart(t, fmt.Sprintf("%s:%d", c.point, c.nth))
