@@ -45,6 +45,13 @@ type GPUSpec struct {
 	Heterogeneous bool `json:"heterogeneous,omitempty"`
 	// NUMANode of the GPU.
 	NUMANode int `json:"numaNode,omitempty"`
+	// ECCOff: ECC is disabled (nvidia-smi -e 0); data-center GPUs ship
+	// with it on. A vGPU moves only between GPUs of the same ECC setting.
+	ECCOff bool `json:"eccOff,omitempty"`
+	// NoLiveMigration: the driver does not move this GPU's vGPUs with a
+	// running VM (nvmlGetVgpuCompatibility answers without the live bit),
+	// as a host whose vGPU migration is not enabled.
+	NoLiveMigration bool `json:"noLiveMigration,omitempty"`
 }
 
 // Driver describes the simulated NVIDIA driver.
