@@ -39,6 +39,12 @@ const (
 	CrashMIGVFsOff  = "mig-mode.after-vfs-off"
 	CrashMIGReset   = "mig-mode.after-reset"
 	CrashMIGVFsOn   = "mig-mode.after-vfs-on"
+	// Moving a VM to another host (migrate.go, incoming.go).
+	CrashOutgoingIntent   = "outgoing.after-intent"
+	CrashIncomingIntent   = "incoming.after-intent"
+	CrashIncomingCarve    = "incoming.after-carve"
+	CrashIncomingCommit   = "incoming.before-commit"
+	CrashMigrationRelease = "migration.after-release-intent"
 )
 
 // CrashPoints lists every crash point of the manager's operations (the
@@ -49,6 +55,7 @@ var CrashPoints = []string{
 	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashCreateAttach,
 	CrashMoveRelease, CrashMoveCarve, CrashReconcile, CrashRestore,
 	CrashMIGIntent, CrashMIGRelease, CrashMIGVFsOff, CrashMIGReset, CrashMIGVFsOn,
+	CrashOutgoingIntent, CrashIncomingIntent, CrashIncomingCarve, CrashIncomingCommit, CrashMigrationRelease,
 }
 
 // CrashAt returns a crash hook that kills the process with SIGKILL (no

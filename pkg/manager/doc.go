@@ -47,6 +47,12 @@
 //     destroy, MIG off) or, once it is gone, by its last id; migreset.go:
 //     a MIG mode change carried through a GPU reset (the VFs and vgpud's
 //     NVML session let go around it), finished at restart
+//   - migrate.go: moving a VM with its vGPU to another host, the
+//     source's half (MigrationSource, CompleteOutgoing, CancelOutgoing)
+//     and the hold of a migration's intents between its calls;
+//     incoming.go: the destination's half (PrepareIncoming, checked with
+//     the driver before anything is carved; CommitIncoming,
+//     AbortIncoming)
 //   - tenants.go: tenants and quotas; args.go: argument checks and names
 //   - drain.go: Shutdown waits for operations in flight
 //   - fleet.go: the claim hooks of a create; behind.go: what an
@@ -55,6 +61,8 @@
 // Recovery, after a crash, a reboot or a change behind vgpud's back:
 //
 //   - reconcile.go: the pass (intents, then the host, then libvirt)
+//   - migrate_resolve.go: a migration's intents a crash left, resolved
+//     by where libvirt has the VM
 //   - intents.go: resolving each intent a crash left; inflight.go: the
 //     intents this process is working on, which reconcile leaves alone
 //   - recovery.go: restoring all GPUs side by side; restore.go: one

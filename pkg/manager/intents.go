@@ -48,6 +48,10 @@ func (m *Manager) resolveIntent(ctx context.Context, it store.Intent, rep *Recon
 		return m.resolveMove(ctx, it, rec, missing, rep)
 	case store.OpCreateAttach:
 		return m.resolveCreateAttach(ctx, it, rec, missing, rep)
+	case store.OpOutgoing:
+		return m.resolveOutgoing(ctx, it, rec, missing, rep)
+	case store.OpIncoming:
+		return m.resolveIncoming(ctx, it, rec, missing, rep)
 	}
 	// No operation of the manager writes any other kind (the store allows
 	// OpReconcile): such an intent names nothing to resolve.

@@ -106,6 +106,10 @@ type Config struct {
 	// GPUReset is GPUResetAllow (the default) or GPUResetNever: an
 	// operator who forbids resets gets the manual procedure.
 	GPUReset string
+	// MigrationHold is how long a VM's move to or from another host
+	// belongs to the calls that make it before reconcile resolves it by
+	// where libvirt has the VM (migrate_resolve.go); 0: DefaultMigrationHold.
+	MigrationHold time.Duration
 }
 
 // Manager runs the operations.
@@ -211,6 +215,13 @@ type Manager struct {
 	gisched  GPUInstanceSchedulerBackend
 	gischeds schedTable
 
+	// migr reads vGPU migration metadata and asks the driver about them
+	// (nil: the backend cannot); migHold and migHolds: how long, and
+	// which, migrations' intents are held between their calls (migrate.go).
+	migr     MigrationBackend
+	migHold  time.Duration
+	migHolds migrationHolds
+
 	// opsMu guards closing and the adding to ops.
 	opsMu   sync.Mutex
 	ops     sync.WaitGroup
@@ -234,6 +245,10 @@ func New(c Config) *Manager {
 	}
 	m.sched, _ = c.NVML.(SchedulerBackend)
 	m.gisched, _ = c.NVML.(GPUInstanceSchedulerBackend)
+	m.migr, _ = c.NVML.(MigrationBackend)
+	if m.migHold = c.MigrationHold; m.migHold <= 0 {
+		m.migHold = DefaultMigrationHold
+	}
 	if m.now == nil {
 		m.now = time.Now
 	}

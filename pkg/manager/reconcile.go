@@ -124,10 +124,9 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	if err := m.db.View(func(tx *store.Tx) (err error) { intents, err = tx.Intents(); return err }); err != nil {
 		return rep, classify(err, "read intents")
 	}
-	// A create-and-attach is resolved once its create and attach are.
-	sort.SliceStable(intents, func(i, j int) bool {
-		return intents[i].Op != store.OpCreateAttach && intents[j].Op == store.OpCreateAttach
-	})
+	// A create-and-attach, and a migration, are resolved once the create
+	// (and attach) they span are.
+	sort.SliceStable(intents, func(i, j int) bool { return !spans(intents[i].Op) && spans(intents[j].Op) })
 	for _, it := range intents {
 		if !m.inflight.take(it.ID, it.Instance) {
 			continue // its operation is still running
@@ -161,6 +160,12 @@ func (m *Manager) reconcileHost(ctx context.Context) (ReconcileReport, error) {
 	}
 	rep.Foreign = m.foreign()
 	return rep, nil
+}
+
+// spans: an operation of op spans others (a create, an attach), which
+// reconcile resolves first.
+func spans(op store.Op) bool {
+	return op == store.OpCreateAttach || op == store.OpOutgoing || op == store.OpIncoming
 }
 
 // virtReady: a Virt that connects in the background says whether it is

@@ -189,6 +189,12 @@ const (
 	// OpMIGMode: a MIG mode change carried through a GPU reset; Instance
 	// is the GPU's UUID.
 	OpMIGMode Op = "mig-mode"
+	// OpOutgoing: the instance's VM is moving to another host; the
+	// instance is released when it has left, kept when it stayed.
+	OpOutgoing Op = "outgoing"
+	// OpIncoming: an instance carved for a VM moving in from another
+	// host, the VM's once the VM has arrived, released otherwise.
+	OpIncoming Op = "incoming"
 )
 
 // Intent is one in-flight operation: what it is, its plan and the steps it
@@ -245,9 +251,9 @@ func (it *Intent) validate() error {
 		return fmt.Errorf("%w: intent without an ID", ErrInvalid)
 	}
 	switch it.Op {
-	case OpCreate, OpDestroy, OpAttach, OpDetach, OpMove, OpReconcile, OpCreateAttach, OpMIGMode:
+	case OpCreate, OpDestroy, OpAttach, OpDetach, OpMove, OpReconcile, OpCreateAttach, OpMIGMode, OpOutgoing, OpIncoming:
 	default:
-		return fmt.Errorf("%w: intent %s: op %q: want create, destroy, attach, detach, move or reconcile", ErrInvalid, it.ID, it.Op)
+		return fmt.Errorf("%w: intent %s: op %q: want create, destroy, attach, detach, move, reconcile, create-attach, mig-mode, outgoing or incoming", ErrInvalid, it.ID, it.Op)
 	}
 	if len(it.Payload) > 0 && !json.Valid(it.Payload) {
 		return fmt.Errorf("%w: intent %s: payload is not JSON", ErrInvalid, it.ID)

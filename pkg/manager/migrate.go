@@ -1,0 +1,354 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/virt"
+)
+
+// Moving a VM with its vGPU to another vgpud host (docs/operations.md,
+// "Moving VMs"). The source names what the VM's vGPU is
+// (MigrationSource: the instance's profile, flow, tenant, MIG placement and
+// the driver's metadata of the running vGPU); the destination checks with
+// the driver that one of its GPUs can take it and carves an instance of the
+// same profile for the VM (PrepareIncoming); libvirt moves the VM; then the
+// destination records the VM's attachment (CommitIncoming) and the source
+// releases its instance (CompleteOutgoing), or, when libvirt failed, the
+// destination releases what it carved (AbortIncoming) and the source keeps
+// its instance (CancelOutgoing). Each side's part is an intent
+// (store.OpOutgoing, store.OpIncoming) from its first call to its last;
+// a restart, or a reconcile after MigrationHold, resolves the intent by
+// where libvirt has the VM (resolveOutgoing, resolveIncoming).
+
+// MigrationBackend is what the manager needs from NVML to move a vGPU
+// (pkg/gpu/nvml's Backend, over the driver or the simulator).
+type MigrationBackend interface {
+	VGPUMetadata(ctx context.Context, gpuUUID string, ref gpu.VGPURef) (gpu.VGPUMetadata, error)
+	PGPUMetadata(ctx context.Context, gpuUUID string) (gpu.PGPUMetadata, error)
+	VGPUCompatibility(ctx context.Context, vm gpu.VGPUMetadata, pgpu gpu.PGPUMetadata) (gpu.Compatibility, error)
+}
+
+// DefaultMigrationHold is how long a migration's intents belong to the
+// calls that move the VM before reconcile may resolve them (Config.MigrationHold).
+const DefaultMigrationHold = 30 * time.Minute
+
+// MigrationMetadataVersion is the version of MigrationMetadata this vgpud
+// writes and reads.
+const MigrationMetadataVersion = 1
+
+// MigrationMetadata is what the source tells the destination about the
+// moving VM's vGPU. It travels between the hosts as JSON.
+type MigrationMetadata struct {
+	Version int `json:"version"`
+	// Instance is the source instance's UUID; the destination's instance
+	// takes it, so the VM's vgpud metadata and an mdev's UUID (the
+	// instance's) stay true on the destination.
+	Instance string             `json:"instance"`
+	Tenant   string             `json:"tenant"`
+	Profile  string             `json:"profile"`
+	Model    string             `json:"model"`
+	Kind     store.InstanceKind `json:"kind"`
+	Flow     store.Flow         `json:"flow"`
+	TypeID   int                `json:"typeID"`
+	TypeName string             `json:"typeName"`
+	// GIProfileID, GIStart and GISize place a MIG-backed vGPU's GPU
+	// instance; GIProfileID is -1 for a time-sliced vGPU.
+	GIProfileID int    `json:"giProfileID"`
+	GIStart     int    `json:"giStart"`
+	GISize      int    `json:"giSize"`
+	Domain      string `json:"domain"`
+	DomainUUID  string `json:"domainUUID"`
+	// VGPU is the driver's metadata of the running vGPU, which the
+	// destination's driver reads (nvmlGetVgpuCompatibility).
+	VGPU gpu.VGPUMetadata `json:"vgpu"`
+}
+
+// Why a destination refuses a VM, each wrapped with ErrConflict (no room
+// is ErrNoCapacity, a tenant over its quota ErrQuotaExceeded).
+var (
+	// ErrIncompatibleGPU: no GPU here is of the source's type, or the
+	// driver says the GPU differs (ECC, MIG mode).
+	ErrIncompatibleGPU = errors.New("no GPU of a compatible type")
+	// ErrOtherMIGLayout: a MIG-backed vGPU needs a GPU instance of the
+	// source's profile on a GPU in MIG mode.
+	ErrOtherMIGLayout = errors.New("another MIG layout")
+	// ErrIncompatibleDriver: the host or guest driver is not one the
+	// destination's driver takes a vGPU from.
+	ErrIncompatibleDriver = errors.New("incompatible driver")
+	// ErrLiveUnsupported: the driver moves the vGPU only with its VM
+	// stopped.
+	ErrLiveUnsupported = errors.New("live migration not supported")
+)
+
+// migrationHolds keeps a migration's intent in the inflight set between
+// the calls that move the VM, up to the hold (so that a reconcile does
+// not resolve a migration under way), and lets go at its last call.
+type migrationHolds struct {
+	mu sync.Mutex
+	m  map[string]func()
+}
+
+// hold puts intent in the inflight set for d.
+func (m *Manager) holdMigration(intent, instance string) {
+	letGo := m.inflight.add(intent, instance)
+	var once sync.Once
+	release := func() { once.Do(letGo) }
+	t := time.AfterFunc(m.migHold, func() { m.releaseMigration(intent) })
+	m.migHolds.mu.Lock()
+	if m.migHolds.m == nil {
+		m.migHolds.m = map[string]func(){}
+	}
+	m.migHolds.m[intent] = func() { t.Stop(); release() }
+	m.migHolds.mu.Unlock()
+}
+
+// releaseMigration lets go of a migration's intent.
+func (m *Manager) releaseMigration(intent string) {
+	m.migHolds.mu.Lock()
+	f := m.migHolds.m[intent]
+	delete(m.migHolds.m, intent)
+	m.migHolds.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// migrationIntent finds the intent of op naming instance.
+func migrationIntent(tx *store.Tx, op store.Op, instance string) (*store.Intent, error) {
+	its, err := tx.Intents()
+	if err != nil {
+		return nil, err
+	}
+	for i := range its {
+		if its[i].Op == op && its[i].Instance == instance {
+			return &its[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// outgoingPayload is an outgoing intent's plan.
+type outgoingPayload struct {
+	Domain     string `json:"domain"`
+	DomainUUID string `json:"domainUUID"`
+}
+
+// MigrationSource starts moving the VM of instance id to another host: it
+// reads the driver's metadata of the running vGPU and records the
+// outgoing migration (the instance is Busy for other operations until
+// CompleteOutgoing or CancelOutgoing). Only an attached vGPU whose VM runs
+// moves. A second call while the migration is under way answers again.
+func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMetadata, error) {
+	done, err := m.begin()
+	if err != nil {
+		return MigrationMetadata{}, err
+	}
+	defer done()
+	if m.migr == nil {
+		return MigrationMetadata{}, fail(ErrBackendFailure, nil, "this host's NVML cannot read vGPU migration metadata")
+	}
+	rec, att, err := m.instanceAndAttachment(id)
+	if err != nil {
+		return MigrationMetadata{}, err
+	}
+	if rec.Kind != store.KindVGPU && rec.Kind != store.KindMIGVGPU {
+		return MigrationMetadata{}, fail(ErrInvalidArgument, nil, "instance %s is a %s instance; only vGPUs move with their VM", rec.UUID, rec.Kind)
+	}
+	if att == nil {
+		return MigrationMetadata{}, fail(ErrInvalidArgument, nil, "instance %s is attached to no VM; there is no VM to move", rec.UUID)
+	}
+	if rec.State != store.StateReady {
+		return MigrationMetadata{}, fail(ErrBusy, nil, "instance %s is %s; only a ready instance moves", rec.UUID, rec.State)
+	}
+	ref := gpu.VGPURef{MdevUUID: rec.MdevUUID, VMID: att.DomainUUID, Type: rec.TypeID, GPUInstance: -1}
+	if rec.Flow != store.FlowMdev {
+		ref.MdevUUID = ""
+		if rec.Kind == store.KindMIGVGPU {
+			ref.GPUInstance = rec.GIID
+		}
+	}
+	blob, err := m.migr.VGPUMetadata(ctx, rec.GPUUUID, ref)
+	if errors.Is(err, gpu.ErrNotFound) {
+		return MigrationMetadata{}, fail(ErrConflict, err, "the vGPU of instance %s is not running: start VM %s first (a live migration moves a running VM)", rec.UUID, att.Domain)
+	}
+	if err != nil {
+		return MigrationMetadata{}, classify(err, "read the vGPU metadata of instance %s", rec.UUID)
+	}
+	md := MigrationMetadata{Version: MigrationMetadataVersion, Instance: rec.UUID, Tenant: rec.Tenant, Profile: rec.Profile, Model: rec.Model,
+		Kind: rec.Kind, Flow: rec.Flow, TypeID: rec.TypeID, TypeName: rec.TypeName, GIProfileID: rec.GIProfileID, GIStart: rec.GIStart, GISize: rec.GISize,
+		Domain: att.Domain, DomainUUID: att.DomainUUID, VGPU: blob}
+	if rec.Kind != store.KindMIGVGPU {
+		md.GIProfileID, md.GIStart, md.GISize = -1, -1, 0
+	}
+	payload, _ := json.Marshal(outgoingPayload{Domain: att.Domain, DomainUUID: att.DomainUUID}) // strings: cannot fail
+	intent := uuid.NewString()
+	again := false
+	err = m.db.Update(func(tx *store.Tx) error {
+		prior, err := migrationIntent(tx, store.OpOutgoing, rec.UUID)
+		if err != nil || prior != nil {
+			again = prior != nil
+			return err
+		}
+		if a, err := tx.Attachment(rec.UUID); err != nil || a.DomainUUID != att.DomainUUID {
+			return fail(ErrBusy, err, "instance %s was detached meanwhile", rec.UUID)
+		}
+		if err := busy(tx, rec.UUID); err != nil {
+			return err
+		}
+		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpOutgoing, Instance: rec.UUID, Payload: payload, Started: m.now()})
+	})
+	if err != nil {
+		return MigrationMetadata{}, classify(err, "record the outgoing migration of instance %s", rec.UUID)
+	}
+	if again {
+		return md, nil
+	}
+	m.holdMigration(intent, rec.UUID)
+	m.log.Info("migration: VM leaving", "instance", rec.UUID, "vm", att.Domain, "profile", rec.Profile)
+	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID, Op: "migrate-out", Detail: fmt.Sprintf("VM %s is moving to another host", att.Domain)})
+	m.crash(CrashOutgoingIntent)
+	return md, nil
+}
+
+// CompleteOutgoing releases the instance whose VM moved to another host,
+// with its attachment record. It is refused while libvirt still runs the
+// VM here (the migration has not finished). Done once, it answers success
+// again: an instance that is gone has left.
+func (m *Manager) CompleteOutgoing(ctx context.Context, id string) error {
+	u, err := instanceUUID(id)
+	if err != nil {
+		return err
+	}
+	done, err := m.begin()
+	if err != nil {
+		return err
+	}
+	defer done()
+	it, rec, missing, err := m.migrationOf(store.OpOutgoing, u)
+	if err != nil || (missing && it == nil) {
+		return err // missing: released already
+	}
+	if it == nil {
+		return fail(ErrConflict, nil, "instance %s is not moving to another host (no MigrationSource, or its VM stayed here)", u)
+	}
+	var p outgoingPayload
+	_ = json.Unmarshal(it.Payload, &p) // written by MigrationSource; an empty plan asks libvirt nothing
+	if v := m.lv(); v != nil && p.DomainUUID != "" {
+		dom, err := v.Domain(ctx, p.DomainUUID)
+		switch {
+		case errors.Is(err, virt.ErrDomainNotFound):
+		case err != nil:
+			return classifyVirt(err, "ask libvirt where VM %s is", p.Domain)
+		case dom.Running:
+			return fail(ErrBusy, nil, "VM %s still runs on this host: the migration has not finished; complete it once libvirt moved the VM", p.Domain)
+		}
+	}
+	err = m.releaseMigrated(ctx, *it, rec, missing, "outgoing", false)
+	if err == nil {
+		m.releaseMigration(it.ID)
+		m.log.Info("migration: VM left; instance released", "instance", u, "vm", p.Domain)
+	}
+	return err
+}
+
+// CancelOutgoing ends an outgoing migration whose VM stayed here (libvirt's
+// migration failed): the instance and its attachment are kept. Done once,
+// or never begun, it answers success.
+func (m *Manager) CancelOutgoing(ctx context.Context, id string) error {
+	u, err := instanceUUID(id)
+	if err != nil {
+		return err
+	}
+	done, err := m.begin()
+	if err != nil {
+		return err
+	}
+	defer done()
+	it, _, _, err := m.migrationOf(store.OpOutgoing, u)
+	if err != nil || it == nil {
+		return err
+	}
+	if err := m.dropIntent(it.ID); err != nil {
+		return classify(err, "drop the outgoing migration of instance %s", u)
+	}
+	m.releaseMigration(it.ID)
+	m.emit(Event{Kind: EventInstanceChanged, ID: u, Op: "migrate-out", Detail: "the VM stayed on this host"})
+	return nil
+}
+
+// migrationOf reads the intent of op naming instance u (nil: none) and
+// the instance's record (missing: none).
+func (m *Manager) migrationOf(op store.Op, u string) (*store.Intent, store.Instance, bool, error) {
+	var it *store.Intent
+	var rec store.Instance
+	missing := false
+	err := m.db.View(func(tx *store.Tx) (err error) {
+		if it, err = migrationIntent(tx, op, u); err != nil {
+			return err
+		}
+		rec, err = tx.Instance(u)
+		if errors.Is(err, store.ErrNotFound) {
+			missing, err = true, nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, rec, false, classify(err, "read instance %s", u)
+	}
+	return it, rec, missing, nil
+}
+
+// releaseMigrated releases an instance a migration gives up (the source's
+// after its VM left, the destination's when its VM did not come): in one
+// transaction the attachment record goes and the migration's intent
+// becomes a destroy, which a crash leaves for reconcile to finish.
+// underAdmit: the caller holds the admission lock (reconcile).
+func (m *Manager) releaseMigrated(ctx context.Context, it store.Intent, rec store.Instance, missing bool, what string, underAdmit bool) error {
+	if missing {
+		return classify(m.dropIntent(it.ID), "drop the %s migration of instance %s", what, it.Instance)
+	}
+	destroy := uuid.NewString()
+	defer m.inflight.add(destroy, rec.UUID)()
+	if !underAdmit {
+		m.admit.Lock()
+	}
+	err := m.db.Update(func(tx *store.Tx) error {
+		r, err := tx.Instance(rec.UUID)
+		if err != nil {
+			return err
+		}
+		if err := tx.DeleteAttachment(r.UUID); err != nil {
+			return err
+		}
+		r.State, r.Updated = store.StateDestroying, m.now()
+		if err := tx.PutInstance(&r); err != nil {
+			return err
+		}
+		rec = r
+		if err := tx.PutIntent(store.Intent{ID: destroy, Op: store.OpDestroy, Instance: r.UUID, Started: m.now()}); err != nil {
+			return err
+		}
+		return tx.DeleteIntent(it.ID)
+	})
+	if !underAdmit {
+		m.admit.Unlock()
+	}
+	if err != nil {
+		return classify(err, "release instance %s after its %s migration", rec.UUID, what)
+	}
+	m.crash(CrashMigrationRelease)
+	if err := m.finishDestroy(ctx, rec, destroy, m.now()); err != nil {
+		// The destroy's intent stays: reconcile finishes it.
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/pkg/virt"
+)
+
+// A migration's intent left by a crash (or by calls that never came back
+// within MigrationHold) is resolved by where libvirt has the VM, so that
+// its attachment ends on one host: libvirt's migration (with
+// VIR_MIGRATE_PERSIST_DEST and VIR_MIGRATE_UNDEFINE_SOURCE) ends with the
+// domain defined on the destination and undefined on the source when it
+// succeeded, and the other way round when it failed.
+//
+//   - source (outgoing): the domain is gone from this host: the VM left,
+//     the instance and its attachment are released; the domain is here (in
+//     any state): the VM stayed, the instance is kept.
+//   - destination (incoming): the domain is here and its definition names
+//     the instance's device: the VM arrived, its attachment is recorded;
+//     otherwise the instance is released.
+//
+// Until libvirt answers the intent stays, reported pending.
+
+// libvirtFor is the libvirt connection a resolution asks, or why there is
+// none yet.
+func (m *Manager) libvirtFor(what string) (Virt, error) {
+	v := m.lv()
+	if v == nil || !virtReady(v) {
+		return nil, fail(ErrBackendFailure, nil, "libvirt is not connected: where the VM is decides the %s migration", what)
+	}
+	return v, nil
+}
+
+// resolveOutgoing resolves the source's half of a migration.
+func (m *Manager) resolveOutgoing(ctx context.Context, it store.Intent, rec store.Instance, missing bool, rep *ReconcileReport) error {
+	if missing {
+		return m.dropIntent(it.ID)
+	}
+	v, err := m.libvirtFor("outgoing")
+	if err != nil {
+		return err
+	}
+	var p outgoingPayload
+	_ = json.Unmarshal(it.Payload, &p) // written by MigrationSource
+	ref := p.DomainUUID
+	if ref == "" {
+		ref = p.Domain
+	}
+	_, err = v.Domain(ctx, ref)
+	switch {
+	case errors.Is(err, virt.ErrDomainNotFound):
+		m.log.Info("migration cut off: the VM left this host; instance released", "instance", rec.UUID, "vm", p.Domain)
+		if err := m.releaseMigrated(ctx, it, rec, false, "outgoing", true); err != nil {
+			return err
+		}
+		rep.Finished = append(rep.Finished, rec.UUID)
+		return nil
+	case err != nil:
+		return err
+	}
+	m.log.Info("migration cut off: the VM stayed on this host; instance kept", "instance", rec.UUID, "vm", p.Domain)
+	if err := m.dropIntent(it.ID); err != nil {
+		return err
+	}
+	rep.Undone = append(rep.Undone, rec.UUID)
+	return nil
+}
+
+// resolveIncoming resolves the destination's half of a migration.
+func (m *Manager) resolveIncoming(ctx context.Context, it store.Intent, rec store.Instance, missing bool, rep *ReconcileReport) error {
+	if missing {
+		return m.dropIntent(it.ID)
+	}
+	if rec.State == store.StateCreating {
+		return fail(ErrBusy, nil, "the create of instance %s is not resolved yet", rec.UUID)
+	}
+	v, err := m.libvirtFor("incoming")
+	if err != nil {
+		return err
+	}
+	var p incomingPayload
+	_ = json.Unmarshal(it.Payload, &p) // written by PrepareIncoming
+	a, holds := store.Attachment{}, false
+	if rec.State == store.StateReady {
+		a, holds, err = m.arrived(ctx, v, rec, p)
+		if err != nil && !errors.Is(err, virt.ErrDomainNotFound) {
+			return err
+		}
+	}
+	if holds {
+		if err := m.db.Update(func(tx *store.Tx) error {
+			if err := tx.PutAttachment(a); err != nil {
+				return err
+			}
+			return tx.DeleteIntent(it.ID)
+		}); err != nil {
+			return err
+		}
+		m.log.Info("migration cut off: the VM arrived; attachment recorded", "instance", rec.UUID, "vm", a.Domain)
+		rep.Finished = append(rep.Finished, rec.UUID)
+		return nil
+	}
+	m.log.Info("migration cut off: the VM did not arrive; instance released", "instance", rec.UUID, "vm", p.VM)
+	if err := m.releaseMigrated(ctx, it, rec, false, "incoming", true); err != nil {
+		return err
+	}
+	rep.Undone = append(rep.Undone, rec.UUID)
+	return nil
+}
