@@ -61,6 +61,15 @@ func hostileCalls(inst, layout string, rtxGI int32) map[string]hostileCall {
 		ManagerInterface + ".CreateAndAttach": {path: mgr, args: []any{"acme", "L4-4Q", "vm1", opts}, options: both},
 		ManagerInterface + ".Detach":          {path: mgr, args: []any{inst, opts}},
 		ManagerInterface + ".GetHostdevXML":   {path: mgr, args: []any{inst}},
+		// The instance is attached to no VM: MigrationSource refuses it,
+		// and the metadata's driver blob is none the driver reads, so no
+		// PrepareIncoming carves.
+		ManagerInterface + ".MigrationSource":  {path: mgr, args: []any{inst, opts}},
+		ManagerInterface + ".PrepareIncoming":  {path: mgr, args: []any{hostileMetadata, "vm1", "acme", opts}, emptyOK: map[int]bool{1: true, 2: true}},
+		ManagerInterface + ".CommitIncoming":   {path: mgr, args: []any{inst, opts}},
+		ManagerInterface + ".AbortIncoming":    {path: mgr, args: []any{inst, opts}},
+		ManagerInterface + ".CompleteOutgoing": {path: mgr, args: []any{inst, opts}},
+		ManagerInterface + ".CancelOutgoing":   {path: mgr, args: []any{inst, opts}},
 		ManagerInterface + ".DefineTenant": {path: mgr, args: []any{"beta", q, q, uint64(4), "guaranteed", opts}, emptyOK: map[int]bool{4: true}, options: map[string]any{"allowed-models": []string{"L4-24GB"}, "allowed-profiles": []string{"L4-4Q"}, "unlimited": []string{QuotaVRAM}},
 			bad: map[int]map[string]any{5: {"unlimited quota unknown": map[string]dbus.Variant{"unlimited": dbus.MakeVariant([]string{"gpus"})}}}},
 		ManagerInterface + ".SetQuota": {path: mgr, args: []any{"acme", q, q, uint64(4), opts}, options: map[string]any{"unlimited": []string{QuotaCompute}},
@@ -99,6 +108,10 @@ func hostileCalls(inst, layout string, rtxGI int32) map[string]hostileCall {
 		introspectInterface + ".Introspect":           {path: mgr},
 	}
 }
+
+// hostileMetadata is migration metadata of an L4-4Q whose driver blob the
+// driver does not read.
+const hostileMetadata = `{"version":1,"instance":"0c5d2e41-7b6a-4f1e-8d3c-2a9b8c7d6e5f","tenant":"acme","profile":"L4-4Q","model":"L4-24GB","kind":"vgpu","flow":"vfio","typeID":803,"typeName":"L4-4Q","giProfileID":-1,"giStart":-1,"giSize":0,"domain":"vm1","domainUUID":"1e2d3c4b-5a69-4788-97a6-b5c4d3e2f100","vgpu":"bm90IHRoZSBkcml2ZXIncw=="}`
 
 // hostileRTXPro is the RTX PRO 6000 Blackwell the hostile-input test's
 // host has beside the default host's GPUs: the GPU with per-GPU-instance
