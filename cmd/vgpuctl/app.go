@@ -35,6 +35,12 @@ type api interface {
 	Attach(ctx context.Context, id, vm string, o dbusapi.AttachOptions) (dbusapi.Instance, error)
 	CreateAndAttach(ctx context.Context, r dbusapi.CreateRequest, vm string, o dbusapi.AttachOptions) (dbusapi.Instance, error)
 	Detach(ctx context.Context, id string) error
+	MigrationSource(ctx context.Context, id string) (string, error)
+	PrepareIncoming(ctx context.Context, metadata, vm, tenant string) (dbusapi.Incoming, error)
+	CommitIncoming(ctx context.Context, id string) (dbusapi.Attachment, error)
+	AbortIncoming(ctx context.Context, id string) error
+	CompleteOutgoing(ctx context.Context, id string) error
+	CancelOutgoing(ctx context.Context, id string) error
 	HostdevXML(ctx context.Context, id string) (string, error)
 	DefineTenant(ctx context.Context, t dbusapi.TenantSpec) (dbusapi.Tenant, error)
 	SetQuota(ctx context.Context, name string, q dbusapi.Quota) (dbusapi.Tenant, error)
@@ -254,7 +260,7 @@ Exit codes: 0 ok, 1 failure, 2 usage or invalid argument, 3 access denied,
 		}
 	}
 	add("read", a.gpusCmd(), a.gpuCmd(), a.profilesCmd(), a.capacityCmd(), a.listCmd(), a.showCmd(), a.dumpxmlCmd(), a.planCmd(), a.eventsCmd(), a.topCmd(), a.fleetCmd())
-	add("write", a.createCmd(), a.destroyCmd(), a.attachCmd(), a.detachCmd(), a.tenantCmd(), a.applyCmd(), a.reconcileCmd(), a.defragCmd())
+	add("write", a.createCmd(), a.destroyCmd(), a.attachCmd(), a.detachCmd(), a.tenantCmd(), a.applyCmd(), a.reconcileCmd(), a.defragCmd(), a.migrateCmd())
 	add("other", a.versionCmd(), a.completionCmd())
 	root.AddCommand(a.genDocsCmd())
 	root.SetHelpCommandGroupID("other")

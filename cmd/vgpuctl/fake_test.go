@@ -224,6 +224,31 @@ func (f *fake) CreateAndAttach(_ context.Context, r dbusapi.CreateRequest, vm st
 
 func (f *fake) Detach(_ context.Context, id string) error { return f.record("Detach %s", id) }
 
+func (f *fake) MigrationSource(_ context.Context, id string) (string, error) {
+	return `{"version":1,"instance":"` + id + `"}`, f.record("MigrationSource %s", id)
+}
+
+func (f *fake) PrepareIncoming(_ context.Context, md, vm, tenant string) (dbusapi.Incoming, error) {
+	return dbusapi.Incoming{Instance: "0d7c2f4e-3b1a-4c5d-8e9f-a0b1c2d3e4f5", Device: "0000:81:00.4", VMCompatibility: 15},
+		f.record("PrepareIncoming %s vm=%q tenant=%q", md, vm, tenant)
+}
+
+func (f *fake) CommitIncoming(_ context.Context, id string) (dbusapi.Attachment, error) {
+	return dbusapi.Attachment{VM: "web1", VMUUID: "8c0f6a3e-2d1b-4e5f-9a7c-6b5d4e3f2a10", Live: true}, f.record("CommitIncoming %s", id)
+}
+
+func (f *fake) AbortIncoming(_ context.Context, id string) error {
+	return f.record("AbortIncoming %s", id)
+}
+
+func (f *fake) CompleteOutgoing(_ context.Context, id string) error {
+	return f.record("CompleteOutgoing %s", id)
+}
+
+func (f *fake) CancelOutgoing(_ context.Context, id string) error {
+	return f.record("CancelOutgoing %s", id)
+}
+
 func (f *fake) HostdevXML(_ context.Context, id string) (string, error) {
 	return "<hostdev mode=\"subsystem\" type=\"pci\" managed=\"no\">\n  <source>\n    <address domain=\"0x0000\" bus=\"0x81\" slot=\"0x00\" function=\"0x4\"></address>\n  </source>\n</hostdev>", f.record("HostdevXML %s", id)
 }
