@@ -181,7 +181,9 @@ func (b *Backend) PGPUMetadata(ctx context.Context, uuid string) (gpu.PGPUMetada
 
 // VGPUCompatibility asks the driver whether the vGPU vm describes can move
 // to the GPU pgpu describes. A blob that does not decode is gpu.ErrInvalid,
-// as the driver's INVALID_ARGUMENT.
+// as the driver's INVALID_ARGUMENT. go-nvml hands the C function the fixed
+// structures only (4 inline bytes of opaque data, not the OpaqueData
+// slice): docs/simulator.md, "The simulated GPU host", says what follows.
 func (b *Backend) VGPUCompatibility(ctx context.Context, vm gpu.VGPUMetadata, pgpu gpu.PGPUMetadata) (gpu.Compatibility, error) {
 	v, err := DecodeVGPUMetadata(vm)
 	if err != nil {
