@@ -554,3 +554,34 @@ func TestReconcileLeavesMigrationUnderWay(t *testing.T) {
 		}
 	}
 }
+
+// The destination's ends ask libvirt where the VM is: a commit while the
+// VM here names another device is Conflict, an abort while it runs here
+// with the instance's device is Busy; neither changes anything.
+func TestIncomingEndsAskLibvirt(t *testing.T) {
+	ctx := context.Background()
+	src, dst := newMigHost(t, nil), newMigHost(t, nil)
+	rec := src.running("L4-4Q")
+	md, err := src.m.MigrationSource(ctx, rec.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := dst.m.PrepareIncoming(ctx, md, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst.v.define(migVM, migVMUUID, rec.UUID, virt.Hostdev{Kind: virt.VF, PCI: "0000:81:00.7"})
+	if _, err := dst.m.CommitIncoming(ctx, rec.UUID); !errors.Is(err, manager.ErrConflict) {
+		t.Fatalf("commit while the VM names another device: %v, want Conflict", err)
+	}
+	moveVM(t, src, dst, rec, in)
+	if err := dst.m.AbortIncoming(ctx, rec.UUID); !errors.Is(err, manager.ErrBusy) {
+		t.Fatalf("abort while the VM runs here with it: %v, want Busy", err)
+	}
+	if _, err := dst.m.Instance(rec.UUID); err != nil || len(intents(t, dst.env)) != 1 || attachment(t, dst.env, rec.UUID) != nil {
+		t.Fatalf("a refused end changed the destination: %v, intents %+v", err, intents(t, dst.env))
+	}
+	if _, err := dst.m.CommitIncoming(ctx, rec.UUID); err != nil {
+		t.Fatal(err)
+	}
+}
