@@ -173,6 +173,7 @@ func (m *Manager) incomingAgain(u, vm string) (Incoming, bool, error) {
 	if missing || rec.State != store.StateReady {
 		return Incoming{}, false, fail(ErrBusy, nil, "instance %s is still being prepared; retry shortly", u)
 	}
+	m.holdMigration(it.ID, u)
 	return Incoming{Instance: rec, Device: hostDevice(rec), Compatibility: p.Compatibility}, true, nil
 }
 

@@ -138,8 +138,8 @@ type Manager struct {
 	//     transaction is begun inside another.
 	//  4. Leaves, under which no other lock is taken and the store is not
 	//     called: invMu (read by snapshot inside transactions), confMu,
-	//     gpuMu (only inside gpuLock), inflight's and the event broadcaster's
-	//     mutexes, opsMu, the scheduler table's mutex.
+	//     gpuMu (only inside gpuLock), inflight's, the migration holds' and the
+	//     event broadcaster's mutexes, opsMu, the scheduler table's mutex.
 	//
 	// So admission (Create, UpdateTenant, UndefineTenant), Destroy's
 	// intent, mode changes, Defragment and reconcile's host pass take admit

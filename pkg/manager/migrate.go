@@ -97,18 +97,26 @@ type migrationHolds struct {
 	m  map[string]func()
 }
 
-// hold puts intent in the inflight set for d.
+// holdMigration puts a migration's intent in the inflight set for the
+// hold, unless it is held already (a repeated call; after a restart whose
+// reconcile could not resolve it, the repeated call holds it again).
 func (m *Manager) holdMigration(intent, instance string) {
+	// The inflight set's mutex and this one are leaves: neither is taken
+	// under the other.
 	letGo := m.inflight.add(intent, instance)
-	var once sync.Once
-	release := func() { once.Do(letGo) }
-	t := time.AfterFunc(m.migHold, func() { m.releaseMigration(intent) })
 	m.migHolds.mu.Lock()
-	if m.migHolds.m == nil {
-		m.migHolds.m = map[string]func(){}
+	_, held := m.migHolds.m[intent]
+	if !held {
+		if m.migHolds.m == nil {
+			m.migHolds.m = map[string]func(){}
+		}
+		t := time.AfterFunc(m.migHold, func() { m.releaseMigration(intent) })
+		m.migHolds.m[intent] = func() { t.Stop(); letGo() }
 	}
-	m.migHolds.m[intent] = func() { t.Stop(); release() }
 	m.migHolds.mu.Unlock()
+	if held {
+		letGo()
+	}
 }
 
 // releaseMigration lets go of a migration's intent.
@@ -195,7 +203,9 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 	err = m.db.Update(func(tx *store.Tx) error {
 		prior, err := migrationIntent(tx, store.OpOutgoing, rec.UUID)
 		if err != nil || prior != nil {
-			again = prior != nil
+			if again = prior != nil; again {
+				intent = prior.ID
+			}
 			return err
 		}
 		if a, err := tx.Attachment(rec.UUID); err != nil || a.DomainUUID != att.DomainUUID {
@@ -209,10 +219,10 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 	if err != nil {
 		return MigrationMetadata{}, classify(err, "record the outgoing migration of instance %s", rec.UUID)
 	}
+	m.holdMigration(intent, rec.UUID)
 	if again {
 		return md, nil
 	}
-	m.holdMigration(intent, rec.UUID)
 	m.log.Info("migration: VM leaving", "instance", rec.UUID, "vm", att.Domain, "profile", rec.Profile)
 	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID, Op: "migrate-out", Detail: fmt.Sprintf("VM %s is moving to another host", att.Domain)})
 	m.crash(CrashOutgoingIntent)

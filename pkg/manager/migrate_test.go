@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
@@ -122,15 +123,22 @@ type migHost struct {
 
 func newMigHost(t *testing.T, spec *sim.Spec) *migHost {
 	t.Helper()
+	return newMigHostHolding(t, spec, 0)
+}
+
+// newMigHostHolding is newMigHost with a migration hold (0: the default).
+func newMigHostHolding(t *testing.T, spec *sim.Spec, hold time.Duration) *migHost {
+	t.Helper()
 	e := &env{t: t}
 	v := newMigVirt()
 	e.host = simhost.Start(t, simhost.Options{
 		Spec: spec,
 		Manager: manager.Config{
-			Crash:     func(p string) { e.crashAt(p) },
-			BusyRetry: 1,
-			Logger:    testenv.Logger(t),
-			Virt:      v,
+			Crash:         func(p string) { e.crashAt(p) },
+			BusyRetry:     1,
+			Logger:        testenv.Logger(t),
+			Virt:          v,
+			MigrationHold: hold,
 		},
 		SimBootID: true,
 	})
@@ -584,4 +592,25 @@ func TestIncomingEndsAskLibvirt(t *testing.T) {
 	if _, err := dst.m.CommitIncoming(ctx, rec.UUID); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Calls that never come back: once the hold has passed, a reconcile
+// resolves the migration by where libvirt has the VM, and a repeated
+// call holds it again.
+func TestMigrationHoldExpires(t *testing.T) {
+	ctx := context.Background()
+	src := newMigHostHolding(t, nil, 20*time.Millisecond)
+	rec := src.running("L4-4Q")
+	if _, err := src.m.MigrationSource(ctx, rec.UUID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	rep, err := src.m.Reconcile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Undone, rec.UUID) || len(intents(t, src.env)) != 0 || attachment(t, src.env, rec.UUID) == nil {
+		t.Fatalf("after the hold, the VM still here: report %+v, intents %+v", rep, intents(t, src.env))
+	}
+	assertConsistent(t, src.env)
 }
