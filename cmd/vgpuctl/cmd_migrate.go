@@ -129,7 +129,7 @@ func (a *app) migratePrepareCmd() *cobra.Command {
 			})
 		}),
 	}
-	cmd.Flags().StringVar(&vm, "vm", "", "the VM's libvirt domain name or UUID here (default: the source's domain UUID)")
+	cmd.Flags().StringVar(&vm, "vm", "", "the VM's libvirt domain name here (default: the source's)")
 	cmd.Flags().StringVar(&tenantName, "tenant", "", "tenant that holds the instance here (default: the source's)")
 	_ = cmd.RegisterFlagCompletionFunc("tenant", a.completeTenants)
 	return cmd

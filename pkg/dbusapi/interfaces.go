@@ -74,7 +74,7 @@ func (s *Service) interfaces() map[string]*ifaceDef {
 			{name: "PrepareIncoming", access: accessManage, fn: s.prepareIncoming,
 				doc: "Carve, for a VM moving in from another vgpud host, an instance of the profile the metadata name, with the source instance's UUID, on a GPU the driver says takes the vGPU live (asked before anything is carved), under the tenant's quota. Refusals carve nothing: Conflict for a GPU of another type, ECC setting or MIG mode, another MIG layout, incompatible drivers, or a driver that moves the vGPU only with the VM stopped (the message says which); NoCapacity; QuotaExceeded; NotFound for an unknown tenant; InvalidArgument for metadata of another version or that the driver does not read. The instance is Busy to other operations until CommitIncoming or AbortIncoming; repeating the call answers again.",
 				in: []arg{{name: "metadata", doc: "The source's MigrationSource answer.", max: maxMigration},
-					{name: "vm", doc: "libvirt domain name or UUID the VM will have here; empty for the source's domain UUID."},
+					{name: "vm", doc: "libvirt domain name the VM will have here; empty for the source's (a migration keeps it)."},
 					{name: "tenant", doc: "Tenant that holds the instance here; empty for the source's."}, optsArg},
 				out: []arg{{name: "object", doc: "Object of the new instance."}, {name: "uuid", doc: "Its UUID (the source instance's)."},
 					{name: "device", doc: "What the VM's hostdev must name here: the mdev's UUID, or the VF's PCI address."},

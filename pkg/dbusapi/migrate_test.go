@@ -23,11 +23,10 @@ type hostDom struct {
 	devs []virt.Attached
 }
 
+// find looks a domain up by name, as libvirt's lookup does.
 func (v *hostVirt) find(ref string) (string, *hostDom, error) {
-	for n, d := range v.doms {
-		if n == ref || d.uuid == ref {
-			return n, d, nil
-		}
+	if d, ok := v.doms[ref]; ok {
+		return ref, d, nil
 	}
 	return "", nil, fmt.Errorf("domain %s: %w", ref, virt.ErrDomainNotFound)
 }

@@ -57,8 +57,8 @@ func checkMetadata(md MigrationMetadata) error {
 	return err
 }
 
-// PrepareIncoming carves, for VM vm (a name or UUID; "": the source's
-// domain UUID) of tenant tn ("": the source's tenant), an instance of the
+// PrepareIncoming carves, for VM vm (its libvirt name here; "": the
+// source's domain name) of tenant tn ("": the source's tenant), an instance of the
 // profile the metadata name, with the source instance's UUID, on a GPU the
 // driver says takes the vGPU live (nvmlGetVgpuCompatibility, asked before
 // anything is carved). Refusals: ErrConflict wrapping ErrIncompatibleGPU,
@@ -71,7 +71,9 @@ func (m *Manager) PrepareIncoming(ctx context.Context, md MigrationMetadata, vm,
 		return Incoming{}, err
 	}
 	if vm == "" {
-		vm = md.DomainUUID
+		// libvirt's migration keeps the domain's name, by which libvirt
+		// finds it.
+		vm = md.Domain
 	}
 	if tn == "" {
 		tn = md.Tenant

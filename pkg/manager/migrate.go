@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -150,6 +151,23 @@ type outgoingPayload struct {
 	DomainUUID string `json:"domainUUID"`
 }
 
+// here says whether libvirt has the moving VM on this host, and whether it
+// runs. libvirt finds domains by name; a domain of that name with another
+// UUID is another VM, and the moving one is gone.
+func (p outgoingPayload) here(ctx context.Context, v Virt) (here, running bool, err error) {
+	dom, err := v.Domain(ctx, p.Domain)
+	if errors.Is(err, virt.ErrDomainNotFound) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, err
+	}
+	if p.DomainUUID != "" && !strings.EqualFold(dom.UUID, p.DomainUUID) {
+		return false, false, nil
+	}
+	return true, dom.Running, nil
+}
+
 // MigrationSource starts moving the VM of instance id to another host: it
 // reads the driver's metadata of the running vGPU and records the
 // outgoing migration (the instance is Busy for other operations until
@@ -252,13 +270,12 @@ func (m *Manager) CompleteOutgoing(ctx context.Context, id string) error {
 	}
 	var p outgoingPayload
 	_ = json.Unmarshal(it.Payload, &p) // written by MigrationSource; an empty plan asks libvirt nothing
-	if v := m.lv(); v != nil && p.DomainUUID != "" {
-		dom, err := v.Domain(ctx, p.DomainUUID)
-		switch {
-		case errors.Is(err, virt.ErrDomainNotFound):
-		case err != nil:
+	if v := m.lv(); v != nil && p.Domain != "" {
+		here, running, err := p.here(ctx, v)
+		if err != nil {
 			return classifyVirt(err, "ask libvirt where VM %s is", p.Domain)
-		case dom.Running:
+		}
+		if here && running {
 			return fail(ErrBusy, nil, "VM %s still runs on this host: the migration has not finished; complete it once libvirt moved the VM", p.Domain)
 		}
 	}

@@ -46,21 +46,17 @@ func (m *Manager) resolveOutgoing(ctx context.Context, it store.Intent, rec stor
 	}
 	var p outgoingPayload
 	_ = json.Unmarshal(it.Payload, &p) // written by MigrationSource
-	ref := p.DomainUUID
-	if ref == "" {
-		ref = p.Domain
+	here, _, err := p.here(ctx, v)
+	if err != nil {
+		return err
 	}
-	_, err = v.Domain(ctx, ref)
-	switch {
-	case errors.Is(err, virt.ErrDomainNotFound):
+	if !here {
 		m.log.Info("migration cut off: the VM left this host; instance released", "instance", rec.UUID, "vm", p.Domain)
 		if err := m.releaseMigrated(ctx, it, rec, false, "outgoing", true); err != nil {
 			return err
 		}
 		rep.Finished = append(rep.Finished, rec.UUID)
 		return nil
-	case err != nil:
-		return err
 	}
 	m.log.Info("migration cut off: the VM stayed on this host; instance kept", "instance", rec.UUID, "vm", p.Domain)
 	if err := m.dropIntent(it.ID); err != nil {

@@ -37,11 +37,10 @@ func newMigVirt() *migVirt { return &migVirt{doms: map[string]*migDom{}} }
 
 func devKey(h virt.Hostdev) string { return fmt.Sprint(h.Kind, h.MdevUUID, h.PCI) }
 
+// find looks a domain up by name, as libvirt's lookup does.
 func (v *migVirt) find(ref string) (*migDom, error) {
-	for _, d := range v.doms {
-		if d.name == ref || d.uuid == ref {
-			return d, nil
-		}
+	if d, ok := v.doms[ref]; ok {
+		return d, nil
 	}
 	return nil, fmt.Errorf("domain %s: %w", ref, virt.ErrDomainNotFound)
 }
