@@ -613,3 +613,29 @@ func TestMigrationHoldExpires(t *testing.T) {
 	}
 	assertConsistent(t, src.env)
 }
+
+// libvirt finds a VM by its name: at the source's restart a domain of that
+// name with another UUID is another VM, and the one that moved is gone.
+func TestOutgoingNameReused(t *testing.T) {
+	ctx := context.Background()
+	src := newMigHost(t, nil)
+	rec := src.running("L4-4Q")
+	src.crash = func(at string) {
+		if at == manager.CrashOutgoingIntent {
+			runtime.Goexit()
+		}
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = src.m.MigrationSource(ctx, rec.UUID) }()
+	<-done
+	src.v.undefine(migVM)
+	if err := src.sim.CloseDevice(hostDevice(rec)); err != nil {
+		t.Fatal(err)
+	}
+	src.v.define(migVM, "5e4d3c2b-1a09-4f8e-8d7c-6b5a49382716", "")
+	src.restart()
+	if _, err := src.m.Instance(rec.UUID); !errors.Is(err, manager.ErrNotFound) || len(intents(t, src.env)) != 0 {
+		t.Fatalf("after the restart: %v, intents %+v; want the instance released", err, intents(t, src.env))
+	}
+	assertConsistent(t, src.env)
+}
