@@ -87,9 +87,9 @@ func overCommit(ctx context.Context, c *placementapi.Client, hosts []*host) (int
 				return 0, err
 			}
 			want := map[string]bool{}
-			for _, in := range g.Instances {
-				want[in.Instance] = true
-				if _, ok := have[in.Instance]; !ok {
+			for _, r := range g.Records {
+				want[r.Record.UUID] = true
+				if _, ok := have[r.Record.UUID]; !ok {
 					bad++
 				}
 			}

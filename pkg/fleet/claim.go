@@ -43,7 +43,7 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 	// A UUID used again after its instance was destroyed: a pass still in
 	// flight must not take the new claim for the old instance's leftover.
 	s.reset(c.Instance)
-	want := resourcesOf(c)
+	want := resourcesOf(p.claim(c))
 	err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 	if errors.Is(err, placementapi.ErrCapacity) {
 		s.met.claims.WithLabelValues("republish").Inc()
@@ -130,7 +130,7 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	// (Nova reuses instance UUIDs): not that instance's leftover.
 	s.reset(consumer)
 	res := cons.Allocations[p.uuid].Resources
-	c := manager.FleetClaim{Instance: consumer, GPU: p.gpu.UUID, Slices: res[SliceClass]}
+	c := unitClaim{Instance: consumer, GPU: p.gpu.UUID}
 	for rc, n := range res {
 		if rc == SliceClass || rc == FramebufferClass {
 			continue
@@ -145,9 +145,13 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s names no profile class: %w", consumer, p.name, manager.ErrInvalidArgument)
 	}
 	fc := p.classes[ClassName(c.Kind, c.Profile)]
-	c.FramebufferMiB = fc.FramebufferMiB
+	c.Slices, c.FramebufferMiB = fc.Slices, fc.FramebufferMiB
 	if c.Kind == store.KindPassthrough {
-		return wholeGPU(c, &p, fc, res)
+		return wholeGPU(c, &p, res)
+	}
+	// The slices must be exactly what the profile's GPU instance holds.
+	if res[SliceClass] != c.Slices {
+		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, SliceClass, res[SliceClass], c.Profile, c.Slices, manager.ErrInvalidArgument)
 	}
 	// The framebuffer must be exactly what the profile takes here, or
 	// Placement's accounting of this GPU would drift from the host's; an
@@ -158,7 +162,7 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 		}
 		c.Incomplete = true
 	}
-	return c, nil
+	return toManager(c), nil
 }
 
 // wholeGPU checks a whole-GPU allocation. A scheduler asks only for the
@@ -167,8 +171,7 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 // Incomplete, and Complete adds them before carving, so that Placement
 // itself refuses it if anything was claimed on the GPU meanwhile. Amounts
 // the scheduler did write must be the whole GPU's.
-func wholeGPU(c manager.FleetClaim, p *gpuProvider, fc manager.FleetClass, res map[string]int) (manager.FleetClaim, error) {
-	c.Slices = fc.Slices
+func wholeGPU(c unitClaim, p *gpuProvider, res map[string]int) (manager.FleetClaim, error) {
 	want := resourcesOf(c)
 	for _, rc := range []string{SliceClass, FramebufferClass} {
 		switch {
@@ -179,7 +182,7 @@ func wholeGPU(c manager.FleetClaim, p *gpuProvider, fc manager.FleetClass, res m
 			return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; a whole GPU takes %d there: %w", c.Instance, p.name, rc, res[rc], want[rc], manager.ErrInvalidArgument)
 		}
 	}
-	return c, nil
+	return toManager(c), nil
 }
 
 // Complete writes the shared units of an adopted allocation that left
@@ -197,7 +200,7 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 		return fmt.Errorf("GPU %s has no provider: %w: %w", c.GPU, manager.ErrBackendFailure, errors.Join(err, placementapi.ErrNotFound))
 	}
 	s.reset(c.Instance)
-	want := resourcesOf(c)
+	want := resourcesOf(p.claim(c))
 	write := func() error {
 		gone := false
 		err := s.editConsumer(ctx, c.Instance, func(a map[string]placementapi.Allocation) {

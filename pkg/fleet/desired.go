@@ -11,13 +11,16 @@ import (
 // gpuProvider is what one GPU's provider should hold.
 type gpuProvider struct {
 	uuid, name string
-	gpu        manager.FleetGPU
-	inv        map[string]placementapi.Inventory
-	traits     []string
+	// host is the host's facts about the GPU; gpu the same in Placement's
+	// units (units.go).
+	host   manager.FleetGPU
+	gpu    gpuUnits
+	inv    map[string]placementapi.Inventory
+	traits []string
 	// allocs: consumer (instance UUID) → resources.
 	allocs map[string]map[string]int
 	// classes: resource class → the profile it stands for.
-	classes map[string]manager.FleetClass
+	classes map[string]unitClass
 }
 
 func one(total, reserved, maxUnit int) placementapi.Inventory {
@@ -27,7 +30,7 @@ func one(total, reserved, maxUnit int) placementapi.Inventory {
 // resourcesOf is what one instance holds in Placement: its profile class,
 // its slices on a MIG GPU and its framebuffer on a GPU in heterogeneous
 // vGPU mode.
-func resourcesOf(c manager.FleetClaim) map[string]int {
+func resourcesOf(c unitClaim) map[string]int {
 	r := map[string]int{ClassName(c.Kind, c.Profile): 1}
 	if c.Slices > 0 {
 		r[SliceClass] = c.Slices
@@ -38,7 +41,8 @@ func resourcesOf(c manager.FleetClaim) map[string]int {
 	return r
 }
 
-// desired turns the host's truth into providers. A class's total is what
+// desired turns the host's truth into providers, each GPU's shape
+// remembered in sm (nil: as discovered). A class's total is what
 // its instances hold plus the room vgpud has for it now, so Placement
 // accepts exactly what vgpud would. On a failed or lost GPU everything its
 // instances do not hold is reserved: not the whole, or Placement would
@@ -46,12 +50,13 @@ func resourcesOf(c manager.FleetClaim) map[string]int {
 // instances still recorded there. A GPU passed through whole needs no
 // reservation: its allocation holds the whole-GPU class and every shared
 // unit (slices, framebuffer), and its other classes have no room.
-func desired(host, top string, view []manager.FleetGPU) []gpuProvider {
+func desired(host, top string, view []manager.FleetGPU, sm *shapeMemory) []gpuProvider {
 	var out []gpuProvider
-	for _, g := range view {
-		p := gpuProvider{uuid: GPUProviderUUID(top, g.PCI), name: GPUProviderName(host, g.PCI), gpu: g,
+	for _, hg := range view {
+		g := unitsOf(hg, sm)
+		p := gpuProvider{uuid: GPUProviderUUID(top, g.PCI), name: GPUProviderName(host, g.PCI), host: hg, gpu: g,
 			inv: map[string]placementapi.Inventory{}, traits: traitsOf(g), allocs: map[string]map[string]int{},
-			classes: map[string]manager.FleetClass{}}
+			classes: map[string]unitClass{}}
 		down := g.State == gpu.StateFailed || g.State == gpu.StateLost
 		for _, c := range g.Classes {
 			p.classes[ClassName(c.Kind, c.Profile)] = c
@@ -183,4 +188,16 @@ func sameResources(a, b map[string]int) bool {
 		}
 	}
 	return true
+}
+
+// claim is manager claim c in Placement's units on p's GPU.
+func (p *gpuProvider) claim(c manager.FleetClaim) unitClaim {
+	u := unitClaim{Instance: c.Instance, GPU: c.GPU, Profile: c.Profile, Kind: c.Kind, Incomplete: c.Incomplete, Unconfirmed: c.Unconfirmed}
+	u.Slices, u.FramebufferMiB = takes(p.host, p.gpu, c.Kind, c.Profile)
+	return u
+}
+
+// toManager is c as the manager knows it (without Placement's units).
+func toManager(c unitClaim) manager.FleetClaim {
+	return manager.FleetClaim{Instance: c.Instance, GPU: c.GPU, Profile: c.Profile, Kind: c.Kind, Incomplete: c.Incomplete, Unconfirmed: c.Unconfirmed}
 }

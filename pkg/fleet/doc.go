@@ -25,5 +25,6 @@
 // settings in force, hands it to the manager, and on a reload replaces it,
 // or keeps the running one when the new settings cannot be used.
 //
-// Imports: pkg/gpu, pkg/manager, pkg/placementapi, pkg/store.
+// Imports: pkg/gpu, pkg/manager, pkg/placement, pkg/placementapi,
+// pkg/profile, pkg/store.
 package fleet

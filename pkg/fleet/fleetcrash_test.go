@@ -172,8 +172,8 @@ func TestFleetCreateCrashPoints(t *testing.T) {
 						t.Fatal(err)
 					}
 					for _, g := range view {
-						for _, cl := range g.Instances {
-							if cl.Instance == id {
+						for _, r := range g.Records {
+							if r.Record.UUID == id {
 								t.Fatalf("the host still holds %s on %s", id, g.PCI)
 							}
 						}

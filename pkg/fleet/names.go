@@ -6,7 +6,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
-	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 	"github.com/vgpud/vgpud/pkg/store"
 )
@@ -100,7 +99,7 @@ func madeHere(top string, p placementapi.Provider) bool {
 }
 
 // traitsOf are a GPU provider's traits.
-func traitsOf(g manager.FleetGPU) []string {
+func traitsOf(g gpuUnits) []string {
 	t := []string{TraitManaged, "CUSTOM_VGPUD_MODEL_" + norm(g.Model)}
 	switch {
 	case g.MIG:

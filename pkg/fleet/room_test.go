@@ -14,14 +14,14 @@ import (
 // would accept on p: the fewest, over the resources one instance takes
 // (its class, slices, framebuffer), of the capacity left (total less
 // reserved less what p's allocations hold) divided by what it takes.
-func placementRoom(p *gpuProvider, c manager.FleetClass) int {
+func placementRoom(p *gpuProvider, c unitClass) int {
 	used := map[string]int{}
 	for _, r := range p.allocs {
 		for rc, n := range r {
 			used[rc] += n
 		}
 	}
-	need := resourcesOf(manager.FleetClaim{Kind: c.Kind, Profile: c.Profile, Slices: c.Slices, FramebufferMiB: c.FramebufferMiB})
+	need := resourcesOf(unitClaim{Kind: c.Kind, Profile: c.Profile, Slices: c.Slices, FramebufferMiB: c.FramebufferMiB})
 	most := -1
 	for rc, n := range need {
 		inv := p.inv[rc]
@@ -51,7 +51,7 @@ func TestPlacementCountsTheRoom(t *testing.T) {
 		}
 		type key struct{ model, kind, profile string }
 		perModel := map[key]int{}
-		for _, p := range desired("hosta", RootUUID("hosta"), view) {
+		for _, p := range desired("hosta", RootUUID("hosta"), view, nil) {
 			names := map[string]int{}
 			for _, c := range p.gpu.Classes {
 				names[ClassName(c.Kind, c.Profile)]++

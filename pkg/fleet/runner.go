@@ -70,6 +70,9 @@ type Runner struct {
 	// metrics and reg outlive syncers, so counters survive a reload.
 	metrics *Metrics
 	reg     *prometheus.Registry
+	// shapes outlives syncers too: a GPU lost before a reload keeps the
+	// shape it had while it answered.
+	shapes *shapeMemory
 	// early is a syncer made for the start-up reconcile (Prepare), not
 	// running yet; Apply starts it while its settings are still in force.
 	early *builtFleet
@@ -86,7 +89,7 @@ type builtFleet struct {
 
 // NewRunner returns a runner with no syncer; Prepare and Apply start one.
 func NewRunner(cfg RunnerConfig) *Runner {
-	r := &Runner{host: cfg.Host, log: cfg.Logger, crash: cfg.Crash, metrics: NewMetrics(), reg: prometheus.NewRegistry()}
+	r := &Runner{host: cfg.Host, log: cfg.Logger, crash: cfg.Crash, metrics: NewMetrics(), reg: prometheus.NewRegistry(), shapes: &shapeMemory{}}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -132,6 +135,7 @@ func (r *Runner) build(cfg *Settings) (*builtFleet, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.shapes = r.shapes
 	return &builtFleet{cfg: cfg, token: token, host: host, c: c, s: s}, nil
 }
 

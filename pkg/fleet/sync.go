@@ -108,6 +108,9 @@ type Syncer struct {
 	cache map[string]cached
 	// classes and traits already made in Placement.
 	made map[string]bool
+	// shapes remembers each GPU's shape while it answered (units.go); the
+	// Runner hands every syncer it makes the same one.
+	shapes *shapeMemory
 }
 
 type cached struct {
@@ -151,7 +154,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}}, nil
+		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}, shapes: &shapeMemory{}}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -436,7 +439,7 @@ func (s *Syncer) reset(consumer string) {
 
 // desired turns a view into providers and notes them as this host's.
 func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
-	want := desired(s.cfg.Host, s.top(), view)
+	want := desired(s.cfg.Host, s.top(), view, s.shapes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range want {

@@ -281,35 +281,6 @@ func TestConcurrentDestroysOfSharersLeaveNoGPUInstance(t *testing.T) {
 	}
 }
 
-// The fleet's view (Placement): compute instances narrower than their GPU
-// instance are not published as allocations; their GPU instance's slots
-// are unclaimable once, however many compute instances share it.
-func TestFleetViewOfComputeInstances(t *testing.T) {
-	e := newEnv(t, nil)
-	e.tenant("acme", unlimited())
-	for i := 0; i < 3; i++ {
-		e.mustCreate("acme", "1c.3g.40gb", sim.DefaultH100MIG)
-	}
-	whole := e.mustCreate("acme", "1g.10gb", sim.DefaultH100MIG)
-	view, err := e.m.FleetView()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range view {
-		if g.PCI != sim.DefaultH100MIG {
-			continue
-		}
-		if len(g.Instances) != 1 || g.Instances[0].Instance != whole.UUID || g.Instances[0].Slices != 1 {
-			t.Fatalf("published instances %+v, want only the 1g.10gb", g.Instances)
-		}
-		if g.Unclaimable != 4 {
-			t.Fatalf("unclaimable slots %d, want the 3g.40gb's 4 once", g.Unclaimable)
-		}
-		return
-	}
-	t.Fatalf("no GPU %s in the fleet view", sim.DefaultH100MIG)
-}
-
 // admitBarrier holds every create at its first step after admission until
 // n creates have been admitted or refused, so all of them are decided
 // while the others are in flight (none has carved yet).

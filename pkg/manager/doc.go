@@ -82,9 +82,8 @@
 //     instance views
 //   - room.go: how many more of each profile one GPU takes (roomOn), the
 //     one number Capacity adds up and the fleet view publishes
-//   - fleetview.go: the host as Placement counts it, whole or one GPU;
-//     fleetunits.go: its units (slices, shared framebuffer, what each
-//     record holds) and the shape of lost GPUs
+//   - fleetview.go: the host's facts for Placement, whole or one GPU
+//     (state, modes, records, room per class); pkg/fleet counts them
 //   - events.go: events to subscribers; refusal.go: why a request does
 //     not fit, in words; errors.go: the sentinels and their translation
 //

@@ -49,7 +49,9 @@ type Fleet interface {
 	Settle(ctx context.Context, gpu, removed string) error
 }
 
-// FleetClaim is one instance's share of one GPU, as the fleet holds it.
+// FleetClaim is one instance's share of one GPU, as the fleet holds it:
+// what Placement counts it in (slices, shared framebuffer) is the
+// fleet's to derive from the GPU.
 type FleetClaim struct {
 	Instance string
 	// GPU is the GPU's UUID.
@@ -58,16 +60,8 @@ type FleetClaim struct {
 	// profile name such as 3g.40gb, or a vGPU type name).
 	Profile string
 	Kind    store.InstanceKind
-	// Slices are the slot-grid units the instance holds: its GPU
-	// instance's size for a MIG instance and a MIG-backed vGPU alone in
-	// its GPU instance, the whole grid for a whole GPU in MIG mode, else 0
-	// (fleetSlices).
-	Slices int
-	// FramebufferMiB is what the instance takes of a GPU's shared
-	// framebuffer in heterogeneous vGPU mode (a whole GPU all of it), else 0.
-	FramebufferMiB uint64
 	// Incomplete marks an adopted allocation that lacks the shared units
-	// above (see Fleet.Complete).
+	// the fleet counts its profile in (see Fleet.Complete).
 	Incomplete bool
 	// Unconfirmed marks the create of a fleet scheduler's consumer that has
 	// not finished: its allocation is the scheduler's to write or delete,
@@ -193,12 +187,11 @@ func (m *Manager) fleetBegin(ctx context.Context, req *CreateRequest, offers []o
 	if err != nil || b.d.o.ci != nil {
 		// The admission gives the refusal its proper message; compute
 		// instances narrower than their GPU instance are not published
-		// (claimOf) and so not claimed.
+		// and so not claimed.
 		return nil, nil
 	}
 	d := b.d
-	c := FleetClaim{Instance: req.UUID, GPU: d.g.UUID, Profile: d.o.name(), Kind: d.o.kind,
-		Slices: m.fleetSlices(d.g, d.o), FramebufferMiB: m.fleetFramebuffer(d.g, d.o)}
+	c := FleetClaim{Instance: req.UUID, GPU: d.g.UUID, Profile: d.o.name(), Kind: d.o.kind}
 	if err := f.Claim(ctx, c); err != nil {
 		if errors.Is(err, ErrNoCapacity) {
 			return nil, fail(ErrNoCapacity, err, "the fleet has given the last room for %s on GPU %s away; retry or choose another GPU", c.Profile, d.g.PCI)
@@ -254,12 +247,12 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 	}
 	ok := false
 	for _, o := range offers {
-		if o.model.Name == g.Model && o.name() == c.Profile && o.kind == c.Kind && m.fleetSlices(&g, o) == c.Slices {
+		if o.model.Name == g.Model && o.name() == c.Profile && o.kind == c.Kind {
 			ok = true
 		}
 	}
 	if !ok {
-		return nil, fail(ErrInvalidArgument, nil, "the allocation of consumer %s is for %s (%d slices) on GPU %s; the request asks %s", req.UUID, c.Profile, c.Slices, g.PCI, req.Profile)
+		return nil, fail(ErrInvalidArgument, nil, "the allocation of consumer %s is for %s on GPU %s; the request asks %s", req.UUID, c.Profile, g.PCI, req.Profile)
 	}
 	req.GPU = g.UUID
 	op := &fleetOp{f: f, instance: req.UUID, adopted: true, m: m, gpu: g, profile: c.Profile}
@@ -292,16 +285,17 @@ func (m *Manager) fleetConfirms(ctx context.Context, rec *store.Instance) (why s
 	if f == nil {
 		return "no fleet is configured to confirm the scheduler's allocation", true
 	}
-	want, ok := m.claimOf(rec)
-	if !ok {
+	// Compute instances narrower than their GPU instance are not published.
+	want, ok := m.recordProfile(rec)
+	if !ok || (rec.Kind == store.KindMIG && rec.CISlices > 0) {
 		return "the record names no profile the fleet publishes", false
 	}
 	c, err := f.Adopt(ctx, rec.UUID)
 	if err != nil {
 		return Message(err), !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalidArgument)
 	}
-	if c.GPU != rec.GPUUUID || c.Profile != want.Profile || c.Kind != want.Kind {
-		return fmt.Sprintf("the allocation now names %s on GPU %s, not %s on GPU %s", c.Profile, c.GPU, want.Profile, rec.GPUPCI), false
+	if c.GPU != rec.GPUUUID || c.Profile != want || c.Kind != rec.Kind {
+		return fmt.Sprintf("the allocation now names %s on GPU %s, not %s on GPU %s", c.Profile, c.GPU, want, rec.GPUPCI), false
 	}
 	return "", false
 }

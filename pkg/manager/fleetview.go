@@ -4,40 +4,51 @@ import (
 	"sort"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
+	"github.com/vgpud/vgpud/pkg/placement"
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 )
 
-// FleetGPU is one GPU as the fleet sees it: what is carved on it and how
-// many more of each profile vgpud would accept there now.
+// FleetGPU is one GPU as the host knows it, for the fleet: its identity,
+// state and modes as discovered, its catalog entry, its records and how
+// many more of each profile vgpud would accept there now. How Placement
+// counts all this (slices, shared framebuffer, class names, the shape of
+// a lost GPU) is the fleet's (pkg/fleet).
 type FleetGPU struct {
 	UUID, PCI, Model string
 	State            gpu.State
+	// Lost is discovery's word that the GPU does not answer: its modes
+	// below are then not known.
+	Lost bool
 	// MIG is MIG mode on; Flavour the vGPU creation flow; Heterogeneous
-	// the time-sliced mode.
+	// the time-sliced mode; as discovered now.
 	MIG           bool
 	Flavour       gpu.Flavour
 	Heterogeneous bool
-	// Slices is the slot grid's size on a MIG GPU; Unclaimable the slots
-	// held by what the fleet cannot see as allocations (foreign GPU
-	// instances, compute instances narrower than their GPU instance, GPU
-	// instances whose vGPUs share them).
-	Slices, Unclaimable int
-	// FramebufferMiB is the framebuffer the vGPUs and a whole GPU share on
-	// a time-sliced GPU (sharedFramebuffer; 0 on a MIG GPU).
-	FramebufferMiB uint64
-	Classes        []FleetClass
-	Instances      []FleetClaim
+	// Spec is the catalog's model (nil: the catalog lacks it); Grid its
+	// MIG slot grid (nil: none).
+	Spec *profile.Model
+	Grid *placement.Grid
+	// SlotsUsed is the slot-grid units the GPU instances on the GPU hold
+	// now, vgpud's (recorded, shown or not) and foreign ones alike.
+	SlotsUsed int
+	Classes   []FleetClass
+	Records   []FleetRecord
 }
 
-// FleetClass is one profile carvable on a GPU and how many more fit now.
+// FleetClass is one profile the GPU offers in its mode and how many more
+// fit now (roomOn).
 type FleetClass struct {
 	Profile string
 	Kind    store.InstanceKind
-	Slices  int
 	Room    int
-	// FramebufferMiB is what one instance takes of the GPU's shared
-	// framebuffer (heterogeneous vGPU mode only, else 0).
-	FramebufferMiB uint64
+}
+
+// FleetRecord is one instance recorded on the GPU and the canonical
+// profile it holds ("" when the catalog no longer names it).
+type FleetRecord struct {
+	Record  store.Instance
+	Profile string
 }
 
 // FleetView is the host's truth for the fleet: every GPU, its instances and
@@ -85,87 +96,75 @@ func (m *Manager) FleetGPUByUUID(gpuUUID string) (FleetGPU, error) {
 	return out, nil
 }
 
-// fleetGPU is g as the fleet sees it: its shape (as last seen while it
-// answered), state, instances, and a class per profile its mode offers
-// with the room roomOn gives.
+// fleetGPU is g as the fleet sees it: state, modes, records, and a class
+// per profile its mode offers with the room roomOn gives.
 func (m *Manager) fleetGPU(s *snapshot, g *gpu.GPU) FleetGPU {
-	sh := m.shapes.of(g, s)
-	fg := FleetGPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, MIG: sh.mig, Flavour: sh.flavour, Heterogeneous: sh.het}
+	fg := FleetGPU{UUID: g.UUID, PCI: g.PCI, Model: g.Model, Lost: g.Lost, MIG: g.MIG.Enabled, Flavour: g.VGPU.Flavour,
+		Heterogeneous: g.VGPU.Heterogeneous, Grid: m.grid(g.Model)}
 	fg.State, _ = s.state(g)
-	if gr := m.grid(g.Model); gr != nil && fg.MIG {
-		fg.Slices = gr.Slices
+	if md, ok := m.catalog().Model(g.Model); ok {
+		fg.Spec = md
 	}
-	fg.FramebufferMiB = m.sharedFramebuffer(g.Model, sh.flavour, fg.MIG, fg.Heterogeneous)
 	for _, r := range s.byGPU[g.UUID] {
-		if c, ok := m.claimOf(r); ok {
-			if fg.FramebufferMiB > 0 {
-				c.FramebufferMiB = m.recordFramebuffer(r, fg.FramebufferMiB)
-			}
-			fg.Instances = append(fg.Instances, c)
-		}
+		p, _ := m.recordProfile(r)
+		fg.Records = append(fg.Records, FleetRecord{Record: *r, Profile: p})
 	}
-	sort.Slice(fg.Instances, func(a, b int) bool { return fg.Instances[a].Instance < fg.Instances[b].Instance })
+	sort.Slice(fg.Records, func(a, b int) bool { return fg.Records[a].Record.UUID < fg.Records[b].Record.UUID })
 	rm := m.roomOn(s, g)
-	if pg, ok := m.migGPU(s, g); ok && fg.MIG {
-		fg.Slices = pg.Grid.Slices
-		claimed := 0
-		for _, c := range fg.Instances {
-			claimed += c.Slices
-		}
-		used := 0
-		for _, sl := range pg.Used {
-			used += sl.Size
-		}
-		fg.Unclaimable = max(0, used-claimed)
+	pg, isMIG := m.migGPU(s, g)
+	for _, sl := range pg.Used {
+		fg.SlotsUsed += sl.Size
+	}
+	if isMIG && fg.MIG {
 		// A GPU that takes no MIG instance now publishes no MIG profile.
 		for _, p := range pg.Grid.Profiles {
 			if n, ok := rm[roomKey{store.KindMIG, p.Name}]; ok {
-				fg.Classes = append(fg.Classes, FleetClass{Profile: p.Name, Kind: store.KindMIG, Slices: p.Size, Room: n})
+				fg.Classes = append(fg.Classes, FleetClass{Profile: p.Name, Kind: store.KindMIG, Room: n})
 			}
 		}
 		for _, t := range m.migBackedTypes(g) {
-			c := FleetClass{Profile: t.Name, Kind: store.KindMIGVGPU, Room: rm[roomKey{store.KindMIGVGPU, t.Name}]}
-			if t.MaxPerGPUInstance <= 1 {
-				p, _ := m.giProfile(g.Model, *t.GPUInstanceProfile)
-				c.Slices = p.Size
-			}
-			fg.Classes = append(fg.Classes, c)
+			fg.Classes = append(fg.Classes, FleetClass{Profile: t.Name, Kind: store.KindMIGVGPU, Room: rm[roomKey{store.KindMIGVGPU, t.Name}]})
 		}
 	}
 	if h, ok := m.vgpuHost(s, g); ok && !fg.MIG {
 		var vc []FleetClass
-		for name, tc := range h.Types {
-			c := FleetClass{Profile: name, Kind: store.KindVGPU, Room: rm[roomKey{store.KindVGPU, name}]}
-			if fg.FramebufferMiB > 0 {
-				c.FramebufferMiB = tc.FramebufferMiB
-			}
-			vc = append(vc, c)
+		for name := range h.Types {
+			vc = append(vc, FleetClass{Profile: name, Kind: store.KindVGPU, Room: rm[roomKey{store.KindVGPU, name}]})
 		}
 		sort.Slice(vc, func(a, b int) bool { return vc[a].Profile < vc[b].Profile })
 		fg.Classes = append(fg.Classes, vc...)
 	}
-	m.passthroughClass(g, &fg, rm)
+	if fg.Spec != nil {
+		fg.Classes = append(fg.Classes, FleetClass{Profile: ProfilePassthrough, Kind: store.KindPassthrough,
+			Room: rm[roomKey{store.KindPassthrough, ProfilePassthrough}]})
+	}
 	return fg
 }
 
-// passthroughClass adds the whole-GPU class to fg, with its room (1 on a
-// GPU the admission would pass through now: available, nothing carved). A
-// whole GPU also takes every slot of a MIG GPU and all the framebuffer of
-// a GPU in heterogeneous mode, so that Placement itself refuses a whole
-// GPU together with anything carved on it.
-func (m *Manager) passthroughClass(g *gpu.GPU, fg *FleetGPU, rm room) {
-	if _, ok := m.catalog().Model(fg.Model); !ok {
-		return
-	}
-	c := FleetClass{Profile: ProfilePassthrough, Kind: store.KindPassthrough, FramebufferMiB: fg.FramebufferMiB,
-		Room: rm[roomKey{store.KindPassthrough, ProfilePassthrough}]}
-	if fg.MIG {
-		c.Slices = fg.Slices
-	}
-	fg.Classes = append(fg.Classes, c)
-	for i := range fg.Instances {
-		if fg.Instances[i].Kind == store.KindPassthrough {
-			fg.Instances[i].Slices = c.Slices
+// recordProfile is the canonical profile record r holds: its GPU
+// instance's profile for a MIG instance, its type for a vGPU,
+// ProfilePassthrough for a whole GPU. ok is false when the catalog no
+// longer names it.
+func (m *Manager) recordProfile(r *store.Instance) (string, bool) {
+	switch r.Kind {
+	case store.KindMIG:
+		if g := m.grid(r.Model); g != nil {
+			for _, p := range g.Profiles {
+				if p.ID == r.GIProfileID {
+					return p.Name, true
+				}
+			}
 		}
+	case store.KindMIGVGPU:
+		if md, ok := m.catalog().Model(r.Model); ok && r.TypeName != "" {
+			if t, ok := md.VGPUTypeByID(r.TypeID); ok {
+				return t.Name, true
+			}
+		}
+	case store.KindVGPU:
+		return r.TypeName, r.TypeName != ""
+	case store.KindPassthrough:
+		return ProfilePassthrough, true
 	}
+	return "", false
 }

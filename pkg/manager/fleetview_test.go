@@ -64,18 +64,17 @@ func (e *env) roomIsAdmission(pci string) {
 }
 
 // TestFleetViewOfMIGBackedAndPassthrough: MIG-backed vGPU types and the
-// whole GPU are published as classes with the admission's room; a
-// MIG-backed vGPU alone in its GPU instance claims that instance's slots,
-// a whole GPU every slot of a MIG GPU.
+// whole GPU are published as classes with the admission's room (what
+// Placement counts them in is pkg/fleet's: TestFleetUnitsOfMIGBackedAndPassthrough).
 func TestFleetViewOfMIGBackedAndPassthrough(t *testing.T) {
 	e := newEnv(t, nil)
 	e.tenant("acme", unlimited())
 
 	g := e.fleetGPU(sim.DefaultH100MIG)
 	want := map[string]manager.FleetClass{
-		"H100XM-3-40C":             {Profile: "H100XM-3-40C", Kind: store.KindMIGVGPU, Slices: 4, Room: 2},
-		"H100XM-1-10C":             {Profile: "H100XM-1-10C", Kind: store.KindMIGVGPU, Slices: 1, Room: 7},
-		manager.ProfilePassthrough: {Profile: manager.ProfilePassthrough, Kind: store.KindPassthrough, Slices: 8, Room: 1},
+		"H100XM-3-40C":             {Profile: "H100XM-3-40C", Kind: store.KindMIGVGPU, Room: 2},
+		"H100XM-1-10C":             {Profile: "H100XM-1-10C", Kind: store.KindMIGVGPU, Room: 7},
+		manager.ProfilePassthrough: {Profile: manager.ProfilePassthrough, Kind: store.KindPassthrough, Room: 1},
 	}
 	for name, w := range want {
 		if c, ok := classOf(g, name); !ok || c != w {
@@ -86,63 +85,46 @@ func TestFleetViewOfMIGBackedAndPassthrough(t *testing.T) {
 
 	v := e.mustCreate("acme", "H100XM-3-40C", sim.DefaultH100MIG)
 	g = e.fleetGPU(sim.DefaultH100MIG)
-	if len(g.Instances) != 1 || g.Instances[0] != (manager.FleetClaim{Instance: v.UUID, GPU: v.GPUUUID, Profile: "H100XM-3-40C", Kind: store.KindMIGVGPU, Slices: 4}) {
-		t.Fatalf("published instances %+v, want the MIG-backed vGPU with its 4 slots", g.Instances)
-	}
-	if g.Unclaimable != 0 {
-		t.Fatalf("unclaimable slots %d, want 0: the vGPU's allocation holds its slots", g.Unclaimable)
+	if len(g.Records) != 1 || g.Records[0].Record.UUID != v.UUID || g.Records[0].Profile != "H100XM-3-40C" {
+		t.Fatalf("records %+v, want the MIG-backed vGPU", g.Records)
 	}
 	if c, _ := classOf(g, manager.ProfilePassthrough); c.Room != 0 {
 		t.Fatalf("a GPU with a vGPU offers room %d for a whole GPU", c.Room)
 	}
 	e.roomIsAdmission(sim.DefaultH100MIG)
 
-	// A whole GPU: its claim takes every slot of a MIG GPU, nothing else
-	// has room there, and the class stays published for its allocation.
+	// A whole GPU: nothing else has room there, and the class stays
+	// published for its allocation.
 	if err := e.m.Destroy(context.Background(), v.UUID, manager.DestroyOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	w := e.mustCreate("acme", manager.ProfilePassthrough, sim.DefaultH100MIG)
 	g = e.fleetGPU(sim.DefaultH100MIG)
-	if g.State != gpu.StatePassthrough || len(g.Instances) != 1 || g.Instances[0].Slices != 8 || g.Instances[0].Instance != w.UUID {
-		t.Fatalf("whole GPU: state %s, instances %+v; want its claim of all 8 slots", g.State, g.Instances)
+	if g.State != gpu.StatePassthrough || len(g.Records) != 1 || g.Records[0].Record.UUID != w.UUID {
+		t.Fatalf("whole GPU: state %s, records %+v", g.State, g.Records)
 	}
 	for _, c := range g.Classes {
 		if c.Room != 0 {
 			t.Fatalf("a GPU passed through offers room %d for %s", c.Room, c.Profile)
 		}
 	}
-	// On a time-sliced GPU the whole GPU takes no slots but all the
-	// framebuffer its vGPUs share.
-	a := e.mustCreate("acme", manager.ProfilePassthrough, sim.DefaultA10)
-	g = e.fleetGPU(sim.DefaultA10)
-	if len(g.Instances) != 1 || g.FramebufferMiB == 0 || g.Instances[0] != (manager.FleetClaim{Instance: a.UUID, GPU: a.GPUUUID, Profile: manager.ProfilePassthrough, Kind: store.KindPassthrough, FramebufferMiB: g.FramebufferMiB}) {
-		t.Fatalf("whole A10: shared framebuffer %d, instances %+v", g.FramebufferMiB, g.Instances)
-	}
 }
 
-// TestFleetViewOfSharedGPUInstances: types whose vGPUs share a GPU
-// instance claim no slots (one instance's slots cannot be split among its
-// vGPUs in whole units); the GPU instance's slots are unclaimable once,
-// and the type's room counts the free seats of the shared instance.
+// TestFleetViewOfSharedGPUInstances: the room of a type whose vGPUs share
+// a GPU instance counts the free seats of the shared instance (its units:
+// pkg/fleet's TestFleetUnitsOfSharedGPUInstances).
 func TestFleetViewOfSharedGPUInstances(t *testing.T) {
 	const pci = "0000:41:00.0"
 	e := newEnv(t, &sim.Spec{Version: "v1", GPUs: []sim.GPUSpec{{Model: "RTX-PRO-6000-BSE-96GB", PCI: pci, Flavour: gpu.FlavourVFIO, MIG: true}}})
 	e.tenant("acme", unlimited())
 	const typ = "RTX Pro 6000 Blackwell DC-1-6Q" // four per 1g.24gb+gfx (3 slots)
 	before, ok := classOf(e.fleetGPU(pci), typ)
-	if !ok || before.Slices != 0 || before.Kind != store.KindMIGVGPU || before.Room == 0 {
+	if !ok || before.Kind != store.KindMIGVGPU || before.Room == 0 {
 		t.Fatalf("class %s = %+v (published %v)", typ, before, ok)
 	}
 	e.roomIsAdmission(pci)
-	v := e.mustCreate("acme", typ, pci)
+	e.mustCreate("acme", typ, pci)
 	g := e.fleetGPU(pci)
-	if len(g.Instances) != 1 || g.Instances[0].Slices != 0 || g.Instances[0].Instance != v.UUID {
-		t.Fatalf("published instances %+v, want the vGPU with no slots", g.Instances)
-	}
-	if g.Unclaimable != 3 {
-		t.Fatalf("unclaimable slots %d, want the shared GPU instance's 3", g.Unclaimable)
-	}
 	if c, _ := classOf(g, typ); c.Room != before.Room-1 {
 		t.Fatalf("room for %s after one: %d, want %d (three seats left in the shared instance)", typ, c.Room, before.Room-1)
 	}

@@ -174,10 +174,6 @@ type Manager struct {
 	// fleet is the fleet's claim service (fleet.go); nil when no Placement
 	// is configured. Swapped on reload, read without a lock.
 	fleet atomic.Pointer[fleetHolder]
-	// shapes remembers each GPU's modes as last discovered while it
-	// answered (fleet.go: a lost GPU's allocations keep their shape).
-	shapes shapeMemory
-
 	// confMu guards what SetCatalog and SetVirt replace while the daemon runs.
 	confMu sync.RWMutex
 	cat    *profile.Catalog
