@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/vgpud/vgpud/internal/testenv"
 	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
 	"github.com/vgpud/vgpud/pkg/dbusapi"
+	"github.com/vgpud/vgpud/pkg/fleet"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
@@ -119,6 +121,24 @@ var flavorForms = []flavorForm{
 		query: "limit=1000&resources1=CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"},
 }
 
+// tableForms are the flavor table's flavors (internal/testenv/placement,
+// flavors.go: the GPU class beside each profile's class, slices and
+// framebuffer) as Nova flavors, for the profiles docs/fleet.md lists.
+func tableForms() []flavorForm {
+	var out []flavorForm
+	for _, p := range []string{"3g.40gb", "H100XM-3-40C", "RTX Pro 6000 Blackwell DC-1-6Q", "L4-4Q", "passthrough"} {
+		specs := tplacement.FlavorOf(p).ExtraSpecs(fleet.ClassName, tplacement.WithFramebuffer)
+		var asked []string
+		for k, v := range specs {
+			asked = append(asked, strings.TrimPrefix(k, "resources1:")+":"+v)
+		}
+		sort.Strings(asked)
+		out = append(out, flavorForm{name: p + ", the flavor table's", profile: p, flavor: tplacement.Flavor{ExtraSpecs: specs},
+			query: "limit=1000&resources1=" + strings.Join(asked, ",")})
+	}
+	return out
+}
+
 // docsExtraSpec is an extra spec as docs/fleet.md writes one
 // (`resources1:CUSTOM_VGPUD_L4_4Q=1`, `resources:VCPU=0`,
 // `group_policy=none`).
@@ -145,9 +165,10 @@ func TestFleetNovaFlavors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	forms := append(append([]flavorForm{}, flavorForms...), tableForms()...)
 	for _, m := range docsExtraSpec.FindAllStringSubmatch(string(doc), -1) {
 		found := false
-		for _, f := range flavorForms {
+		for _, f := range forms {
 			found = found || f.flavor.ExtraSpecs[m[1]] == m[2]
 		}
 		if !found {
@@ -182,7 +203,7 @@ func TestFleetNovaFlavors(t *testing.T) {
 	awaitFleet(t, pc, hosts, 20*time.Second)
 	nova := tplacement.StartNova(t, srv.URL())
 
-	for _, f := range flavorForms {
+	for _, f := range forms {
 		t.Run(f.name, func(t *testing.T) {
 			ctx := ctxFleet(t)
 			q, err := nova.Query(ctx, f.flavor)

@@ -108,7 +108,7 @@ func TestCapacityAgreesWithFleetStatus(t *testing.T) {
 			t.Fatalf("provider %s stands for GPU %s, which vgpuctl gpus does not list", p.Name, p.GPU)
 		}
 		for _, c := range p.Classes {
-			if c.Class == fleet.SliceClass || c.Class == fleet.FramebufferClass {
+			if c.Class == fleet.SliceClass || c.Class == fleet.FramebufferClass || c.Class == fleet.GPUClass {
 				continue // units every profile shares, not a profile's room
 			}
 			k := key{m, c.Class}

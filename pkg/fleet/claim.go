@@ -132,7 +132,7 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	res := cons.Allocations[p.uuid].Resources
 	c := unitClaim{Instance: consumer, GPU: p.gpu.UUID}
 	for rc, n := range res {
-		if rc == SliceClass || rc == FramebufferClass {
+		if rc == SliceClass || rc == FramebufferClass || rc == GPUClass {
 			continue
 		}
 		fc, ok := p.classes[rc]
@@ -153,27 +153,33 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 	if res[SliceClass] != c.Slices {
 		return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, SliceClass, res[SliceClass], c.Profile, c.Slices, manager.ErrInvalidArgument)
 	}
-	// The framebuffer must be exactly what the profile takes here, or
-	// Placement's accounting of this GPU would drift from the host's; an
-	// allocation that left it out is completed before carving.
-	if want := resourcesOf(c)[FramebufferClass]; res[FramebufferClass] != want {
-		if res[FramebufferClass] != 0 {
-			return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, FramebufferClass, res[FramebufferClass], c.Profile, want, manager.ErrInvalidArgument)
+	// The framebuffer and the GPU's unit must be exactly what the profile
+	// takes here, or Placement's accounting of this GPU would drift from
+	// the host's; an allocation that left them out is completed before
+	// carving.
+	want := resourcesOf(c)
+	for _, rc := range []string{FramebufferClass, GPUClass} {
+		if res[rc] == want[rc] {
+			continue
+		}
+		if res[rc] != 0 {
+			return manager.FleetClaim{}, fmt.Errorf("the allocation of consumer %s on %s holds %s: %d; %s takes %d there: %w", consumer, p.name, rc, res[rc], c.Profile, want[rc], manager.ErrInvalidArgument)
 		}
 		c.Incomplete = true
 	}
 	return toManager(c), nil
 }
 
-// wholeGPU checks a whole-GPU allocation. A scheduler asks only for the
-// whole-GPU class (it cannot know which candidates are in MIG or
-// heterogeneous mode): one that lacks the GPU's slices or framebuffer is
-// Incomplete, and Complete adds them before carving, so that Placement
-// itself refuses it if anything was claimed on the GPU meanwhile. Amounts
-// the scheduler did write must be the whole GPU's.
+// wholeGPU checks a whole-GPU allocation. A scheduler asks for the
+// whole-GPU class and all of GPUClass (it cannot know which candidates
+// are in MIG or heterogeneous mode, and need not: GPUClass alone keeps
+// anything else off the GPU): one that lacks the GPU's slices or
+// framebuffer (or, written before GPUClass, that class) is Incomplete, and
+// Complete adds them before carving. Amounts the scheduler did write must
+// be the whole GPU's.
 func wholeGPU(c unitClaim, p *gpuProvider, res map[string]int) (manager.FleetClaim, error) {
 	want := resourcesOf(c)
-	for _, rc := range []string{SliceClass, FramebufferClass} {
+	for _, rc := range []string{SliceClass, FramebufferClass, GPUClass} {
 		switch {
 		case res[rc] == want[rc]:
 		case res[rc] == 0:

@@ -6,6 +6,7 @@ import (
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/store"
 )
 
 // gpuProvider is what one GPU's provider should hold.
@@ -28,10 +29,10 @@ func one(total, reserved, maxUnit int) placementapi.Inventory {
 }
 
 // resourcesOf is what one instance holds in Placement: its profile class,
-// its slices on a MIG GPU and its framebuffer on a GPU in heterogeneous
-// vGPU mode.
+// its share of the GPU class (gpuUnitsOf), its slices on a MIG GPU and its
+// framebuffer on a time-sliced GPU.
 func resourcesOf(c unitClaim) map[string]int {
-	r := map[string]int{ClassName(c.Kind, c.Profile): 1}
+	r := map[string]int{ClassName(c.Kind, c.Profile): 1, GPUClass: gpuUnitsOf(c.Kind)}
 	if c.Slices > 0 {
 		r[SliceClass] = c.Slices
 	}
@@ -75,13 +76,16 @@ func desired(host, top string, view []manager.FleetGPU, sm *shapeMemory) []gpuPr
 			}
 		}
 		for name, n := range used {
-			if _, ok := p.inv[name]; !ok && name != SliceClass && name != FramebufferClass {
+			if _, ok := p.inv[name]; !ok && name != SliceClass && name != FramebufferClass && name != GPUClass {
 				p.inv[name] = one(n, 0, 1)
 			}
 		}
 		if g.MIG && g.Slices > 0 {
 			p.inv[SliceClass] = one(g.Slices, min(g.Slices, g.Unclaimable), g.Slices)
 		}
+		// Records the fleet does not publish (compute instances narrower
+		// than their GPU instance) hold a unit each, reserved.
+		p.inv[GPUClass] = one(GPUUnits, min(GPUUnits, g.Unlisted), GPUUnits)
 		if fb := int(g.FramebufferMiB); fb > 0 {
 			// Every vGPU on the GPU is an instance with an allocation.
 			p.inv[FramebufferClass] = one(fb, 0, fb)
@@ -200,4 +204,13 @@ func (p *gpuProvider) claim(c manager.FleetClaim) unitClaim {
 // toManager is c as the manager knows it (without Placement's units).
 func toManager(c unitClaim) manager.FleetClaim {
 	return manager.FleetClaim{Instance: c.Instance, GPU: c.GPU, Profile: c.Profile, Kind: c.Kind, Incomplete: c.Incomplete, Unconfirmed: c.Unconfirmed}
+}
+
+// gpuUnitsOf is what one instance of kind takes of GPUClass: a whole GPU
+// all of it, anything else one unit.
+func gpuUnitsOf(kind store.InstanceKind) int {
+	if kind == store.KindPassthrough {
+		return GPUUnits
+	}
+	return 1
 }

@@ -12,7 +12,11 @@
 // per carvable profile (names.go) whose total is the instances it holds
 // plus the room vgpud's own placement engine has for it now, and on MIG
 // GPUs CUSTOM_VGPUD_MIG_SLICE (total: the slot grid) consumed by every MIG
-// allocation, because Placement counts each class on its own.
+// allocation, because Placement counts each class on its own; on every
+// GPU CUSTOM_VGPUD_GPU (GPUUnits), of which a whole GPU takes all and any
+// other instance one, so that Placement refuses a whole GPU beside
+// anything else at claim time. The units are derived in units.go from
+// the manager's host facts.
 //
 // Placement being slow or down never fails a local operation: claims give
 // up after a short deadline (shorter still while Placement was last seen

@@ -82,10 +82,10 @@ func TestFleetCreateCrashPoints(t *testing.T) {
 	profiles := []prof{
 		{"3g.40gb", sim.DefaultH100MIG, store.KindMIG,
 			[]string{manager.CrashCreateIntent, manager.CrashCreateGI, manager.CrashCreateCI, manager.CrashCreateCommit}, manager.CrashCreateCI,
-			map[string]int{ClassName(store.KindMIG, "3g.40gb"): 1, SliceClass: 4}},
+			map[string]int{ClassName(store.KindMIG, "3g.40gb"): 1, SliceClass: 4, GPUClass: 1}},
 		{"L4-4Q", sim.DefaultL4, store.KindVGPU,
 			[]string{manager.CrashCreateIntent, manager.CrashCreateVGPU, manager.CrashCreateCommit}, manager.CrashCreateVGPU,
-			map[string]int{ClassName(store.KindVGPU, "L4-4Q"): 1, FramebufferClass: 4096}},
+			map[string]int{ClassName(store.KindVGPU, "L4-4Q"): 1, FramebufferClass: 4096, GPUClass: 1}},
 	}
 	covered := map[string]bool{}
 	n := 0
@@ -214,7 +214,7 @@ func TestFleetCreateAllocationDeletedMeanwhile(t *testing.T) {
 	a.s = s
 	a.h.Manager.SetFleet(s)
 	a.pass(t)
-	res := map[string]int{ClassName(store.KindMIG, "3g.40gb"): 1, SliceClass: 4}
+	res := map[string]int{ClassName(store.KindMIG, "3g.40gb"): 1, SliceClass: 4, GPUClass: 1}
 	id := uuid.NewString()
 	if err := claim(c, id, GPUProviderUUID(RootUUID("hosta"), sim.DefaultH100MIG), res); err != nil {
 		t.Fatal(err)

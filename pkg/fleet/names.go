@@ -21,7 +21,16 @@ const (
 	// exact (types are not all whole GiB) and totals far below
 	// Placement's 2^31 limit (an H200 is about 143,000 MiB).
 	FramebufferClass = "CUSTOM_VGPUD_VGPU_FB_MIB"
-	TraitManaged     = "CUSTOM_VGPUD_MANAGED"
+	// GPUClass is the GPU itself, published on every GPU provider with
+	// the same total (GPUUnits) whatever the GPU's mode: a whole GPU
+	// takes all of it, every other instance one unit, so that Placement
+	// itself refuses a whole GPU together with anything else on the GPU.
+	GPUClass = "CUSTOM_VGPUD_GPU"
+	// GPUUnits is GPUClass's total on every GPU: at least the most
+	// instances any catalog GPU holds (TestGPUUnitsHoldTheCatalog), so the
+	// one unit each takes never binds before the GPU's own room does.
+	GPUUnits     = 64
+	TraitManaged = "CUSTOM_VGPUD_MANAGED"
 	// ConsumerType is the consumer_type of the allocations vgpud writes.
 	ConsumerType = "INSTANCE"
 )

@@ -32,8 +32,12 @@ type gpuUnits struct {
 	// FramebufferMiB is the framebuffer the vGPUs and a whole GPU share on
 	// a time-sliced GPU (sharedFramebuffer; 0 on a MIG GPU).
 	FramebufferMiB uint64
-	Classes        []unitClass
-	Instances      []unitClaim
+	// Unlisted is the records the fleet does not publish (compute
+	// instances narrower than their GPU instance): each holds a unit of
+	// GPUClass, reserved.
+	Unlisted  int
+	Classes   []unitClass
+	Instances []unitClaim
 }
 
 // unitClass is one profile carvable on a GPU, what one instance of it
@@ -74,6 +78,8 @@ func unitsOf(g manager.FleetGPU, sm *shapeMemory) gpuUnits {
 	for _, r := range g.Records {
 		if c, ok := claimOf(g, r, u); ok {
 			u.Instances = append(u.Instances, c)
+		} else {
+			u.Unlisted++
 		}
 	}
 	for _, c := range g.Classes {

@@ -8,7 +8,9 @@ import (
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
+	"github.com/vgpud/vgpud/profiles"
 )
 
 // unitsAt is the GPU at pci of h in Placement's units.
@@ -127,4 +129,49 @@ func TestFleetUnitsOfComputeInstances(t *testing.T) {
 	if g.Unclaimable != 4 {
 		t.Fatalf("unclaimable slots %d, want the 3g.40gb's 4 once", g.Unclaimable)
 	}
+}
+
+// mostInstances is a bound on the instances one GPU of model md can hold
+// at once, in any mode: every vGPU type's own maximum (homogeneous and
+// heterogeneous), the most GPU instances the grid holds each holding the
+// most vGPUs any MIG-backed type puts in one (free VFs left aside), and a
+// compute instance per compute slice.
+func mostInstances(md *profile.Model) int {
+	most := 1
+	perGI := 1
+	if md.VGPU != nil {
+		for i := range md.VGPU.Types {
+			t := &md.VGPU.Types[i]
+			most = max(most, t.MaxInstances, t.MixedMax())
+			perGI = max(perGI, t.MaxPerGPUInstance)
+		}
+	}
+	if md.MIG != nil {
+		gis := 0
+		for _, p := range md.MIG.GPUInstanceProfiles {
+			gis = max(gis, p.MaxInstances)
+		}
+		most = max(most, gis*perGI, md.MIG.ComputeSlices)
+	}
+	return most
+}
+
+// TestGPUUnitsHoldTheCatalog: the GPU class's total is at least the most
+// instances any GPU of the catalog holds, so its unit per instance never
+// refuses what the GPU's own room takes.
+func TestGPUUnitsHoldTheCatalog(t *testing.T) {
+	cat, err := profile.Load(profiles.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	most, which := 0, ""
+	for _, md := range cat.Models() {
+		if n := mostInstances(md); n > most {
+			most, which = n, md.Name
+		}
+	}
+	if most > GPUUnits || most < 16 {
+		t.Fatalf("the catalog's fullest GPU (%s) holds up to %d instances; GPUClass's total is %d", which, most, GPUUnits)
+	}
+	t.Logf("fullest GPU of the catalog: %s, up to %d instances; GPUClass total %d", which, most, GPUUnits)
 }

@@ -62,7 +62,7 @@ func TestFleetMIGBackedAndWholeGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cons, err := c.Consumer(ctx, local.UUID); err != nil || !sameResources(cons.Allocations[mig].Resources, map[string]int{classXM3: 1, SliceClass: 4}) {
+	if cons, err := c.Consumer(ctx, local.UUID); err != nil || !sameResources(cons.Allocations[mig].Resources, map[string]int{classXM3: 1, SliceClass: 4, GPUClass: 1}) {
 		t.Fatalf("allocation right after a local create = %+v, %v", cons, err)
 	}
 	if err := claim(c, uuid.NewString(), mig, map[string]int{"CUSTOM_VGPUD_MIG_1G_10GB": 1, SliceClass: 1}); !errors.Is(err, placementapi.ErrCapacity) {
@@ -166,7 +166,7 @@ func TestFleetMIGBackedAndWholeGPU(t *testing.T) {
 	if rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: whole}); err != nil || rec.GPUPCI != sim.DefaultH100MIG {
 		t.Fatalf("whole-GPU adopt on the emptied MIG GPU = %+v, %v", rec, err)
 	}
-	if cons, _ := c.Consumer(ctx, whole); !sameResources(cons.Allocations[mig].Resources, map[string]int{classWhole: 1, SliceClass: 8}) {
+	if cons, _ := c.Consumer(ctx, whole); !sameResources(cons.Allocations[mig].Resources, map[string]int{classWhole: 1, SliceClass: 8, GPUClass: GPUUnits}) {
 		t.Fatalf("whole MIG GPU's allocation = %+v; want the class and all 8 slices", cons.Allocations)
 	}
 	if err := claim(c, uuid.NewString(), mig, map[string]int{"CUSTOM_VGPUD_MIG_1G_10GB": 1, SliceClass: 1}); !errors.Is(err, placementapi.ErrCapacity) {
@@ -203,7 +203,7 @@ func TestFleetWholeHeterogeneousGPU(t *testing.T) {
 	if rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: whole}); err != nil || rec.GPUPCI != sim.DefaultH100TS {
 		t.Fatalf("whole heterogeneous GPU = %+v, %v", rec, err)
 	}
-	if cons, _ := c.Consumer(ctx, whole); !sameResources(cons.Allocations[ts].Resources, map[string]int{classWhole: 1, FramebufferClass: fb}) {
+	if cons, _ := c.Consumer(ctx, whole); !sameResources(cons.Allocations[ts].Resources, map[string]int{classWhole: 1, FramebufferClass: fb, GPUClass: GPUUnits}) {
 		t.Fatalf("whole heterogeneous GPU's allocation = %+v; want the class and all %d MiB", cons.Allocations, fb)
 	}
 	converged(t, c, a)

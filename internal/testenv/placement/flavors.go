@@ -9,11 +9,13 @@ import (
 )
 
 // The classes every vgpud host shares, as pkg/fleet names them
-// (fleet.SliceClass, fleet.FramebufferClass; TestFlavorsMatchFleetDoc
-// checks they agree).
+// (fleet.SliceClass, fleet.FramebufferClass, fleet.GPUClass and its total
+// fleet.GPUUnits; TestFlavorsMatchFleetDoc checks they agree).
 const (
 	SliceClass       = "CUSTOM_VGPUD_MIG_SLICE"
 	FramebufferClass = "CUSTOM_VGPUD_VGPU_FB_MIB"
+	GPUClass         = "CUSTOM_VGPUD_GPU"
+	GPUUnits         = 64
 )
 
 // ClassNamer names a profile's resource class: pkg/fleet's ClassName,
@@ -23,8 +25,9 @@ type ClassNamer func(kind store.InstanceKind, profile string) string
 
 // ProfileFlavor is one profile as a fleet scheduler asks Placement for
 // it, the way docs/fleet.md tells a Nova flavor to ("Asking for a
-// profile"): its class and, in the same numbered group, the MIG slices it
-// takes or, for a time-sliced type, its framebuffer.
+// profile"): its class and, in the same numbered group, its share of the
+// GPU class (a whole GPU all of it, the rest one unit), and the MIG slices
+// it takes or, for a time-sliced type, its framebuffer.
 type ProfileFlavor struct {
 	Profile string
 	Kind    store.InstanceKind
@@ -34,20 +37,23 @@ type ProfileFlavor struct {
 	Slices int
 	// FramebufferMiB is a time-sliced type's framebuffer, 0 for the rest.
 	FramebufferMiB int
+	// GPU is what it takes of GPUClass: GPUUnits for a whole GPU, 1 for
+	// the rest.
+	GPU int
 }
 
 // ProfileFlavors are the profiles the fleet tests, bench/fleet and docs/fleet.md
 // ask Placement for: the one table of what each takes.
 var ProfileFlavors = []ProfileFlavor{
-	{Profile: "1g.10gb", Kind: store.KindMIG, Slices: 1},
-	{Profile: "2g.20gb", Kind: store.KindMIG, Slices: 2},
-	{Profile: "3g.40gb", Kind: store.KindMIG, Slices: 4},
-	{Profile: "L4-4Q", Kind: store.KindVGPU, FramebufferMiB: 4096},
-	{Profile: "H100XM-8C", Kind: store.KindVGPU, FramebufferMiB: 8192},
-	{Profile: "H100XM-2-20C", Kind: store.KindMIGVGPU, Slices: 2},
-	{Profile: "H100XM-3-40C", Kind: store.KindMIGVGPU, Slices: 4},
-	{Profile: "RTX Pro 6000 Blackwell DC-1-6Q", Kind: store.KindMIGVGPU},
-	{Profile: "passthrough", Kind: store.KindPassthrough},
+	{Profile: "1g.10gb", Kind: store.KindMIG, Slices: 1, GPU: 1},
+	{Profile: "2g.20gb", Kind: store.KindMIG, Slices: 2, GPU: 1},
+	{Profile: "3g.40gb", Kind: store.KindMIG, Slices: 4, GPU: 1},
+	{Profile: "L4-4Q", Kind: store.KindVGPU, FramebufferMiB: 4096, GPU: 1},
+	{Profile: "H100XM-8C", Kind: store.KindVGPU, FramebufferMiB: 8192, GPU: 1},
+	{Profile: "H100XM-2-20C", Kind: store.KindMIGVGPU, Slices: 2, GPU: 1},
+	{Profile: "H100XM-3-40C", Kind: store.KindMIGVGPU, Slices: 4, GPU: 1},
+	{Profile: "RTX Pro 6000 Blackwell DC-1-6Q", Kind: store.KindMIGVGPU, GPU: 1},
+	{Profile: "passthrough", Kind: store.KindPassthrough, GPU: GPUUnits},
 }
 
 // ChurnProfiles are the profiles the churn tests and bench/fleet schedule:
@@ -80,6 +86,9 @@ func FlavorOf(profile string) ProfileFlavor {
 // amounts are the classes f asks for, its own class first.
 func (f ProfileFlavor) amounts(class ClassNamer, form Form) [][2]string {
 	out := [][2]string{{class(f.Kind, f.Profile), "1"}}
+	if f.GPU > 0 {
+		out = append(out, [2]string{GPUClass, strconv.Itoa(f.GPU)})
+	}
 	if f.Slices > 0 {
 		out = append(out, [2]string{SliceClass, strconv.Itoa(f.Slices)})
 	}

@@ -16,9 +16,11 @@ import (
 // profile of the flavor table, with the table's slices and framebuffer,
 // and the shared classes are pkg/fleet's.
 func TestFlavorsMatchFleetDoc(t *testing.T) {
-	if tplacement.SliceClass != fleet.SliceClass || tplacement.FramebufferClass != fleet.FramebufferClass {
-		t.Fatalf("shared classes %s, %s; pkg/fleet names them %s, %s",
-			tplacement.SliceClass, tplacement.FramebufferClass, fleet.SliceClass, fleet.FramebufferClass)
+	if tplacement.SliceClass != fleet.SliceClass || tplacement.FramebufferClass != fleet.FramebufferClass ||
+		tplacement.GPUClass != fleet.GPUClass || tplacement.GPUUnits != fleet.GPUUnits {
+		t.Fatalf("shared classes %s, %s, %s (%d); pkg/fleet names them %s, %s, %s (%d)",
+			tplacement.SliceClass, tplacement.FramebufferClass, tplacement.GPUClass, tplacement.GPUUnits,
+			fleet.SliceClass, fleet.FramebufferClass, fleet.GPUClass, fleet.GPUUnits)
 	}
 	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "fleet.md"))
 	if err != nil {
@@ -93,7 +95,7 @@ func checkFlavorDoc(doc string, table []tplacement.ProfileFlavor, class tplaceme
 		}
 		var profiles []tplacement.ProfileFlavor
 		for k := range asked {
-			if !strings.HasPrefix(k, "CUSTOM_VGPUD_") || k == tplacement.SliceClass || k == tplacement.FramebufferClass {
+			if !strings.HasPrefix(k, "CUSTOM_VGPUD_") || k == tplacement.SliceClass || k == tplacement.FramebufferClass || k == tplacement.GPUClass {
 				continue
 			}
 			f, ok := byClass[k]
@@ -113,7 +115,7 @@ func checkFlavorDoc(doc string, table []tplacement.ProfileFlavor, class tplaceme
 		for _, shared := range []struct {
 			class string
 			want  int
-		}{{tplacement.SliceClass, f.Slices}, {tplacement.FramebufferClass, f.FramebufferMiB}} {
+		}{{tplacement.SliceClass, f.Slices}, {tplacement.FramebufferClass, f.FramebufferMiB}, {tplacement.GPUClass, f.GPU}} {
 			if got, ok := asked[shared.class]; ok && got != shared.want {
 				problems = append(problems, "docs/fleet.md asks for "+f.Profile+" with "+strconv.Itoa(got)+" of "+shared.class+
 					"; the flavor table says "+strconv.Itoa(shared.want)+": correct one of them")
