@@ -114,8 +114,9 @@ type result struct {
 	Hosts       int     `json:"hosts"`
 	OpsPerPhase int     `json:"opsPerPhase"`
 	Phases      []Phase `json:"phases"`
-	// PhasesWithoutWholeGPU: the same churn without whole-GPU requests,
-	// whose flavors ask the whole-GPU class alone (see docs/fleet.md).
+	// PhasesWithoutWholeGPU: the same churn without whole-GPU requests
+	// (whose flavors ask all of the GPU class: docs/fleet.md), so that
+	// what the whole GPUs add to the refusals shows.
 	PhasesWithoutWholeGPU []Phase `json:"phasesWithoutWholeGPU"`
 	Note                  string  `json:"note"`
 }
