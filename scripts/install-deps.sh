@@ -33,6 +33,7 @@ pkgs=(
   systemd                  # systemd-analyze verify/security (no systemd as PID 1 needed)
   debootstrap systemd-container  # the container tier: a Debian root booted by systemd-nspawn
   placement-api python3-placement uwsgi uwsgi-plugin-python3  # OpenStack Placement for the fleet tests
+  postgresql               # Placement on PostgreSQL as production runs it (bench-fleet-scale, TestPostgresPlacement): a private cluster per run
   python3-nova             # Nova's own scheduler code (report client, request parser) as the fleet tests' scheduler
   chromium cockpit-ws cockpit-bridge cockpit-system  # the Cockpit page's browser tests (cockpit-bridge carries base1/cockpit.js, cockpit-system the shell)
   eslint                   # make lint: the Cockpit page's JavaScript

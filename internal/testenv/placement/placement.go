@@ -1,8 +1,9 @@
 // Package placement gives tests a real OpenStack Placement: the database
-// made with placement-manage db sync (sqlite in a temporary directory),
-// served by uwsgi with the python3 plugin on a free 127.0.0.1 port, auth
-// strategy noauth2 (any token; "admin" is used). A test may stop and start
-// it again on the same port, or restart it on an empty database.
+// made with placement-manage db sync (sqlite in a temporary directory, or
+// with Options.Postgres a private PostgreSQL cluster as production runs
+// it), served by uwsgi with the python3 plugin on a free 127.0.0.1 port,
+// auth strategy noauth2 (any token; "admin" is used). A test may stop and
+// start it again on the same port, or restart it on an empty database.
 //
 // Proxy takes Placement away from one client (cut, hold) while others
 // reach it; Nova runs nova-scheduler's own code (Debian's python3-nova)
@@ -23,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,10 +39,23 @@ const (
 	readyTimeout = 60 * time.Second
 )
 
+// Options say how to run Placement; the zero value is sqlite, one uwsgi
+// process.
+type Options struct {
+	// Postgres keeps the database in a private PostgreSQL cluster (its
+	// own directory, port and socket; see postgres.go) instead of sqlite.
+	Postgres bool
+	// Processes is how many uwsgi worker processes serve (default 1),
+	// each with 8 threads.
+	Processes int
+}
+
 // Server is one running (or stopped) Placement.
 type Server struct {
 	dir  string
 	port int
+	opts Options
+	pg   *pgCluster
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -48,6 +63,17 @@ type Server struct {
 // Start makes a database and serves it until the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with opts.
+func StartWith(t testing.TB, opts Options) *Server {
+	t.Helper()
+	if opts.Postgres {
+		if _, err := pgBin(); err != nil {
+			skip(t, err.Error())
+		}
+	}
 	for _, bin := range []string{wsgiFile, manage} {
 		if _, err := os.Stat(bin); err != nil {
 			skip(t, bin+" is not installed (apt-get install placement-api python3-placement)")
@@ -56,17 +82,20 @@ func Start(t testing.TB) *Server {
 	if _, err := exec.LookPath("uwsgi"); err != nil {
 		skip(t, "uwsgi is not installed (apt-get install uwsgi uwsgi-plugin-python3)")
 	}
-	s, err := Open(t.TempDir())
+	s, err := OpenWith(t.TempDir(), opts)
 	if err != nil {
 		t.Fatalf("placement: %v", err)
 	}
-	t.Cleanup(s.Stop)
+	t.Cleanup(s.Close)
 	return s
 }
 
-// Open makes a database in dir and serves it; the caller stops it. It is
+// Open makes a database in dir and serves it; the caller closes it. It is
 // for programs (bench/): tests call Start.
-func Open(dir string) (*Server, error) {
+func Open(dir string) (*Server, error) { return OpenWith(dir, Options{}) }
+
+// OpenWith is Open with opts.
+func OpenWith(dir string, opts Options) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -74,11 +103,28 @@ func Open(dir string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{dir: dir, port: port}
+	if opts.Processes <= 0 {
+		opts.Processes = 1
+	}
+	s := &Server{dir: dir, port: port, opts: opts}
+	if opts.Postgres {
+		if s.pg, err = startPostgres(); err != nil {
+			return nil, err
+		}
+		if err := s.pg.recreate(); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	if err := s.dbSync(); err != nil {
+		s.Close()
 		return nil, err
 	}
-	return s, s.Run()
+	if err := s.Run(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 func skip(t testing.TB, why string) {
@@ -94,9 +140,20 @@ func (s *Server) URL() string { return "http://127.0.0.1:" + strconv.Itoa(s.port
 
 func (s *Server) conf() string { return filepath.Join(s.dir, "placement.conf") }
 
+// Database is "sqlite" or "postgresql": where Placement keeps its data.
+func (s *Server) Database() string {
+	if s.pg != nil {
+		return "postgresql"
+	}
+	return "sqlite"
+}
+
 func (s *Server) dbSync() error {
-	conf := fmt.Sprintf("[DEFAULT]\ndebug = false\n[api]\nauth_strategy = noauth2\n[placement_database]\nconnection = sqlite:///%s\n",
-		filepath.Join(s.dir, "placement.db"))
+	conn := "sqlite:///" + filepath.Join(s.dir, "placement.db")
+	if s.pg != nil {
+		conn = s.pg.url()
+	}
+	conf := fmt.Sprintf("[DEFAULT]\ndebug = false\n[api]\nauth_strategy = noauth2\n[placement_database]\nconnection = %s\n", conn)
 	if err := os.WriteFile(s.conf(), []byte(conf), 0o644); err != nil {
 		return err
 	}
@@ -133,7 +190,7 @@ func (s *Server) run() error {
 	// socket ("server closed idle connection"), which Go does not replay.
 	// Saying "Connection: close" keeps clients from reusing them.
 	cmd := exec.Command("uwsgi", "--plugin", "python3", "--http-socket", "127.0.0.1:"+strconv.Itoa(s.port),
-		"--wsgi-file", wsgiFile, "--master", "--processes", "1", "--threads", "8", "--lazy-apps", "--die-on-term", "--add-header", "Connection: close",
+		"--wsgi-file", wsgiFile, "--master", "--processes", strconv.Itoa(s.opts.Processes), "--threads", "8", "--lazy-apps", "--die-on-term", "--add-header", "Connection: close",
 		"--env", "OS_PLACEMENT_CONFIG_DIR="+s.dir)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
@@ -187,16 +244,48 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
+// Close stops Placement and, with Postgres, its cluster: for good.
+func (s *Server) Close() {
+	s.Stop()
+	if s.pg != nil {
+		s.pg.stop()
+		s.pg = nil
+	}
+}
+
 // Wipe stops Placement, starts again on an empty database (same port).
 func (s *Server) Wipe() error {
 	s.Stop()
-	if err := os.Remove(filepath.Join(s.dir, "placement.db")); err != nil {
+	if s.pg != nil {
+		if err := s.pg.recreate(); err != nil {
+			return err
+		}
+	} else if err := os.Remove(filepath.Join(s.dir, "placement.db")); err != nil {
 		return err
 	}
 	if err := s.dbSync(); err != nil {
 		return err
 	}
 	return s.Run()
+}
+
+// statusRe is the answer's status in uwsgi's request log line
+// ("... => generated 95 bytes in 3 msecs (HTTP/1.1 200) ...").
+var statusRe = regexp.MustCompile(`=> generated \d+ bytes in \d+ msecs \(HTTP/[0-9.]+ (\d{3})\)`)
+
+// Statuses counts the answers Placement gave since it was first started,
+// by HTTP status, from uwsgi's request log.
+func (s *Server) Statuses() (map[int]int, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, "uwsgi.log"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]int{}
+	for _, m := range statusRe.FindAllSubmatch(data, -1) {
+		code, _ := strconv.Atoi(string(m[1]))
+		out[code]++
+	}
+	return out, nil
 }
 
 func freePort() (int, error) {
