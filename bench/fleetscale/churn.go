@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
+	"github.com/vgpud/vgpud/pkg/fleet"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+)
+
+// Churn is the fleet under steady scheduling: schedulers as Nova's work
+// (candidates, claim, create, the next on refusal) and destroys of what
+// they made, while a prober times the sync lag.
+type Churn struct {
+	Schedulers   int     `json:"schedulers"`
+	Ops          int     `json:"ops"`
+	WallS        float64 `json:"wallS"`
+	Placed       int64   `json:"placed"`
+	StaleRefused int64   `json:"staleRefused"`
+	ClaimsLost   int64   `json:"claimsLostInPlacement"`
+	NoCandidate  int64   `json:"noCandidate"`
+	Destroyed    int64   `json:"destroyed"`
+	// StaleFraction is the claims Placement accepted that a host then
+	// refused, over all it accepted.
+	StaleFraction float64 `json:"staleFraction"`
+	// HostRequestsPerSec are the hosts' syncers' requests (claims, settles,
+	// passes), SchedulerRequestsPerSec the schedulers' (candidates,
+	// claims), both over the churn's wall time.
+	HostRequestsPerSec      float64 `json:"hostRequestsPerSec"`
+	SchedulerRequestsPerSec float64 `json:"schedulerRequestsPerSec"`
+	// HostRequestsPerHostOp: the hosts' requests per create, refusal and
+	// destroy.
+	HostRequestsPerHostOp float64 `json:"hostRequestsPerHostOp"`
+	// Sync lag: a destroy's return until Placement no longer holds the
+	// allocation, polled every 2 ms, sampled while the churn runs.
+	LagSamples int     `json:"syncLagSamples"`
+	LagP50Ms   float64 `json:"syncLagP50Ms"`
+	LagP99Ms   float64 `json:"syncLagP99Ms"`
+	LagMaxMs   float64 `json:"syncLagMaxMs"`
+	// OverCommit counts consumers Placement holds on a host's providers
+	// that the host does not, or the reverse, once the churn settled.
+	OverCommit int `json:"overCommit"`
+	// PeriodicPassRequests is one host's requests for a pass with nothing
+	// to change; IdleRequestsPerSec what the whole fleet's periodic passes
+	// cost Placement at the sync interval.
+	PeriodicPassRequests float64 `json:"periodicPassRequests"`
+	IdleRequestsPerSec   float64 `json:"idleRequestsPerSec"`
+}
+
+func hostRequests(hosts []*host) uint64 {
+	var n uint64
+	for _, h := range hosts {
+		n += h.c.Requests()
+	}
+	return n
+}
+
+func runChurn(ctx context.Context, c *placementapi.Client, hosts []*host, workers, ops int, interval time.Duration) (Churn, error) {
+	var sh []tplacement.Host
+	for _, h := range hosts {
+		sh = append(sh, h)
+	}
+	reqs := tplacement.Requests(fleet.ClassName, tplacement.WithFramebuffer, tplacement.ChurnProfiles...)
+	sched := &tplacement.Scheduler{C: c, Hosts: sh}
+	h0, c0 := hostRequests(hosts), c.Requests()
+	start := time.Now()
+	stop := make(chan struct{})
+	var lags []float64
+	var probeOps atomic.Int64
+	var probeErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		lags, probeErr = probe(ctx, c, sh, reqs, stop, &probeOps)
+	}()
+	err := sched.Churn(ctx, workers, ops, reqs, 1)
+	close(stop)
+	wg.Wait()
+	wall := time.Since(start)
+	if err != nil {
+		return Churn{}, fmt.Errorf("churn: %w", err)
+	}
+	if probeErr != nil {
+		return Churn{}, fmt.Errorf("lag probe: %w", probeErr)
+	}
+	h1, c1 := hostRequests(hosts), c.Requests()
+	r := Churn{Schedulers: workers, Ops: ops, WallS: wall.Seconds(), Placed: sched.Placed.Load(), StaleRefused: sched.Stale.Load(),
+		ClaimsLost: sched.ClaimLost.Load(), NoCandidate: sched.NoCandidate.Load(), Destroyed: sched.Destroyed.Load(),
+		LagSamples: len(lags), LagP50Ms: quantile(lags, 0.5), LagP99Ms: quantile(lags, 0.99), LagMaxMs: quantile(lags, 1)}
+	if n := r.Placed + r.StaleRefused; n > 0 {
+		r.StaleFraction = float64(r.StaleRefused) / float64(n)
+	}
+	r.HostRequestsPerSec = float64(h1-h0) / wall.Seconds()
+	r.SchedulerRequestsPerSec = float64(c1-c0) / wall.Seconds()
+	if n := r.Placed + r.StaleRefused + r.Destroyed + probeOps.Load(); n > 0 {
+		r.HostRequestsPerHostOp = float64(h1-h0) / float64(n)
+	}
+	if r.OverCommit, err = settle(ctx, c, hosts); err != nil {
+		return Churn{}, err
+	}
+	// One pass with nothing to change, on the first host.
+	b := hosts[0].c.Requests()
+	if err := hosts[0].s.Pass(ctx); err != nil {
+		return Churn{}, err
+	}
+	r.PeriodicPassRequests = float64(hosts[0].c.Requests() - b)
+	r.IdleRequestsPerSec = r.PeriodicPassRequests * float64(len(hosts)) / interval.Seconds()
+	return r, nil
+}
+
+// probe places one instance at a time, destroys it and times until
+// Placement lets its allocation go, until stop closes.
+func probe(ctx context.Context, c *placementapi.Client, hosts []tplacement.Host, reqs []tplacement.Request, stop <-chan struct{}, ops *atomic.Int64) ([]float64, error) {
+	sched := &tplacement.Scheduler{C: c, Hosts: hosts}
+	rnd := rand.New(rand.NewPCG(7, 7))
+	var out []float64
+	for {
+		select {
+		case <-stop:
+			return out, nil
+		case <-time.After(50 * time.Millisecond):
+		}
+		id, h, err := sched.Place(ctx, reqs[rnd.IntN(len(reqs))], rnd)
+		if errors.Is(err, tplacement.ErrFull) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		ops.Add(2)
+		if err := h.Destroy(ctx, id); err != nil {
+			return nil, fmt.Errorf("destroy %s on %s: %w", id, h.Name(), err)
+		}
+		start := time.Now()
+		for {
+			cons, err := c.Consumer(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			if len(cons.Allocations) == 0 {
+				break
+			}
+			if time.Since(start) > 2*time.Minute {
+				return nil, fmt.Errorf("allocation of %s still there after 2 min", id)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		out = append(out, ms(time.Since(start)))
+	}
+}
+
+// settle runs a pass on every host (their last events taken in) and
+// compares Placement with the hosts, a few rounds until they agree.
+func settle(ctx context.Context, c *placementapi.Client, hosts []*host) (int, error) {
+	bad := 0
+	for round := 0; round < 5; round++ {
+		if err := each(len(hosts), 8, func(i int) error { return hosts[i].s.Pass(ctx) }); err != nil {
+			return 0, fmt.Errorf("settle pass: %w", err)
+		}
+		var n atomic.Int64
+		if err := each(len(hosts), 8, func(i int) error {
+			d, err := differences(ctx, c, hosts[i])
+			n.Add(int64(d))
+			return err
+		}); err != nil {
+			return 0, err
+		}
+		if bad = int(n.Load()); bad == 0 {
+			return 0, nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return bad, nil
+}
+
+// differences counts consumers Placement holds on h's providers that h
+// does not, and the reverse.
+func differences(ctx context.Context, c *placementapi.Client, h *host) (int, error) {
+	view, err := h.h.Manager.FleetView()
+	if err != nil {
+		return 0, err
+	}
+	bad := 0
+	for _, g := range view {
+		have, err := c.ProviderAllocations(ctx, h.gpus[g.PCI])
+		if err != nil {
+			return 0, fmt.Errorf("%s %s: %w", h.name, g.PCI, err)
+		}
+		want := map[string]bool{}
+		for _, in := range g.Instances {
+			want[in.Instance] = true
+			if _, ok := have[in.Instance]; !ok {
+				bad++
+			}
+		}
+		for consumer := range have {
+			if !want[consumer] {
+				bad++
+			}
+		}
+	}
+	return bad, nil
+}
