@@ -92,6 +92,9 @@ type hostConfig struct {
 	url      string
 	gpus     int
 	interval time.Duration
+	// jitter: the syncer's own random retry waits; false draws 1 every
+	// time, the undrawn doubling.
+	jitter bool
 }
 
 func openHost(ctx context.Context, dir string, i int, hc hostConfig) (*host, error) {
@@ -112,7 +115,11 @@ func openHost(ctx context.Context, dir string, i int, hc hostConfig) (*host, err
 	if err := met.Register(reg); err != nil {
 		return nil, err
 	}
-	s, err := fleet.New(fleet.Config{Host: name, Grace: time.Hour, Interval: hc.interval}, c, h.Manager, quiet, met)
+	cfg := fleet.Config{Host: name, Grace: time.Hour, Interval: hc.interval}
+	if !hc.jitter {
+		cfg.Rand = func() float64 { return 1 }
+	}
+	s, err := fleet.New(cfg, c, h.Manager, quiet, met)
 	if err != nil {
 		return nil, err
 	}

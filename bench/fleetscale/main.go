@@ -62,6 +62,7 @@ type result struct {
 	Database           string `json:"database"`
 	PlacementProcesses int    `json:"placementProcesses"`
 	SyncInterval       string `json:"syncInterval"`
+	RetryJitter        bool   `json:"retryJitter"`
 	Samples            int    `json:"candidateSamples"`
 	Steps              []Step `json:"steps"`
 	Note               string `json:"note"`
@@ -73,6 +74,7 @@ type options struct {
 	gpus, ops, schedulers   int
 	samples, processes, par int
 	interval, resyncTimeout time.Duration
+	keep, jitter            bool
 }
 
 func main() {
@@ -87,6 +89,8 @@ func main() {
 	flag.IntVar(&o.par, "publish-parallel", 8, "hosts publishing at once at the first publish")
 	flag.DurationVar(&o.interval, "interval", time.Minute, "the hosts' sync interval (vgpud's default: 60s)")
 	flag.DurationVar(&o.resyncTimeout, "resync-timeout", 10*time.Minute, "how long the resync may take")
+	flag.BoolVar(&o.jitter, "retry-jitter", true, "the syncers draw their retry waits at random (false: the undrawn doubling, every host in step)")
+	flag.BoolVar(&o.keep, "keep", false, "keep each step's directory (Placement's uwsgi.log) and print where")
 	flag.Parse()
 	for _, s := range strings.Split(*steps, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -101,7 +105,7 @@ func main() {
 }
 
 func run(o options) error {
-	res := result{Cores: runtime.NumCPU(), Database: "postgresql", PlacementProcesses: o.processes, SyncInterval: o.interval.String(), Samples: o.samples,
+	res := result{Cores: runtime.NumCPU(), Database: "postgresql", PlacementProcesses: o.processes, SyncInterval: o.interval.String(), RetryJitter: o.jitter, Samples: o.samples,
 		Note: "one process holds every host (each its own store, simulated GPUs, manager, Placement client and syncer) and shares the machine's cores with Placement and PostgreSQL; the anchor is the same GPUs as Nova's pGPU providers (VGPU and a CUSTOM trait per type) on the same Placement; candidates are timed on the empty fleet after the first publish"}
 	for _, n := range o.steps {
 		st, err := step(o, n)
@@ -129,7 +133,11 @@ func step(o options, n int) (Step, error) {
 	if err != nil {
 		return st, err
 	}
-	defer os.RemoveAll(dir)
+	if o.keep {
+		log.Printf("%d hosts: keeping %s", n, dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
 	srv, err := tplacement.OpenWith(filepath.Join(dir, "placement"), tplacement.Options{Postgres: true, Processes: o.processes})
 	if err != nil {
 		return st, fmt.Errorf("placement: %w", err)
@@ -140,7 +148,7 @@ func step(o options, n int) (Step, error) {
 		return st, err
 	}
 	t := time.Now()
-	hosts, err := openHosts(ctx, dir, n, hostConfig{url: srv.URL(), gpus: o.gpus, interval: o.interval})
+	hosts, err := openHosts(ctx, dir, n, hostConfig{url: srv.URL(), gpus: o.gpus, interval: o.interval, jitter: o.jitter})
 	defer closeHosts(hosts)
 	if err != nil {
 		return st, err
@@ -150,6 +158,21 @@ func step(o options, n int) (Step, error) {
 	if st.Publish, err = firstPublish(ctx, hosts, o.par); err != nil {
 		return st, err
 	}
+	// The daemons' loops start spread over one interval, as a fleet's
+	// daemons start at different times: their periodic passes do not all
+	// fall together.
+	started := make(chan struct{})
+	go func() {
+		defer close(started)
+		for _, h := range hosts {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(o.interval / time.Duration(n)):
+			}
+			go h.s.Run(ctx)
+		}
+	}()
 	t = time.Now()
 	if st.Publish.AnchorRequests, err = publishAnchor(ctx, c, hosts); err != nil {
 		return st, err
@@ -163,9 +186,7 @@ func step(o options, n int) (Step, error) {
 		log.Printf("%d hosts: %s: %d candidates p50 %.1f ms p99 %.1f ms; anchor %d p50 %.1f ms; ratio %.2f",
 			n, f.Profile, f.Candidates, f.P50Ms, f.P99Ms, f.AnchorCandidates, f.AnchorP50Ms, f.RatioP50)
 	}
-	for _, h := range hosts {
-		go h.s.Run(ctx)
-	}
+	<-started
 	if st.Churn, err = runChurn(ctx, c, hosts, o.schedulers, o.ops, o.interval); err != nil {
 		return st, err
 	}

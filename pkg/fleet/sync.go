@@ -41,6 +41,9 @@ type Config struct {
 	// instance was first seen and so when its Grace ends, when a claim or
 	// removal was marked, and how long passes and settles took.
 	Now func() time.Time
+	// Rand draws in [0, 1) where in its window each retry after a failed
+	// pass falls (backoff.go); nil: math/rand/v2.
+	Rand func() float64
 }
 
 // Source is the host's truth.
@@ -175,7 +178,7 @@ func (s *Syncer) Run(ctx context.Context) {
 	s.Kick()
 	// retryC is armed by a failed pass and kept across the events that
 	// start no pass, so they cannot put the retry off.
-	retry := time.Duration(0)
+	retry := newBackoff(s.cfg.Interval, s.cfg.Rand)
 	var retryC <-chan time.Time
 	for {
 		select {
@@ -201,11 +204,12 @@ func (s *Syncer) Run(ctx context.Context) {
 			return
 		}
 		if err := s.Pass(ctx); err != nil {
-			retry = retryAfter(retry, s.cfg.Interval)
-			retryC = time.After(retry)
-			s.log.Warn("placement sync failed; retrying", "err", err, "kind", placementapi.Kind(err), "in", retry)
+			wait := retry.next()
+			retryC = time.After(wait)
+			s.log.Warn("placement sync failed; retrying", "err", err, "kind", placementapi.Kind(err), "in", wait)
 		} else {
-			retry, retryC = 0, nil
+			retry.reset()
+			retryC = nil
 		}
 	}
 }
