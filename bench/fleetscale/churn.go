@@ -43,9 +43,14 @@ type Churn struct {
 	LagP50Ms   float64 `json:"syncLagP50Ms"`
 	LagP99Ms   float64 `json:"syncLagP99Ms"`
 	LagMaxMs   float64 `json:"syncLagMaxMs"`
-	// OverCommit counts consumers Placement holds on a host's providers
-	// that the host does not, or the reverse, once the churn settled.
-	OverCommit int `json:"overCommit"`
+	// OverCommit counts instances a host holds whose allocation Placement
+	// does not hold on its providers, once the churn settled: capacity a
+	// scheduler could give again. PlacementOnly counts the reverse,
+	// allocations without an instance (a scheduler's claim it gave up
+	// on): capacity held idle until the host's grace removes it.
+	OverCommit    int      `json:"overCommit"`
+	PlacementOnly int      `json:"placementOnly"`
+	Differences   []string `json:"differences,omitempty"`
 	// PeriodicPassRequests is one host's requests for a pass with nothing
 	// to change; IdleRequestsPerSec what the whole fleet's periodic passes
 	// cost Placement at the sync interval.
@@ -102,7 +107,7 @@ func runChurn(ctx context.Context, c *placementapi.Client, hosts []*host, worker
 	if n := r.Placed + r.StaleRefused + r.Destroyed + probeOps.Load(); n > 0 {
 		r.HostRequestsPerHostOp = float64(h1-h0) / float64(n)
 	}
-	if r.OverCommit, err = settle(ctx, c, hosts); err != nil {
+	if r.OverCommit, r.PlacementOnly, r.Differences, err = settle(ctx, c, hosts); err != nil {
 		return Churn{}, err
 	}
 	// One pass with nothing to change, on the first host.
@@ -157,54 +162,66 @@ func probe(ctx context.Context, c *placementapi.Client, hosts []tplacement.Host,
 }
 
 // settle runs a pass on every host (their last events taken in) and
-// compares Placement with the hosts, a few rounds until they agree.
-func settle(ctx context.Context, c *placementapi.Client, hosts []*host) (int, error) {
-	bad := 0
+// compares Placement with the hosts, a few rounds until they agree. It
+// returns the instances Placement does not hold, the allocations the
+// hosts do not hold, and the first few of them named.
+func settle(ctx context.Context, c *placementapi.Client, hosts []*host) (int, int, []string, error) {
+	var hostOnly, placementOnly []string
 	for round := 0; round < 5; round++ {
 		if err := each(len(hosts), 8, func(i int) error { return hosts[i].s.Pass(ctx) }); err != nil {
-			return 0, fmt.Errorf("settle pass: %w", err)
+			return 0, 0, nil, fmt.Errorf("settle pass: %w", err)
 		}
-		var n atomic.Int64
+		var mu sync.Mutex
+		hostOnly, placementOnly = nil, nil
 		if err := each(len(hosts), 8, func(i int) error {
-			d, err := differences(ctx, c, hosts[i])
-			n.Add(int64(d))
+			ho, po, err := differences(ctx, c, hosts[i])
+			mu.Lock()
+			hostOnly, placementOnly = append(hostOnly, ho...), append(placementOnly, po...)
+			mu.Unlock()
 			return err
 		}); err != nil {
-			return 0, err
+			return 0, 0, nil, err
 		}
-		if bad = int(n.Load()); bad == 0 {
-			return 0, nil
+		if len(hostOnly)+len(placementOnly) == 0 {
+			return 0, 0, nil, nil
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	return bad, nil
+	var named []string
+	for _, d := range hostOnly {
+		named = append(named, "instance without allocation: "+d)
+	}
+	for _, d := range placementOnly {
+		named = append(named, "allocation without instance: "+d)
+	}
+	return len(hostOnly), len(placementOnly), named[:min(len(named), 10)], nil
 }
 
-// differences counts consumers Placement holds on h's providers that h
-// does not, and the reverse.
-func differences(ctx context.Context, c *placementapi.Client, h *host) (int, error) {
+// differences names the instances h holds whose allocation Placement
+// does not hold on h's providers, and the allocations there without an
+// instance.
+func differences(ctx context.Context, c *placementapi.Client, h *host) (hostOnly, placementOnly []string, err error) {
 	view, err := h.h.Manager.FleetView()
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	bad := 0
 	for _, g := range view {
 		have, err := c.ProviderAllocations(ctx, h.gpus[g.PCI])
 		if err != nil {
-			return 0, fmt.Errorf("%s %s: %w", h.name, g.PCI, err)
+			return nil, nil, fmt.Errorf("%s %s: %w", h.name, g.PCI, err)
 		}
 		want := map[string]bool{}
 		for _, in := range g.Instances {
 			want[in.Instance] = true
 			if _, ok := have[in.Instance]; !ok {
-				bad++
+				hostOnly = append(hostOnly, h.name+" "+g.PCI+" "+in.Instance)
 			}
 		}
 		for consumer := range have {
 			if !want[consumer] {
-				bad++
+				placementOnly = append(placementOnly, h.name+" "+g.PCI+" "+consumer)
 			}
 		}
 	}
-	return bad, nil
+	return hostOnly, placementOnly, nil
 }

@@ -42,8 +42,11 @@ type Resync struct {
 	LocalOps        int64 `json:"localOps"`
 	LocalFailed     int64 `json:"localFailed"`
 	LocalNoCapacity int64 `json:"localNoCapacity"`
-	// OverCommit after convergence, as Churn's.
-	OverCommit int `json:"overCommit"`
+	// OverCommit, PlacementOnly and Differences after convergence, as
+	// Churn's.
+	OverCommit    int      `json:"overCommit"`
+	PlacementOnly int      `json:"placementOnly"`
+	Differences   []string `json:"differences,omitempty"`
 }
 
 func runResync(ctx context.Context, srv *tplacement.Server, c *placementapi.Client, hosts []*host, timeout time.Duration) (Resync, error) {
@@ -120,7 +123,7 @@ func runResync(ctx context.Context, srv *tplacement.Server, c *placementapi.Clie
 		}
 	}
 	r.LocalOps, r.LocalFailed, r.LocalNoCapacity = ops.Load(), failed.Load(), full.Load()
-	if r.OverCommit, err = settle(ctx, c, hosts); err != nil {
+	if r.OverCommit, r.PlacementOnly, r.Differences, err = settle(ctx, c, hosts); err != nil {
 		return r, err
 	}
 	return r, nil
