@@ -211,10 +211,11 @@ func differences(ctx context.Context, c *placementapi.Client, h *host) (hostOnly
 			return nil, nil, fmt.Errorf("%s %s: %w", h.name, g.PCI, err)
 		}
 		want := map[string]bool{}
-		for _, in := range g.Instances {
-			want[in.Instance] = true
-			if _, ok := have[in.Instance]; !ok {
-				hostOnly = append(hostOnly, h.name+" "+g.PCI+" "+in.Instance)
+		for _, r := range g.Records {
+			id := r.Record.UUID
+			want[id] = true
+			if _, ok := have[id]; !ok {
+				hostOnly = append(hostOnly, h.name+" "+g.PCI+" "+id)
 			}
 		}
 		for consumer := range have {
