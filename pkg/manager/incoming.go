@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -283,6 +284,8 @@ func (m *Manager) CommitIncoming(ctx context.Context, id string) (store.Attachme
 		return store.Attachment{}, err
 	}
 	defer done()
+	m.migEnd.Lock()
+	defer m.migEnd.Unlock()
 	it, rec, missing, err := m.migrationOf(store.OpIncoming, u)
 	if err != nil {
 		return store.Attachment{}, err
@@ -316,11 +319,18 @@ func (m *Manager) CommitIncoming(ctx context.Context, id string) (store.Attachme
 	}
 	m.crash(CrashIncomingCommit)
 	if err := m.db.Update(func(tx *store.Tx) error {
+		if _, err := tx.Intent(it.ID); errors.Is(err, store.ErrNotFound) {
+			return errMigrationEnded
+		} else if err != nil {
+			return err
+		}
 		if err := tx.PutAttachment(a); err != nil {
 			return err
 		}
 		return tx.DeleteIntent(it.ID)
-	}); err != nil {
+	}); errors.Is(err, errMigrationEnded) {
+		return store.Attachment{}, fail(ErrConflict, nil, "the incoming migration of instance %s was ended meanwhile (a reconcile resolved it by where libvirt has the VM): check with vgpuctl list", u)
+	} else if err != nil {
 		return store.Attachment{}, classify(err, "record the attachment of instance %s", u)
 	}
 	m.releaseMigration(it.ID)
@@ -341,10 +351,16 @@ func (m *Manager) arrived(ctx context.Context, v Virt, rec store.Instance, p inc
 		return store.Attachment{}, false, err
 	}
 	for _, x := range held {
-		if (x.Config || x.Live) && sameDevice(x.Hostdev, h) {
+		// The persistent definition decides: while libvirt migrates, the
+		// domain exists here transient and paused with the device live,
+		// and may still fail back to the source.
+		if x.Config && sameDevice(x.Hostdev, h) {
 			dom, err := v.Domain(ctx, p.VM)
 			if err != nil {
 				return store.Attachment{}, false, err
+			}
+			if p.DomainUUID != "" && !strings.EqualFold(dom.UUID, p.DomainUUID) {
+				return store.Attachment{}, false, nil // another domain of the VM's name
 			}
 			return store.Attachment{Instance: rec.UUID, Domain: dom.Name, DomainUUID: dom.UUID, URI: v.URI(), Live: x.Live, Created: m.now()}, true, nil
 		}
@@ -366,9 +382,14 @@ func (m *Manager) AbortIncoming(ctx context.Context, id string) error {
 		return err
 	}
 	defer done()
+	m.migEnd.Lock()
+	defer m.migEnd.Unlock()
 	it, rec, missing, err := m.migrationOf(store.OpIncoming, u)
 	if err != nil || (it == nil && missing) {
 		return err
+	}
+	if it == nil && rec.State == store.StateDestroying {
+		return nil // released; a release the driver failed, reconcile finishes
 	}
 	if it == nil {
 		return fail(ErrConflict, nil, "instance %s is its VM's: the VM moved in (destroy it to release it)", u)
@@ -376,11 +397,16 @@ func (m *Manager) AbortIncoming(ctx context.Context, id string) error {
 	if v := m.lv(); v != nil && !missing && rec.State == store.StateReady {
 		var p incomingPayload
 		_ = json.Unmarshal(it.Payload, &p) // written by PrepareIncoming
-		dom, derr := v.Domain(ctx, p.VM)
-		if derr == nil && dom.Running {
-			if _, holds, err := m.arrived(ctx, v, rec, p); err == nil && holds {
-				return fail(ErrBusy, nil, "VM %s runs on this host with instance %s: the migration finished here (CommitIncoming)", p.VM, u)
-			}
+		// Released only when libvirt says the VM is not here with the
+		// device: a libvirt that does not answer releases nothing, and a
+		// VM defined here naming it (running or not) holds it.
+		_, holds, err := m.arrived(ctx, v, rec, p)
+		switch {
+		case errors.Is(err, virt.ErrDomainNotFound):
+		case err != nil:
+			return classifyVirt(err, "ask libvirt whether VM %s came", p.VM)
+		case holds:
+			return fail(ErrBusy, nil, "VM %s is defined on this host with instance %s: the migration finished here (CommitIncoming)", p.VM, u)
 		}
 	}
 	if err := m.releaseMigrated(ctx, *it, rec, missing, "incoming", false); err != nil {

@@ -261,9 +261,14 @@ func (m *Manager) CompleteOutgoing(ctx context.Context, id string) error {
 		return err
 	}
 	defer done()
+	m.migEnd.Lock()
+	defer m.migEnd.Unlock()
 	it, rec, missing, err := m.migrationOf(store.OpOutgoing, u)
 	if err != nil || (missing && it == nil) {
 		return err // missing: released already
+	}
+	if it == nil && rec.State == store.StateDestroying {
+		return nil // released; a release the driver failed, reconcile finishes
 	}
 	if it == nil {
 		return fail(ErrConflict, nil, "instance %s is not moving to another host (no MigrationSource, or its VM stayed here)", u)
@@ -300,9 +305,24 @@ func (m *Manager) CancelOutgoing(ctx context.Context, id string) error {
 		return err
 	}
 	defer done()
+	m.migEnd.Lock()
+	defer m.migEnd.Unlock()
 	it, _, _, err := m.migrationOf(store.OpOutgoing, u)
 	if err != nil || it == nil {
 		return err
+	}
+	var p outgoingPayload
+	_ = json.Unmarshal(it.Payload, &p) // written by MigrationSource; an empty plan asks libvirt nothing
+	if v := m.lv(); v != nil && p.Domain != "" {
+		// Kept only while the VM is here: a cancel after libvirt moved it
+		// would leave its attachment on both hosts.
+		here, _, err := p.here(ctx, v)
+		if err != nil {
+			return classifyVirt(err, "ask libvirt where VM %s is", p.Domain)
+		}
+		if !here {
+			return fail(ErrConflict, nil, "VM %s is no longer on this host: the migration finished (CompleteOutgoing releases instance %s)", p.Domain, u)
+		}
 	}
 	if err := m.dropIntent(it.ID); err != nil {
 		return classify(err, "drop the outgoing migration of instance %s", u)
@@ -334,6 +354,10 @@ func (m *Manager) migrationOf(op store.Op, u string) (*store.Intent, store.Insta
 	return it, rec, missing, nil
 }
 
+// errMigrationEnded: the migration's intent went between its read and the
+// transaction acting on it.
+var errMigrationEnded = errors.New("migration ended meanwhile")
+
 // releaseMigrated releases an instance a migration gives up (the source's
 // after its VM left, the destination's when its VM did not come): in one
 // transaction the attachment record goes and the migration's intent
@@ -349,6 +373,12 @@ func (m *Manager) releaseMigrated(ctx context.Context, it store.Intent, rec stor
 		m.admit.Lock()
 	}
 	err := m.db.Update(func(tx *store.Tx) error {
+		if _, err := tx.Intent(it.ID); errors.Is(err, store.ErrNotFound) {
+			// Ended meanwhile (reconcile resolved it): act on nothing.
+			return errMigrationEnded
+		} else if err != nil {
+			return err
+		}
 		r, err := tx.Instance(rec.UUID)
 		if err != nil {
 			return err
@@ -368,6 +398,9 @@ func (m *Manager) releaseMigrated(ctx context.Context, it store.Intent, rec stor
 	})
 	if !underAdmit {
 		m.admit.Unlock()
+	}
+	if errors.Is(err, errMigrationEnded) {
+		return fail(ErrConflict, nil, "the %s migration of instance %s was ended meanwhile (a reconcile resolved it by where libvirt has the VM): check with vgpuctl list", what, rec.UUID)
 	}
 	if err != nil {
 		return classify(err, "release instance %s after its %s migration", rec.UUID, what)

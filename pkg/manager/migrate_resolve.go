@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 
 	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/virt"
@@ -46,9 +47,13 @@ func (m *Manager) resolveOutgoing(ctx context.Context, it store.Intent, rec stor
 	}
 	var p outgoingPayload
 	_ = json.Unmarshal(it.Payload, &p) // written by MigrationSource
-	here, _, err := p.here(ctx, v)
+	// Under the admission lock: a libvirtd that does not answer must not
+	// hold every admission.
+	lctx, cancel := context.WithTimeout(ctx, libvirtProbe)
+	here, _, err := p.here(lctx, v)
+	cancel()
 	if err != nil {
-		return err
+		return fmt.Errorf("ask libvirt where VM %s is: %w", p.Domain, err)
 	}
 	if !here {
 		m.log.Info("migration cut off: the VM left this host; instance released", "instance", rec.UUID, "vm", p.Domain)
@@ -82,9 +87,11 @@ func (m *Manager) resolveIncoming(ctx context.Context, it store.Intent, rec stor
 	_ = json.Unmarshal(it.Payload, &p) // written by PrepareIncoming
 	a, holds := store.Attachment{}, false
 	if rec.State == store.StateReady {
-		a, holds, err = m.arrived(ctx, v, rec, p)
+		lctx, cancel := context.WithTimeout(ctx, libvirtProbe) // under the admission lock
+		a, holds, err = m.arrived(lctx, v, rec, p)
+		cancel()
 		if err != nil && !errors.Is(err, virt.ErrDomainNotFound) {
-			return err
+			return fmt.Errorf("ask libvirt whether VM %s came: %w", p.VM, err)
 		}
 	}
 	if holds {

@@ -25,6 +25,8 @@ import (
 type migVirt struct {
 	mu   sync.Mutex
 	doms map[string]*migDom
+	// down: libvirt does not answer (every call fails with it).
+	down error
 }
 
 type migDom struct {
@@ -39,6 +41,9 @@ func devKey(h virt.Hostdev) string { return fmt.Sprint(h.Kind, h.MdevUUID, h.PCI
 
 // find looks a domain up by name, as libvirt's lookup does.
 func (v *migVirt) find(ref string) (*migDom, error) {
+	if v.down != nil {
+		return nil, v.down
+	}
 	if d, ok := v.doms[ref]; ok {
 		return d, nil
 	}
