@@ -33,8 +33,9 @@ type gpuUnits struct {
 	// a time-sliced GPU (sharedFramebuffer; 0 on a MIG GPU).
 	FramebufferMiB uint64
 	// Unlisted is the records the fleet does not publish (compute
-	// instances narrower than their GPU instance): each holds a unit of
-	// GPUClass, reserved.
+	// instances narrower than their GPU instance, records whose profile
+	// the catalog no longer names): each holds a unit of GPUClass,
+	// reserved.
 	Unlisted  int
 	Classes   []unitClass
 	Instances []unitClaim
