@@ -41,6 +41,13 @@ type api interface {
 	AbortIncoming(ctx context.Context, id string) error
 	CompleteOutgoing(ctx context.Context, id string) error
 	CancelOutgoing(ctx context.Context, id string) error
+	OutgoingDomainXML(ctx context.Context, id, device string) (string, string, error)
+	DefineIncomingDomain(ctx context.Context, id, xml string) error
+	UndefineOutgoingDomain(ctx context.Context, id string) error
+	UndefineIncomingDomain(ctx context.Context, id string) error
+	MigrationTarget(ctx context.Context) (dbusapi.HostVersions, error)
+	PrecheckOutgoingLive(ctx context.Context, id string, dst dbusapi.HostVersions) error
+	MigrateOutgoingLive(ctx context.Context, id, device, destURI, migrateURI string, dst dbusapi.HostVersions, keepSource bool) error
 	HostdevXML(ctx context.Context, id string) (string, error)
 	DefineTenant(ctx context.Context, t dbusapi.TenantSpec) (dbusapi.Tenant, error)
 	SetQuota(ctx context.Context, name string, q dbusapi.Quota) (dbusapi.Tenant, error)

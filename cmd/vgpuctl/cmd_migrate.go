@@ -69,7 +69,7 @@ destination and "migrate complete" on the source; when libvirt failed,
 			}),
 		}
 	}
-	cmd.AddCommand(a.migrateSourceCmd(), a.migratePrepareCmd(), a.migrateCommitCmd(),
+	cmd.AddCommand(a.migrateRunCmd(), a.migrateSourceCmd(), a.migratePrepareCmd(), a.migrateCommitCmd(),
 		end("abort", "Release the instance prepared for a VM that did not come (destination)", "migrate-abort",
 			func(c api) func(context.Context, string) error { return c.AbortIncoming }),
 		end("complete", "Release the instance whose VM moved away, with its attachment (source)", "migrate-complete",

@@ -22,6 +22,8 @@ type fake struct {
 	calls []string
 	// fail makes every call fail with this error.
 	fail error
+	// failCall makes the calls of this method fail (Conflict).
+	failCall string
 	// failDestroy makes the destroy of this instance fail (Busy).
 	failDestroy string
 	// defined is the last DefineTenant spec.
@@ -46,7 +48,11 @@ type fake struct {
 func (f *fake) record(format string, args ...any) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+	c := fmt.Sprintf(format, args...)
+	f.calls = append(f.calls, c)
+	if f.failCall != "" && strings.HasPrefix(c, f.failCall+" ") {
+		return &dbusapi.Error{Name: dbusapi.NameConflict, Message: f.failCall + " refused"}
+	}
 	return f.fail
 }
 
@@ -247,6 +253,34 @@ func (f *fake) CompleteOutgoing(_ context.Context, id string) error {
 
 func (f *fake) CancelOutgoing(_ context.Context, id string) error {
 	return f.record("CancelOutgoing %s", id)
+}
+
+func (f *fake) OutgoingDomainXML(_ context.Context, id, device string) (string, string, error) {
+	return "<domain><name>web1</name></domain>", "", f.record("OutgoingDomainXML %s %s", id, device)
+}
+
+func (f *fake) DefineIncomingDomain(_ context.Context, id, xml string) error {
+	return f.record("DefineIncomingDomain %s %s", id, xml)
+}
+
+func (f *fake) UndefineIncomingDomain(_ context.Context, id string) error {
+	return f.record("UndefineIncomingDomain %s", id)
+}
+
+func (f *fake) UndefineOutgoingDomain(_ context.Context, id string) error {
+	return f.record("UndefineOutgoingDomain %s", id)
+}
+
+func (f *fake) MigrationTarget(context.Context) (dbusapi.HostVersions, error) {
+	return dbusapi.HostVersions{Host: "dst", Libvirt: "9.0.0", QEMU: "7.2.22", Kernel: "6.1.0"}, f.record("MigrationTarget ")
+}
+
+func (f *fake) PrecheckOutgoingLive(_ context.Context, id string, dst dbusapi.HostVersions) error {
+	return f.record("PrecheckOutgoingLive %s %s qemu %s", id, dst.Host, dst.QEMU)
+}
+
+func (f *fake) MigrateOutgoingLive(_ context.Context, id, device, destURI, migrateURI string, dst dbusapi.HostVersions, keep bool) error {
+	return f.record("MigrateOutgoingLive %s %s %s %q %s keep=%v", id, device, destURI, migrateURI, dst.Host, keep)
 }
 
 func (f *fake) HostdevXML(_ context.Context, id string) (string, error) {

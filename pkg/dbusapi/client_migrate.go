@@ -64,3 +64,57 @@ func (c *Client) CompleteOutgoing(ctx context.Context, id string) error {
 func (c *Client) CancelOutgoing(ctx context.Context, id string) error {
 	return c.long(ctx, "cancel the move of the VM of "+id, "CancelOutgoing", []any{id}, nil)
 }
+
+// OutgoingDomainXML returns the moving VM's persistent and live
+// definitions rewritten to name device, the destination's.
+func (c *Client) OutgoingDomainXML(ctx context.Context, id, device string) (persistent, live string, err error) {
+	err = c.long(ctx, "rewrite the VM of "+id+" for the destination", "OutgoingDomainXML", []any{id, device}, nil, &persistent, &live)
+	return persistent, live, err
+}
+
+// DefineIncomingDomain defines on this host the shut-off VM moving in
+// with instance id.
+func (c *Client) DefineIncomingDomain(ctx context.Context, id, xml string) error {
+	return c.long(ctx, "define the VM moving in with "+id, "DefineIncomingDomain", []any{id, xml}, nil)
+}
+
+// UndefineIncomingDomain undefines on this host the shut-off VM
+// DefineIncomingDomain defined for instance id, to give the move up.
+func (c *Client) UndefineIncomingDomain(ctx context.Context, id string) error {
+	return c.long(ctx, "give back the definition of the VM moving in with "+id, "UndefineIncomingDomain", []any{id}, nil)
+}
+
+// UndefineOutgoingDomain undefines on this host the shut-off VM of
+// instance id, which moved away.
+func (c *Client) UndefineOutgoingDomain(ctx context.Context, id string) error {
+	return c.long(ctx, "undefine the VM of "+id+" that moved away", "UndefineOutgoingDomain", []any{id}, nil)
+}
+
+// HostVersions is what one end of a live move runs, as
+// "major.minor.micro" strings.
+type HostVersions struct {
+	Host    string `json:"host"`
+	Libvirt string `json:"libvirt"`
+	QEMU    string `json:"qemu"`
+	Kernel  string `json:"kernel"`
+}
+
+// MigrationTarget reports this (the destination) host's versions.
+func (c *Client) MigrationTarget(ctx context.Context) (HostVersions, error) {
+	var v HostVersions
+	err := c.long(ctx, "read the destination's versions", "MigrationTarget", nil, nil, &v.Host, &v.Libvirt, &v.QEMU, &v.Kernel)
+	return v, err
+}
+
+// PrecheckOutgoingLive asks the source whether the VM of instance id may
+// move live to a destination running dst.
+func (c *Client) PrecheckOutgoingLive(ctx context.Context, id string, dst HostVersions) error {
+	return c.long(ctx, "check the live move of the VM of "+id, "PrecheckOutgoingLive", []any{id, dst.Host, dst.Libvirt, dst.QEMU, dst.Kernel}, nil)
+}
+
+// MigrateOutgoingLive moves the running VM of instance id to the
+// destination at destURI, its vGPU there device.
+func (c *Client) MigrateOutgoingLive(ctx context.Context, id, device, destURI, migrateURI string, dst HostVersions, keepSource bool) error {
+	return c.long(ctx, "move the VM of "+id+" live", "MigrateOutgoingLive",
+		[]any{id, device, destURI, migrateURI, dst.Host, dst.Libvirt, dst.QEMU, dst.Kernel, keepSource}, nil)
+}

@@ -52,7 +52,12 @@
 //     and the hold of a migration's intents between its calls;
 //     incoming.go: the destination's half (PrepareIncoming, checked with
 //     the driver before anything is carved; CommitIncoming,
-//     AbortIncoming)
+//     AbortIncoming); migrate_domain.go: a shut-off VM's definition
+//     moved by the two vgpuds, each on its own libvirt
+//     (OutgoingDomainXML, DefineIncomingDomain, UndefineOutgoingDomain);
+//     migrate_live.go: a running VM moved by libvirt's live migration,
+//     its versions checked before anything is carved (MigrationTarget,
+//     PrecheckOutgoingLive, MigrateOutgoingLive)
 //   - tenants.go: tenants and quotas; args.go: argument checks and names
 //   - drain.go: Shutdown waits for operations in flight
 //   - fleet.go: the claim hooks of a create; behind.go: what an

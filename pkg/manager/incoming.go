@@ -34,6 +34,9 @@ type incomingPayload struct {
 	VM            string            `json:"vm"`
 	DomainUUID    string            `json:"domainUUID,omitempty"`
 	Compatibility gpu.Compatibility `json:"compatibility"`
+	// Defined: DefineIncomingDomain defined the shut-off VM here, which
+	// UndefineIncomingDomain undefines again (the VM stays on the source).
+	Defined bool `json:"defined,omitempty"`
 }
 
 // hostDevice is the identity the VM's hostdev names for rec.
@@ -51,7 +54,7 @@ func checkMetadata(md MigrationMetadata) error {
 		return fail(ErrInvalidArgument, nil, "migration metadata of version %d; this vgpud reads version %d", md.Version, MigrationMetadataVersion)
 	case md.Kind != store.KindVGPU && md.Kind != store.KindMIGVGPU:
 		return fail(ErrInvalidArgument, nil, "migration metadata of a %q instance; only vGPUs move with their VM", md.Kind)
-	case len(md.VGPU) == 0:
+	case len(md.VGPU) == 0 && !md.Cold:
 		return fail(ErrInvalidArgument, nil, "migration metadata without the driver's vGPU metadata")
 	}
 	_, err := instanceUUID(md.Instance)
@@ -230,6 +233,12 @@ func (m *Manager) compatibleGPUs(ctx context.Context, md MigrationMetadata) ([]c
 		}
 		if err != nil {
 			return nil, classify(err, "read the vGPU metadata of GPU %s", g.PCI)
+		}
+		if md.Cold {
+			// No vGPU runs: the driver has nothing to compare, and a VM
+			// started here gets a vGPU of the same type.
+			out = append(out, candidate{g, gpu.Compatibility{VM: gpu.CompatCold}})
+			continue
 		}
 		c, err := m.migr.VGPUCompatibility(ctx, md.VGPU, pg)
 		if errors.Is(err, gpu.ErrInvalid) {

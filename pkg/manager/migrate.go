@@ -69,8 +69,12 @@ type MigrationMetadata struct {
 	Domain      string `json:"domain"`
 	DomainUUID  string `json:"domainUUID"`
 	// VGPU is the driver's metadata of the running vGPU, which the
-	// destination's driver reads (nvmlGetVgpuCompatibility).
+	// destination's driver reads (nvmlGetVgpuCompatibility); none when
+	// Cold.
 	VGPU gpu.VGPUMetadata `json:"vgpu"`
+	// Cold says the VM is shut off: no vGPU runs, so the driver has no
+	// metadata of it, and the VM moves as its persistent definition.
+	Cold bool `json:"cold,omitempty"`
 }
 
 // Why a destination refuses a VM, each wrapped with ErrConflict (no room
@@ -171,8 +175,10 @@ func (p outgoingPayload) here(ctx context.Context, v Virt) (here, running bool, 
 // MigrationSource starts moving the VM of instance id to another host: it
 // reads the driver's metadata of the running vGPU and records the
 // outgoing migration (the instance is Busy for other operations until
-// CompleteOutgoing or CancelOutgoing). Only an attached vGPU whose VM runs
-// moves. A second call while the migration is under way answers again.
+// CompleteOutgoing or CancelOutgoing). Only an attached vGPU moves; when
+// libvirt has its VM shut off the metadata say Cold and carry no driver
+// metadata (no vGPU runs). A second call while the migration is under
+// way answers again.
 func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMetadata, error) {
 	done, err := m.begin()
 	if err != nil {
@@ -202,7 +208,14 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 			ref.GPUInstance = rec.GIID
 		}
 	}
-	blob, err := m.migr.VGPUMetadata(ctx, rec.GPUUUID, ref)
+	cold, err := m.shutOff(ctx, att)
+	if err != nil {
+		return MigrationMetadata{}, err
+	}
+	var blob gpu.VGPUMetadata
+	if !cold {
+		blob, err = m.migr.VGPUMetadata(ctx, rec.GPUUUID, ref)
+	}
 	if errors.Is(err, gpu.ErrNotFound) {
 		return MigrationMetadata{}, fail(ErrConflict, err, "the vGPU of instance %s is not running: start VM %s first (a live migration moves a running VM)", rec.UUID, att.Domain)
 	}
@@ -211,7 +224,7 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 	}
 	md := MigrationMetadata{Version: MigrationMetadataVersion, Instance: rec.UUID, Tenant: rec.Tenant, Profile: rec.Profile, Model: rec.Model,
 		Kind: rec.Kind, Flow: rec.Flow, TypeID: rec.TypeID, TypeName: rec.TypeName, GIProfileID: rec.GIProfileID, GIStart: rec.GIStart, GISize: rec.GISize,
-		Domain: att.Domain, DomainUUID: att.DomainUUID, VGPU: blob}
+		Domain: att.Domain, DomainUUID: att.DomainUUID, VGPU: blob, Cold: cold}
 	if rec.Kind != store.KindMIGVGPU {
 		md.GIProfileID, md.GIStart, md.GISize = -1, -1, 0
 	}
@@ -245,6 +258,24 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID, Op: "migrate-out", Detail: fmt.Sprintf("VM %s is moving to another host", att.Domain)})
 	m.crash(CrashOutgoingIntent)
 	return md, nil
+}
+
+// shutOff says whether libvirt has the attachment's VM defined here and
+// shut off (it then moves cold, without the driver's metadata). Without
+// libvirt the VM is taken to run, as the driver will say.
+func (m *Manager) shutOff(ctx context.Context, att *store.Attachment) (bool, error) {
+	v := m.lv()
+	if v == nil {
+		return false, nil
+	}
+	here, running, err := outgoingPayload{Domain: att.Domain, DomainUUID: att.DomainUUID}.here(ctx, v)
+	if err != nil {
+		return false, classifyVirt(err, "ask libvirt whether VM %s runs", att.Domain)
+	}
+	if !here {
+		return false, fail(ErrNotFound, nil, "VM %s (%s) is not defined on this host", att.Domain, att.DomainUUID)
+	}
+	return !running, nil
 }
 
 // CompleteOutgoing releases the instance whose VM moved to another host,
