@@ -169,7 +169,10 @@ func (a *app) report(ctx context.Context, err error) int {
 			fmt.Fprintf(a.err, "vgpuctl: interrupted: %s\n", de.Message)
 			return exitInterrupted
 		}
-		fmt.Fprintf(a.err, "vgpuctl: %s: %s\n", de.Name, de.Message)
+		// err, not de.Message: the steps a command wraps around the
+		// daemon's answer (migrate run's "the VM moved, but ... run
+		// `vgpuctl migrate complete`") say what to do next.
+		fmt.Fprintf(a.err, "vgpuctl: %s: %s\n", de.Name, err.Error())
 		if code, ok := exitCodes[de.Name]; ok {
 			return code
 		}
