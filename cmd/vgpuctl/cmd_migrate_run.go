@@ -124,10 +124,17 @@ func moveOffline(ctx context.Context, src, dst api, id, tenantName string, keep 
 
 // finish records the move on both hosts once libvirt has the VM on the
 // destination: a failure here is finished by repeating the call (or by
-// either vgpud's reconcile).
+// either vgpud's reconcile). The source completes even when the
+// destination did not record the VM: libvirt has it there (CompleteOutgoing
+// acts on libvirt's word), and the destination's next start records it,
+// whereas the source would hold its instance for the migration's hold.
 func finish(ctx context.Context, src, dst api, id, md, device string, keep bool) (movedDoc, error) {
 	if _, err := dst.CommitIncoming(ctx, id); err != nil {
-		return movedDoc{}, fmt.Errorf("the VM moved, but the destination did not record it (run `vgpuctl -c DESTINATION migrate commit %s`): %w", id, err)
+		cause := fmt.Errorf("the VM moved, but the destination did not record it (its next start does, or run `vgpuctl -c DESTINATION migrate commit %s`): %w", id, err)
+		if cerr := src.CompleteOutgoing(ctx, id); cerr != nil {
+			return movedDoc{}, errors.Join(cause, fmt.Errorf("this host kept its instance (run `vgpuctl migrate complete %s`): %w", id, cerr))
+		}
+		return movedDoc{}, cause
 	}
 	if err := src.CompleteOutgoing(ctx, id); err != nil {
 		return movedDoc{}, fmt.Errorf("the VM moved, but this host kept its instance (run `vgpuctl migrate complete %s`): %w", id, err)

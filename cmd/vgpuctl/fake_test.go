@@ -22,7 +22,8 @@ type fake struct {
 	calls []string
 	// fail makes every call fail with this error.
 	fail error
-	// failCall makes the calls of this method fail (Conflict).
+	// failCall makes the calls of this method fail (Conflict); "A|B"
+	// names more than one.
 	failCall string
 	// failDestroy makes the destroy of this instance fail (Busy).
 	failDestroy string
@@ -50,8 +51,10 @@ func (f *fake) record(format string, args ...any) error {
 	defer f.mu.Unlock()
 	c := fmt.Sprintf(format, args...)
 	f.calls = append(f.calls, c)
-	if f.failCall != "" && strings.HasPrefix(c, f.failCall+" ") {
-		return &dbusapi.Error{Name: dbusapi.NameConflict, Message: f.failCall + " refused"}
+	for _, m := range strings.Split(f.failCall, "|") {
+		if m != "" && strings.HasPrefix(c, m+" ") {
+			return &dbusapi.Error{Name: dbusapi.NameConflict, Message: m + " refused"}
+		}
 	}
 	return f.fail
 }

@@ -79,13 +79,21 @@ func TestMigrateRun(t *testing.T) {
 			t.Errorf("%s refused: exit %d, %s; calls end %v, want %v", failing, code, errOut, got, tail)
 		}
 	}
-	// Once the VM left the source, a failed commit on the destination is
-	// finished by hand: the error says how, with the step's name.
+	// Once the VM left the source, a failed commit on the destination
+	// still completes the source (libvirt has the VM there); the error
+	// says how the destination's part is finished, with the step's name.
 	f = &fake{failCall: "CommitIncoming"}
 	if _, errOut, code := runFake(f, "migrate", "run", migID, "--to", "unix:path=/run/dst"); code != exitConflict ||
-		!strings.Contains(errOut, "Conflict: the VM moved, but the destination did not record it (run `vgpuctl -c DESTINATION migrate commit "+migID+"`)") ||
+		f.lastCall() != "CompleteOutgoing "+migID ||
+		!strings.Contains(errOut, "Conflict: the VM moved, but the destination did not record it (its next start does, or run `vgpuctl -c DESTINATION migrate commit "+migID+"`)") ||
 		!strings.Contains(errOut, "CommitIncoming refused") {
-		t.Errorf("CommitIncoming refused: exit %d, %s", code, errOut)
+		t.Errorf("CommitIncoming refused: exit %d, %s; last call %s", code, errOut, f.lastCall())
+	}
+	// Both failing: the error says how to finish each end.
+	f = &fake{failCall: "CommitIncoming|CompleteOutgoing"}
+	if _, errOut, code := runFake(f, "migrate", "run", migID, "--to", "unix:path=/run/dst"); code == 0 ||
+		!strings.Contains(errOut, "run `vgpuctl migrate complete "+migID+"`") {
+		t.Errorf("CommitIncoming and CompleteOutgoing refused: exit %d, %s", code, errOut)
 	}
 	for _, args := range [][]string{{"migrate", "run", migID}, {"migrate", "run", migID, "--to", "unix:path=/run/dst", "--live"},
 		{"migrate", "run", migID, "--to", "unix:path=/run/dst", "--dest-uri", "qemu+tls://dst/system"}} {
