@@ -288,13 +288,11 @@ func (m *Manager) CommitIncoming(ctx context.Context, id string) (store.Attachme
 	if err != nil {
 		return store.Attachment{}, err
 	}
-	done, err := m.begin()
+	end, err := m.migrationCall()
 	if err != nil {
 		return store.Attachment{}, err
 	}
-	defer done()
-	m.migEnd.Lock()
-	defer m.migEnd.Unlock()
+	defer end()
 	it, rec, missing, err := m.migrationOf(store.OpIncoming, u)
 	if err != nil {
 		return store.Attachment{}, err
@@ -386,13 +384,11 @@ func (m *Manager) AbortIncoming(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	done, err := m.begin()
+	end, err := m.migrationCall()
 	if err != nil {
 		return err
 	}
-	defer done()
-	m.migEnd.Lock()
-	defer m.migEnd.Unlock()
+	defer end()
 	it, rec, missing, err := m.migrationOf(store.OpIncoming, u)
 	if err != nil || (it == nil && missing) {
 		return err

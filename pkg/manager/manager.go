@@ -217,11 +217,11 @@ type Manager struct {
 	migr     MigrationBackend
 	migHold  time.Duration
 	migHolds migrationHolds
-	// migEnd serialises the calls that end a migration (CompleteOutgoing,
-	// CancelOutgoing, CommitIncoming, AbortIncoming): each reads the
-	// intent, asks libvirt and acts on what it read, so two at once (a
-	// retry while the first is slow, a commit and an abort) would act
-	// twice. Taken before admit, never under it.
+	// migEnd serialises the calls that end a migration or move its VM's
+	// definition (migrationCall): each reads the intent, asks libvirt and
+	// acts on what it read, so two at once (a retry while the first is
+	// slow, a commit and an abort, an undefine and a commit) would act on
+	// a stale read. Taken before admit, never under it.
 	migEnd sync.Mutex
 
 	// opsMu guards closing and the adding to ops.

@@ -287,13 +287,11 @@ func (m *Manager) CompleteOutgoing(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	done, err := m.begin()
+	end, err := m.migrationCall()
 	if err != nil {
 		return err
 	}
-	defer done()
-	m.migEnd.Lock()
-	defer m.migEnd.Unlock()
+	defer end()
 	it, rec, missing, err := m.migrationOf(store.OpOutgoing, u)
 	if err != nil || (missing && it == nil) {
 		return err // missing: released already
@@ -331,13 +329,11 @@ func (m *Manager) CancelOutgoing(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	done, err := m.begin()
+	end, err := m.migrationCall()
 	if err != nil {
 		return err
 	}
-	defer done()
-	m.migEnd.Lock()
-	defer m.migEnd.Unlock()
+	defer end()
 	it, _, _, err := m.migrationOf(store.OpOutgoing, u)
 	if err != nil || it == nil {
 		return err
@@ -361,6 +357,19 @@ func (m *Manager) CancelOutgoing(ctx context.Context, id string) error {
 	m.releaseMigration(it.ID)
 	m.emit(Event{Kind: EventInstanceChanged, ID: u, Op: "migrate-out", Detail: "the VM stayed on this host"})
 	return nil
+}
+
+// migrationCall begins one of the calls that act on a migration's intent
+// and its VM's definitions (ending it, moving the definition): they run
+// one at a time on a host (migEnd), since each reads the intent, asks
+// libvirt and acts on what it read.
+func (m *Manager) migrationCall() (end func(), err error) {
+	done, err := m.begin()
+	if err != nil {
+		return nil, err
+	}
+	m.migEnd.Lock()
+	return func() { m.migEnd.Unlock(); done() }, nil
 }
 
 // migrationOf reads the intent of op naming instance u (nil: none) and

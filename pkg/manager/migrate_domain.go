@@ -109,11 +109,11 @@ func (m *Manager) OutgoingDomainXML(ctx context.Context, id, device string) (vir
 // moved to the destination (its NVRAM and TPM state stay). Refused while
 // the VM runs here; a VM already gone is fine.
 func (m *Manager) UndefineOutgoingDomain(ctx context.Context, id string) error {
-	done, err := m.begin()
+	end, err := m.migrationCall()
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer end()
 	_, _, p, err := m.outgoingOf(id)
 	if err != nil {
 		return err
@@ -147,11 +147,11 @@ func (m *Manager) DefineIncomingDomain(ctx context.Context, id, persistXML strin
 	if err := def.Unmarshal(persistXML); err != nil {
 		return fail(ErrInvalidArgument, err, "the VM's definition does not parse")
 	}
-	done, err := m.begin()
+	end, err := m.migrationCall()
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer end()
 	it, rec, missing, err := m.migrationOf(store.OpIncoming, u)
 	if err != nil {
 		return err
@@ -253,11 +253,11 @@ func (m *Manager) UndefineIncomingDomain(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	done, err := m.begin()
+	end, err := m.migrationCall()
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer end()
 	it, _, _, err := m.migrationOf(store.OpIncoming, u)
 	if err != nil {
 		return err
