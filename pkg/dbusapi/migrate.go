@@ -42,6 +42,10 @@ func (s *Service) prepareIncoming(c *call, metadata, vm, tenantName string, opti
 	if err := dec.Decode(&md); err != nil {
 		return "", "", "", 0, 0, invalidArg("PrepareIncoming: the metadata are not MigrationSource's: %v", err)
 	}
+	if dec.More() {
+		// One document: anything after it is not MigrationSource's either.
+		return "", "", "", 0, 0, invalidArg("PrepareIncoming: the metadata are not MigrationSource's: more follows the JSON document")
+	}
 	ctx, end, err := c.begin(newOpts(c.member, options))
 	if err != nil {
 		return "", "", "", 0, 0, err

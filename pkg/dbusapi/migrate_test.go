@@ -112,6 +112,9 @@ func TestDBusMigration(t *testing.T) {
 	if _, err := dst.client.PrepareIncoming(ctx, "{", "", ""); ErrorName(err) != NameInvalidArgument {
 		t.Fatalf("metadata that are not JSON: %v, want InvalidArgument", err)
 	}
+	if _, err := dst.client.PrepareIncoming(ctx, md+" {}", "", ""); ErrorName(err) != NameInvalidArgument {
+		t.Fatalf("metadata with more after the document: %v, want InvalidArgument", err)
+	}
 	if _, err := dst.client.PrepareIncoming(ctx, md, "", "tight"); ErrorName(err) != NameQuotaExceeded {
 		t.Fatalf("a tenant without room in its quota: %v, want QuotaExceeded", err)
 	}
