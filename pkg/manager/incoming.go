@@ -100,7 +100,7 @@ func (m *Manager) PrepareIncoming(ctx context.Context, md MigrationMetadata, vm,
 		return Incoming{}, err
 	}
 	u, _ := instanceUUID(md.Instance) // checked by checkMetadata
-	if in, ok, err := m.incomingAgain(u, vm); ok || err != nil {
+	if in, ok, err := m.incomingAgain(u, vm, tn, md.Profile); ok || err != nil {
 		return in, err
 	}
 	if err := m.sameProfile(md); err != nil {
@@ -165,8 +165,10 @@ func (m *Manager) PrepareIncoming(ctx context.Context, md MigrationMetadata, vm,
 }
 
 // incomingAgain answers a second PrepareIncoming of instance u: ok when
-// one for VM vm is under way and its instance carved.
-func (m *Manager) incomingAgain(u, vm string) (Incoming, bool, error) {
+// one for VM vm, tenant tn and profile is under way and its instance
+// carved; the same instance asked for anything else is a Conflict, never
+// the first answer.
+func (m *Manager) incomingAgain(u, vm, tn, profile string) (Incoming, bool, error) {
 	it, rec, missing, err := m.migrationOf(store.OpIncoming, u)
 	if err != nil || it == nil {
 		return Incoming{}, false, err
@@ -178,6 +180,9 @@ func (m *Manager) incomingAgain(u, vm string) (Incoming, bool, error) {
 	}
 	if missing || rec.State != store.StateReady {
 		return Incoming{}, false, fail(ErrBusy, nil, "instance %s is still being prepared; retry shortly", u)
+	}
+	if rec.Tenant != tn || rec.Profile != profile {
+		return Incoming{}, false, fail(ErrConflict, nil, "instance %s is being prepared as %s of tenant %s, not %s of tenant %s", u, rec.Profile, rec.Tenant, profile, tn)
 	}
 	m.holdMigration(it.ID, u)
 	return Incoming{Instance: rec, Device: hostDevice(rec), Compatibility: p.Compatibility}, true, nil

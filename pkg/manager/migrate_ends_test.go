@@ -92,3 +92,27 @@ func TestMigrationEndsActOnLibvirtsWord(t *testing.T) {
 	assertConsistent(t, src.env)
 	assertConsistent(t, dst.env)
 }
+
+// A second PrepareIncoming of the same instance answers the first only
+// when it asks the same: another tenant is a Conflict, never the first
+// answer under another name.
+func TestPrepareIncomingAgainAsksTheSame(t *testing.T) {
+	ctx := context.Background()
+	src, dst := newMigHost(t, nil), newMigHost(t, nil)
+	dst.tenant("globex", unlimited())
+	rec := src.running("L4-4Q")
+	md, err := src.m.MigrationSource(ctx, rec.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := dst.m.PrepareIncoming(ctx, md, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dst.m.PrepareIncoming(ctx, md, "", "globex"); !errors.Is(err, manager.ErrConflict) {
+		t.Fatalf("a second prepare for another tenant: %v, want Conflict", err)
+	}
+	if again, err := dst.m.PrepareIncoming(ctx, md, "", ""); err != nil || again.Device != in.Device {
+		t.Fatalf("the same prepare again: %+v, %v", again, err)
+	}
+}
