@@ -399,16 +399,9 @@ func crashInSync(t *testing.T, pc *placementapi.Client, hosts []*fleetDaemon, sc
 						if !d.Owns(p) {
 							continue
 						}
-						err := pc.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cand.Allocations,
-							ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"})
+						err := tplacement.Claim(ctx, pc, id, cand.Allocations)
 						if k := placementapi.Kind(err); k == "unreachable" || k == "conflict" {
-							// The claim may have landed before its answer
-							// was lost (and a second try then conflicts
-							// with it): it counts if it did.
-							if cons, cerr := pc.Consumer(ctx, id); cerr == nil && len(cons.Allocations) > 0 {
-								return
-							}
-							break
+							break // not made: ask again
 						}
 						if err != nil {
 							t.Fatal(err)

@@ -68,16 +68,7 @@ func (s *Scheduler) Place(ctx context.Context, r Request, rnd *rand.Rand) (strin
 			continue
 		}
 		consumer := uuid.NewString()
-		err := s.C.PutConsumer(ctx, consumer, placementapi.Consumer{Allocations: cand.Allocations,
-			ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"})
-		if k := placementapi.Kind(err); k == "unreachable" || k == "conflict" {
-			// The claim may have landed before its answer was lost (a
-			// slow Placement; the client's retry of it then conflicts
-			// with it): then it is this scheduler's claim, not another's.
-			if cons, cerr := s.C.Consumer(ctx, consumer); cerr == nil && len(cons.Allocations) > 0 {
-				err = nil
-			}
-		}
+		err := Claim(ctx, s.C, consumer, cand.Allocations)
 		if errors.Is(err, placementapi.ErrCapacity) || errors.Is(err, placementapi.ErrConflict) {
 			s.ClaimLost.Add(1) // another scheduler won it in Placement
 			continue
@@ -99,6 +90,21 @@ func (s *Scheduler) Place(ctx context.Context, r Request, rnd *rand.Rand) (strin
 	}
 	s.NoCandidate.Add(1)
 	return "", nil, ErrFull
+}
+
+// Claim writes a scheduler's claim: allocs for a new consumer. A claim
+// that landed although its answer was lost (a slow Placement; the client's
+// retry of it then conflicts with it) is made, this scheduler's and not
+// another's: nil, as if the answer had come.
+func Claim(ctx context.Context, c *placementapi.Client, consumer string, allocs map[string]placementapi.Allocation) error {
+	err := c.PutConsumer(ctx, consumer, placementapi.Consumer{Allocations: allocs,
+		ProjectID: "fleet", UserID: "scheduler", ConsumerType: "INSTANCE"})
+	if k := placementapi.Kind(err); k == "unreachable" || k == "conflict" {
+		if cons, cerr := c.Consumer(ctx, consumer); cerr == nil && len(cons.Allocations) > 0 {
+			return nil
+		}
+	}
+	return err
 }
 
 func (s *Scheduler) placeLocal(ctx context.Context, r Request, rnd *rand.Rand) (string, Host, error) {
