@@ -30,4 +30,8 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrTimeout: the call did not return within its deadline; its effect is unknown.
 	ErrTimeout = errors.New("driver call timed out")
+	// ErrResetting: a GPU reset holds the driver session (NVML's belongs
+	// to the whole process), and the call's deadline passed before the
+	// reset ended; the call never reached the driver.
+	ErrResetting = errors.New("a GPU reset holds the driver session")
 )

@@ -291,6 +291,10 @@ func (w *Watcher) watchXIDs(ctx context.Context) {
 		if errors.Is(err, gpu.ErrDriverNotLoaded) {
 			w.log.Debug("NVML events unavailable until the driver is loaded", "err", err)
 			backoff = min(backoff, 2*time.Second)
+		} else if errors.Is(err, gpu.ErrResetting) {
+			// A GPU reset took the session; the next start waits for it.
+			w.log.Info("NVML events paused for a GPU reset", "err", err)
+			backoff = time.Second
 		} else {
 			w.log.Warn("NVML events unavailable: XIDs are not seen", "err", err, "retry_in", backoff)
 		}

@@ -167,6 +167,8 @@ func classify(err error, format string, args ...any) error {
 		return fail(ErrBusy, err, "%s: the change is pending until the GPU is reset (stop its clients, disable its VFs, then nvidia-smi -r)", msg)
 	case errors.Is(err, gpu.ErrNotSupported):
 		return fail(ErrInvalidArgument, err, "%s: not supported by this GPU in its current mode", msg)
+	case errors.Is(err, gpu.ErrResetting):
+		return fail(ErrBusy, err, "%s: a GPU reset holds the driver session; retry when it is done", msg)
 	case errors.Is(err, gpu.ErrTimeout) && errors.Is(err, context.Canceled):
 		return fail(ErrBackendFailure, err, "%s: cancelled before the driver answered; vgpud reconciles the device on its next pass", msg)
 	case errors.Is(err, gpu.ErrTimeout):

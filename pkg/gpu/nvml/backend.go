@@ -54,12 +54,22 @@ type Backend struct {
 
 	// symbols caches symbol's answers, by C function name.
 	symbols map[string]error
+
+	// gate admits the NVML calls; a GPU reset closes it (gate.go).
+	gate gate
+	// down is the GPU whose reset shut NVML down ("" while it is up).
+	down string
+	// reopenTimeout is Options.ReopenTimeout.
+	reopenTimeout time.Duration
 }
 
 // Options configure a Backend.
 type Options struct {
 	Logger   *slog.Logger
 	Observer Observer
+	// ReopenTimeout bounds the tries of Init after a GPU reset
+	// (ReopenSession; default DefaultCallTimeout).
+	ReopenTimeout time.Duration
 }
 
 // New returns a backend over lib (gonvml.New() on a real host).
@@ -68,8 +78,12 @@ func New(lib gonvml.Interface, cat *profile.Catalog, opts Options) *Backend {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	reopen := opts.ReopenTimeout
+	if reopen <= 0 {
+		reopen = DefaultCallTimeout
+	}
 	return &Backend{lib: lib, cat: cat, log: log, observe: opts.Observer, profiles: map[string]map[int]int{}, known: map[int]gpu.GPU{},
-		symbols: map[string]error{}}
+		symbols: map[string]error{}, reopenTimeout: reopen}
 }
 
 // SetCatalog replaces the catalog used to name models and profiles.
@@ -139,8 +153,9 @@ func wrap(ret gonvml.Return) error {
 	return fmt.Errorf("%w: %w", s, ret)
 }
 
-// call runs fn with the context's deadline (DefaultCallTimeout when it has
-// none) and returns what fn returned, with its code as an error. A driver
+// call runs fn inside the session gate (waiting while a GPU reset holds
+// it, unless ctx is inside already), with the context's deadline
+// (DefaultCallTimeout when it has none), and returns what fn returned, with its code as an error. A driver
 // call cannot be interrupted: one that outruns the deadline fails with
 // gpu.ErrTimeout and runs on in its own goroutine (Quiesce waits for it).
 // fn's result reaches the caller only when fn returned in time, so fn must
@@ -151,6 +166,11 @@ func call[T any](ctx context.Context, b *Backend, op string, fn func() (T, gonvm
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
+	ctx, release, err := b.hold(ctx, op)
+	if err != nil {
+		return zero, err
+	}
+	defer release()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
@@ -222,6 +242,11 @@ func (b *Backend) Shutdown(ctx context.Context) error {
 
 // Driver reports the driver and NVML versions.
 func (b *Backend) Driver(ctx context.Context) (gpu.DriverInfo, error) {
+	ctx, release, herr := b.hold(ctx, "Driver")
+	if herr != nil {
+		return gpu.DriverInfo{}, herr
+	}
+	defer release()
 	var d gpu.DriverInfo
 	var err error
 	d.Version, err = call(ctx, b, "SystemGetDriverVersion", b.lib.SystemGetDriverVersion)

@@ -17,6 +17,11 @@ import (
 // query is still listed, with the failure in its Errors (and Lost set for
 // GPU_IS_LOST), so one bad GPU does not hide the others.
 func (b *Backend) Devices(ctx context.Context) ([]gpu.GPU, error) {
+	ctx, release, herr := b.hold(ctx, "Devices")
+	if herr != nil {
+		return nil, herr
+	}
+	defer release()
 	n, err := call(ctx, b, "DeviceGetCount", b.lib.DeviceGetCount)
 	if err != nil {
 		return nil, fmt.Errorf("count GPUs: %w", err)
@@ -38,6 +43,11 @@ func (b *Backend) Devices(ctx context.Context) ([]gpu.GPU, error) {
 
 // Describe returns the NVML view of the GPU with uuid.
 func (b *Backend) Describe(ctx context.Context, uuid string) (gpu.GPU, error) {
+	ctx, release, herr := b.hold(ctx, "Describe")
+	if herr != nil {
+		return gpu.GPU{}, herr
+	}
+	defer release()
 	d, err := b.device(ctx, uuid)
 	if err != nil {
 		return gpu.GPU{}, err

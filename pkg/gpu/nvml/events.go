@@ -63,10 +63,19 @@ type registered struct {
 // long. A GPU that supports none of the types is skipped; one that is
 // lost when WatchEvents starts is reported once as an Event with Lost set
 // and no GPU (it cannot be asked which it is), then skipped: call
-// WatchEvents again after it is back to follow it. Errors: gpu.ErrDriverNotLoaded when NVML is not initialized or the
+// WatchEvents again after it is back to follow it. A GPU reset (Backend.ReleaseSession) ends
+// it with gpu.ErrResetting. Errors: gpu.ErrDriverNotLoaded when NVML is not initialized or the
 // driver went away; gpu.ErrNotSupported when no GPU could be registered;
 // a Wait that keeps failing ends it with the last NVML return code.
 func (b *Backend) WatchEvents(ctx context.Context, fn func(Event)) error {
+	// The event set lives in the session: it is freed, and the gate left,
+	// when a GPU reset wants the session (gpu.ErrResetting; the caller
+	// starts again, and waits for the new session).
+	ctx, release, err := b.hold(ctx, "WatchEvents")
+	if err != nil {
+		return fmt.Errorf("watch NVML events: %w", err)
+	}
+	defer release()
 	set, err := call(ctx, b, "EventSetCreate", b.lib.EventSetCreate)
 	if err != nil {
 		return fmt.Errorf("create NVML event set: %w", err)
@@ -90,6 +99,9 @@ func (b *Backend) WatchEvents(ctx context.Context, fn func(Event)) error {
 	for {
 		if ctx.Err() != nil {
 			return nil
+		}
+		if b.gate.wanted() {
+			return fmt.Errorf("watch NVML events: the event set is freed for a GPU reset: %w", gpu.ErrResetting)
 		}
 		data, ret := set.Wait(uint32(eventWait / time.Millisecond))
 		switch ret {

@@ -40,6 +40,11 @@ func giCall[T any](ctx context.Context, b *Backend, uuid string, giID int, sym, 
 // GPUInstanceSchedulerState reads the scheduler of GPU instance giID (its
 // graphics engine's), as SchedulerState does the device's.
 func (b *Backend) GPUInstanceSchedulerState(ctx context.Context, uuid string, giID int) (SchedulerState, error) {
+	ctx, release, herr := b.hold(ctx, "GPUInstanceSchedulerState")
+	if herr != nil {
+		return SchedulerState{}, herr
+	}
+	defer release()
 	s, err := giCall(ctx, b, uuid, giID, "nvmlGpuInstanceGetVgpuSchedulerState_v2", "GpuInstanceGetVgpuSchedulerState_v2",
 		func(h gonvml.GpuInstance) (gonvml.VgpuSchedulerStateInfo_v2, gonvml.Return) {
 			return h.GetVgpuSchedulerState_v2(gonvml.VgpuSchedulerStateInfo_v2{EngineId: gonvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS})
@@ -54,6 +59,11 @@ func (b *Backend) GPUInstanceSchedulerState(ctx context.Context, uuid string, gi
 // with SetSchedulerState's arguments (a time slice is sent as its
 // frequency).
 func (b *Backend) SetGPUInstanceSchedulerState(ctx context.Context, uuid string, giID int, s SchedulerState) error {
+	ctx, release, herr := b.hold(ctx, "SetGPUInstanceSchedulerState")
+	if herr != nil {
+		return herr
+	}
+	defer release()
 	set := gonvml.VgpuSchedulerState_v2{EngineId: gonvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS, SchedulerPolicy: s.Policy}
 	if s.ARR {
 		set.AvgFactor, set.Frequency = s.AvgFactor, s.Frequency
@@ -70,6 +80,11 @@ func (b *Backend) SetGPUInstanceSchedulerState(ctx context.Context, uuid string,
 // GPUInstanceSchedulerLog reads the log of recent runs of GPU instance
 // giID's scheduler, as SchedulerLog does the device's.
 func (b *Backend) GPUInstanceSchedulerLog(ctx context.Context, uuid string, giID int) (SchedulerLog, error) {
+	ctx, release, herr := b.hold(ctx, "GPUInstanceSchedulerLog")
+	if herr != nil {
+		return SchedulerLog{}, herr
+	}
+	defer release()
 	l, err := giCall(ctx, b, uuid, giID, "nvmlGpuInstanceGetVgpuSchedulerLog_v2", "GpuInstanceGetVgpuSchedulerLog_v2",
 		func(h gonvml.GpuInstance) (gonvml.VgpuSchedulerLogInfo_v2, gonvml.Return) {
 			return h.GetVgpuSchedulerLog_v2(gonvml.VgpuSchedulerLogInfo_v2{EngineId: gonvml.VGPU_SCHEDULER_ENGINE_TYPE_GRAPHICS})
@@ -85,6 +100,11 @@ func (b *Backend) GPUInstanceSchedulerLog(ctx context.Context, uuid string, giID
 // inside the documented range (the GPU instance calls have no
 // capabilities query of their own; the device's range applies).
 func (b *Backend) GPUInstanceScheduler(ctx context.Context, uuid string, giID int) (gpu.VGPUScheduler, error) {
+	ctx, release, herr := b.hold(ctx, "GPUInstanceScheduler")
+	if herr != nil {
+		return gpu.VGPUScheduler{}, herr
+	}
+	defer release()
 	s, err := b.GPUInstanceSchedulerState(ctx, uuid, giID)
 	if err != nil {
 		return gpu.VGPUScheduler{}, err
@@ -94,6 +114,11 @@ func (b *Backend) GPUInstanceScheduler(ctx context.Context, uuid string, giID in
 
 // SetGPUInstanceScheduler sets GPU instance giID's policy and time slice.
 func (b *Backend) SetGPUInstanceScheduler(ctx context.Context, uuid string, giID int, s gpu.VGPUScheduler) error {
+	ctx, release, herr := b.hold(ctx, "SetGPUInstanceScheduler")
+	if herr != nil {
+		return herr
+	}
+	defer release()
 	p, err := policyNumber(s.Policy)
 	if err != nil {
 		return fmt.Errorf("GPU %s: %w", uuid, err)

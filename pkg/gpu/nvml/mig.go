@@ -16,6 +16,11 @@ import (
 // wrapping the activation status, and the change takes effect at the next
 // GPU reset. Disabling with GPU instances left fails with gpu.ErrInUse.
 func (b *Backend) SetMIGMode(ctx context.Context, uuid string, enable bool) error {
+	ctx, release, herr := b.hold(ctx, "SetMIGMode")
+	if herr != nil {
+		return herr
+	}
+	defer release()
 	d, err := b.device(ctx, uuid)
 	if err != nil {
 		return err
@@ -38,6 +43,11 @@ func (b *Backend) SetMIGMode(ctx context.Context, uuid string, enable bool) erro
 // placement start. It is idempotent: an instance of that profile already
 // at that start is returned as is.
 func (b *Backend) CreateGPUInstance(ctx context.Context, uuid string, profileID, start int) (gpu.GPUInstance, error) {
+	ctx, release, herr := b.hold(ctx, "CreateGPUInstance")
+	if herr != nil {
+		return gpu.GPUInstance{}, herr
+	}
+	defer release()
 	d, err := b.device(ctx, uuid)
 	if err != nil {
 		return gpu.GPUInstance{}, err
@@ -103,6 +113,11 @@ func (b *Backend) gpuInstance(ctx context.Context, uuid string, giID int) (gonvm
 // DestroyGPUInstance destroys GPU instance giID. Idempotent: a missing
 // instance is success. Compute instances or vGPUs on it: gpu.ErrInUse.
 func (b *Backend) DestroyGPUInstance(ctx context.Context, uuid string, giID int) error {
+	ctx, release, herr := b.hold(ctx, "DestroyGPUInstance")
+	if herr != nil {
+		return herr
+	}
+	defer release()
 	h, err := b.gpuInstance(ctx, uuid, giID)
 	if errors.Is(err, gpu.ErrNotFound) {
 		return nil
@@ -136,6 +151,11 @@ func (b *Backend) giGone(ctx context.Context, uuid string, giID int) bool {
 // to let the driver choose. Idempotent: an existing compute instance of
 // that profile (at start, when one is given) is returned.
 func (b *Backend) CreateComputeInstance(ctx context.Context, uuid string, giID, ciProfile, start int) (gpu.ComputeInstance, error) {
+	ctx, release, herr := b.hold(ctx, "CreateComputeInstance")
+	if herr != nil {
+		return gpu.ComputeInstance{}, herr
+	}
+	defer release()
 	h, err := b.gpuInstance(ctx, uuid, giID)
 	if err != nil {
 		return gpu.ComputeInstance{}, err
@@ -211,6 +231,11 @@ func readCI(ctx context.Context, b *Backend, c gonvml.ComputeInstance) (gpu.Comp
 // DestroyComputeInstance destroys compute instance ciID of GPU instance
 // giID. Idempotent: a missing compute or GPU instance is success.
 func (b *Backend) DestroyComputeInstance(ctx context.Context, uuid string, giID, ciID int) error {
+	ctx, release, herr := b.hold(ctx, "DestroyComputeInstance")
+	if herr != nil {
+		return herr
+	}
+	defer release()
 	h, err := b.gpuInstance(ctx, uuid, giID)
 	if errors.Is(err, gpu.ErrNotFound) {
 		return nil
@@ -249,6 +274,11 @@ func (b *Backend) ciGone(ctx context.Context, uuid string, giID, ciID int) bool 
 // time-sliced vGPUs. Idempotent; gpu.ErrInUse while any vGPU exists,
 // gpu.ErrNotSupported with MIG on or on GPUs without the mode.
 func (b *Backend) SetHeterogeneous(ctx context.Context, uuid string, on bool) error {
+	ctx, release, herr := b.hold(ctx, "SetHeterogeneous")
+	if herr != nil {
+		return herr
+	}
+	defer release()
 	d, err := b.device(ctx, uuid)
 	if err != nil {
 		return err

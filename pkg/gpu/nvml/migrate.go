@@ -114,6 +114,11 @@ func decodeFixed(b []byte, f any, size func() uint32) ([]byte, error) {
 // VGPUMetadata reads the metadata of a vGPU running on GPU uuid (NVML
 // knows a vGPU only while a VM has it open: gpu.ErrNotFound otherwise).
 func (b *Backend) VGPUMetadata(ctx context.Context, uuid string, ref gpu.VGPURef) (gpu.VGPUMetadata, error) {
+	ctx, release, herr := b.hold(ctx, "VGPUMetadata")
+	if herr != nil {
+		return gpu.VGPUMetadata{}, herr
+	}
+	defer release()
 	d, err := b.device(ctx, uuid)
 	if err != nil {
 		return nil, err
@@ -168,6 +173,11 @@ func (b *Backend) matches(ctx context.Context, v gonvml.VgpuInstance, ref gpu.VG
 // PGPUMetadata reads GPU uuid's vGPU metadata (gpu.ErrNotSupported on a
 // GPU that hosts no vGPU).
 func (b *Backend) PGPUMetadata(ctx context.Context, uuid string) (gpu.PGPUMetadata, error) {
+	ctx, release, herr := b.hold(ctx, "PGPUMetadata")
+	if herr != nil {
+		return gpu.PGPUMetadata{}, herr
+	}
+	defer release()
 	d, err := b.device(ctx, uuid)
 	if err != nil {
 		return nil, err
@@ -185,6 +195,11 @@ func (b *Backend) PGPUMetadata(ctx context.Context, uuid string) (gpu.PGPUMetada
 // structures only (4 inline bytes of opaque data, not the OpaqueData
 // slice): docs/simulator.md, "The simulated GPU host", says what follows.
 func (b *Backend) VGPUCompatibility(ctx context.Context, vm gpu.VGPUMetadata, pgpu gpu.PGPUMetadata) (gpu.Compatibility, error) {
+	ctx, release, herr := b.hold(ctx, "VGPUCompatibility")
+	if herr != nil {
+		return gpu.Compatibility{}, herr
+	}
+	defer release()
 	v, err := DecodeVGPUMetadata(vm)
 	if err != nil {
 		return gpu.Compatibility{}, err

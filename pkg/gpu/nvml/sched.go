@@ -99,8 +99,11 @@ type Probe struct {
 	b    *Backend
 	uuid string
 
-	mu           sync.Mutex
-	dev          gonvml.Device
+	mu  sync.Mutex
+	dev gonvml.Device
+	// gen is the session dev was looked up in (gate.gen): after a GPU
+	// reset the handle is looked up again and the GPM samples dropped.
+	gen          uint64
 	gpm          map[int]*migSamples
 	gpmChecked   bool
 	gpmSupported bool
@@ -119,8 +122,16 @@ func (b *Backend) Probe(uuid string) *Probe {
 // UUID is the probed GPU's UUID.
 func (p *Probe) UUID() string { return p.uuid }
 
+// device returns the GPU's handle in the current session. Called inside
+// the gate (the session cannot change under the caller).
 func (p *Probe) device(ctx context.Context) (gonvml.Device, error) {
+	gen := p.b.gate.generation()
 	p.mu.Lock()
+	if p.gen != gen {
+		// The samples were the old session's: NVML freed them at its
+		// Shutdown, so they are dropped, not freed again.
+		p.dev, p.gen, p.gpm, p.gpmChecked = nil, gen, map[int]*migSamples{}, false
+	}
 	d := p.dev
 	p.mu.Unlock()
 	if d != nil {
@@ -158,6 +169,11 @@ func onDevice[T any](ctx context.Context, p *Probe, op string, fn func(d gonvml.
 
 // SchedulerCapabilities reads what the GPU's vGPU scheduler supports.
 func (p *Probe) SchedulerCapabilities(ctx context.Context) (SchedulerCaps, error) {
+	ctx, release, herr := p.b.hold(ctx, "SchedulerCapabilities")
+	if herr != nil {
+		return SchedulerCaps{}, herr
+	}
+	defer release()
 	c, err := onDevice(ctx, p, "GetVgpuSchedulerCapabilities", gonvml.Device.GetVgpuSchedulerCapabilities)
 	if err != nil {
 		return SchedulerCaps{}, err
@@ -176,6 +192,11 @@ func (p *Probe) SchedulerCapabilities(ctx context.Context) (SchedulerCaps, error
 // engine's). The _v2 call reports no ARR flag: a non-zero average factor
 // is ARR at work; and no frequency, which under ARR is 1 s / Timeslice.
 func (p *Probe) SchedulerState(ctx context.Context) (SchedulerState, error) {
+	ctx, release, herr := p.b.hold(ctx, "SchedulerState")
+	if herr != nil {
+		return SchedulerState{}, herr
+	}
+	defer release()
 	if err := p.b.symbol("nvmlDeviceGetVgpuSchedulerState_v2"); err != nil {
 		return SchedulerState{}, fmt.Errorf("GPU %s: %w", p.uuid, err)
 	}
@@ -211,6 +232,11 @@ func SliceWithin(ts, lo, hi time.Duration) time.Duration {
 // default for each); a plain time slice is set as its frequency
 // (SliceFrequency).
 func (p *Probe) SetSchedulerState(ctx context.Context, s SchedulerState) error {
+	ctx, release, herr := p.b.hold(ctx, "SetSchedulerState")
+	if herr != nil {
+		return herr
+	}
+	defer release()
 	if err := p.b.symbol("nvmlDeviceSetVgpuSchedulerState_v2"); err != nil {
 		return fmt.Errorf("GPU %s: %w", p.uuid, err)
 	}
@@ -230,6 +256,11 @@ func (p *Probe) SetSchedulerState(ctx context.Context, s SchedulerState) error {
 // engine's). The ring holds 200 entries: read it at least five times a
 // second for a complete log.
 func (p *Probe) SchedulerLog(ctx context.Context) (SchedulerLog, error) {
+	ctx, release, herr := p.b.hold(ctx, "SchedulerLog")
+	if herr != nil {
+		return SchedulerLog{}, herr
+	}
+	defer release()
 	if err := p.b.symbol("nvmlDeviceGetVgpuSchedulerLog_v2"); err != nil {
 		return SchedulerLog{}, fmt.Errorf("GPU %s: %w", p.uuid, err)
 	}

@@ -14,6 +14,11 @@ import (
 
 // VGPUScheduler reads the GPU's scheduler policy and time slice.
 func (b *Backend) VGPUScheduler(ctx context.Context, uuid string) (gpu.VGPUScheduler, error) {
+	ctx, release, herr := b.hold(ctx, "VGPUScheduler")
+	if herr != nil {
+		return gpu.VGPUScheduler{}, herr
+	}
+	defer release()
 	s, err := b.Probe(uuid).SchedulerState(ctx)
 	if err != nil {
 		return gpu.VGPUScheduler{}, err
@@ -50,6 +55,11 @@ func policyNumber(name string) (uint32, error) {
 // SetVGPUScheduler sets the GPU's scheduler policy and time slice, within
 // the GPU's capabilities (InvalidArgument outside them).
 func (b *Backend) SetVGPUScheduler(ctx context.Context, uuid string, s gpu.VGPUScheduler) error {
+	ctx, release, herr := b.hold(ctx, "SetVGPUScheduler")
+	if herr != nil {
+		return herr
+	}
+	defer release()
 	p := b.Probe(uuid)
 	pol, err := policyNumber(s.Policy)
 	if err != nil {

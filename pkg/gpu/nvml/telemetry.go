@@ -45,6 +45,11 @@ func vgpuHandle(v gonvml.VgpuInstance) (uint32, bool) {
 
 // ActiveVGPUCount counts the GPU's running vGPUs (one driver call).
 func (p *Probe) ActiveVGPUCount(ctx context.Context) (int, error) {
+	ctx, release, herr := p.b.hold(ctx, "ActiveVGPUCount")
+	if herr != nil {
+		return 0, herr
+	}
+	defer release()
 	list, err := onDevice(ctx, p, "GetActiveVgpus", gonvml.Device.GetActiveVgpus)
 	if err != nil {
 		return 0, err
@@ -55,6 +60,11 @@ func (p *Probe) ActiveVGPUCount(ctx context.Context) (int, error) {
 // ActiveVGPUs lists the GPU's running vGPUs with their framebuffer use.
 // A vGPU whose VM stops between the list and its queries is left out.
 func (p *Probe) ActiveVGPUs(ctx context.Context) ([]VGPU, error) {
+	ctx, release, herr := p.b.hold(ctx, "ActiveVGPUs")
+	if herr != nil {
+		return nil, herr
+	}
+	defer release()
 	list, err := onDevice(ctx, p, "GetActiveVgpus", gonvml.Device.GetActiveVgpus)
 	if err != nil {
 		return nil, err
@@ -120,6 +130,11 @@ func sampleValue(t gonvml.ValueType, b [8]byte) float64 {
 // VGPUUtilization returns the running vGPUs' utilization samples newer
 // than since (µs), and the newest timestamp seen (since when none is newer).
 func (p *Probe) VGPUUtilization(ctx context.Context, since uint64) ([]UtilSample, uint64, error) {
+	ctx, release, herr := p.b.hold(ctx, "VGPUUtilization")
+	if herr != nil {
+		return nil, 0, herr
+	}
+	defer release()
 	type samples struct {
 		vt  gonvml.ValueType
 		raw []gonvml.VgpuInstanceUtilizationSample
@@ -151,6 +166,11 @@ type Clocks struct {
 
 // Clocks reads the current SM clock and clock event reasons.
 func (p *Probe) Clocks(ctx context.Context) (Clocks, error) {
+	ctx, release, herr := p.b.hold(ctx, "Clocks")
+	if herr != nil {
+		return Clocks{}, herr
+	}
+	defer release()
 	var c Clocks
 	var err error
 	if c.Reasons, err = onDevice(ctx, p, "GetCurrentClocksEventReasons", gonvml.Device.GetCurrentClocksEventReasons); err != nil {
@@ -183,6 +203,11 @@ type Telemetry struct {
 // come from the last full read and unsupported readings are not asked for
 // again. A GPU that is lost fails the whole read.
 func (p *Probe) Telemetry(ctx context.Context, full bool) (Telemetry, error) {
+	ctx, release, herr := p.b.hold(ctx, "Telemetry")
+	if herr != nil {
+		return Telemetry{}, herr
+	}
+	defer release()
 	p.mu.Lock()
 	t, known := p.tel, p.telRead
 	p.mu.Unlock()
@@ -266,6 +291,11 @@ type migSamples struct {
 // each that was sampled before, its activity since then. GPM needs Hopper
 // or newer: elsewhere it fails with gpu.ErrNotSupported.
 func (p *Probe) MIGActivity(ctx context.Context, gis []int) (map[int]MIGActivity, error) {
+	ctx, release, herr := p.b.hold(ctx, "MIGActivity")
+	if herr != nil {
+		return nil, herr
+	}
+	defer release()
 	d, err := p.device(ctx)
 	if err != nil {
 		return nil, err
@@ -386,6 +416,11 @@ func (p *Probe) gpmMetricsGet(ctx context.Context, m *gonvml.GpmMetricsGetType) 
 // MIGMemory returns, per GPU instance id, the memory of its MIG devices
 // (total, used) as NVML's MIG device handles report it.
 func (p *Probe) MIGMemory(ctx context.Context) (map[int][2]uint64, error) {
+	ctx, release, herr := p.b.hold(ctx, "MIGMemory")
+	if herr != nil {
+		return nil, herr
+	}
+	defer release()
 	n, err := onDevice(ctx, p, "GetMaxMigDeviceCount", gonvml.Device.GetMaxMigDeviceCount)
 	if err != nil {
 		return nil, err
