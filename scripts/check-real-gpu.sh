@@ -12,6 +12,9 @@
 #
 # It changes no GPU setting: no MIG mode change, no reset, no VF change,
 # no instance created, no scheduler set; every command below only reads.
+# vgpud's own GPU reset (the NVML backend's Resetter, which a MIG mode
+# change of the daemon runs) is never reached from here: `vgpud inventory`
+# and the -real-gpu tests only read.
 # Without an NVIDIA GPU and driver (no nvidia-smi, or it lists no GPU) it
 # says so and exits 0. Output goes to $OUT (default ./real-gpu).
 # NVIDIA_SMI names the nvidia-smi to use (default: nvidia-smi on PATH).

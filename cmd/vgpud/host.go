@@ -24,9 +24,9 @@ type host struct {
 	sim   *sim.Host
 	nvml  *nvmlbackend.Backend
 	sysfs *sysfs.Sysfs
-	// reset resets GPUs for MIG mode changes (the simulated host's; the
-	// real driver's reset is not wired: such a change is left pending
-	// for an operator).
+	// reset resets GPUs for MIG mode changes: the simulated host's, or on
+	// a real host the NVML backend's, which pauses every NVML call of the
+	// process around the kernel's steps (sysfs.Reset).
 	reset manager.GPUResetter
 }
 
@@ -91,6 +91,10 @@ func openHost(cfg *config.Config, log *slog.Logger, observe nvmlbackend.Observer
 			return nil, err
 		}
 		h.reset = r
+	} else {
+		// The holders of a GPU are read from the real /proc whatever the
+		// sysfs root: they are this host's processes.
+		h.reset = h.nvml.Resetter(sysfs.Reset{Sys: fsys, Proc: sysfs.OSFS{Root: "/proc"}, Self: os.Getpid()})
 	}
 	h.sysfs = sysfs.New(fsys)
 	if mdevctl != "" {

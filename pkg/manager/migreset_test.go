@@ -3,6 +3,7 @@ package manager_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/vgpud/vgpud/internal/invariant"
 	"github.com/vgpud/vgpud/internal/testenv"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
+	nvmlb "github.com/vgpud/vgpud/pkg/gpu/nvml"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/store"
@@ -88,6 +90,60 @@ func TestMIGModeCarriedThrough(t *testing.T) {
 	}
 	if v, _ := e.m.GPU(g); !v.VGPU.Heterogeneous {
 		t.Fatal("heterogeneous mode not set again after the reset")
+	}
+}
+
+// On a real host the reset goes through the NVML backend's session gate:
+// the whole process's NVML session is shut down (not one GPU's), the
+// kernel's steps taken, NVML initialized again, and the GPU and its
+// settings read through the new session. Other processes' sessions still
+// refuse the change before any step.
+func TestMIGModeThroughSessionGate(t *testing.T) {
+	e := &env{t: t}
+	nvmlLog := &testenv.Buffer{}
+	e.host = simhost.Start(t, simhost.Options{
+		Spec:      sessionsHost(),
+		Manager:   manager.Config{Crash: func(p string) { e.crashAt(p) }, BusyRetry: 1, Logger: testenv.Logger(t)},
+		NVML:      nvmlb.Options{Logger: slog.New(slog.NewTextHandler(nvmlLog, nil))},
+		SimBootID: true,
+		GateReset: true,
+	})
+	e.cat, e.sim, e.db, e.m = e.host.Catalog, e.host.Sim, e.host.DB, e.host.Manager
+	ctx := context.Background()
+	g := sim.DefaultH100TS
+	if err := e.m.SetHeterogeneous(ctx, g, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.SetMIGMode(ctx, g, true); err != nil {
+		t.Fatalf("MIG on: %v", err)
+	}
+	if on, pending, vfs, its := e.migState(g); !on || pending || vfs == 0 || its != 0 {
+		t.Fatalf("after MIG on: on %v pending %v VFs %d intents %d; want on, nothing pending, VFs back, no intent\n%s", on, pending, vfs, its, e.summary())
+	}
+	if hs, _ := e.sim.Sessions(g); len(hs) != 1 {
+		t.Fatalf("NVML sessions after the change: %q; want the manager's again", hs)
+	}
+	if l := nvmlLog.String(); !strings.Contains(l, "NVML session released for a GPU reset") || !strings.Contains(l, "NVML session reopened after a GPU reset") {
+		t.Fatalf("the reset did not go through the NVML session gate; the backend logged:\n%s", l)
+	}
+	if err := e.m.SetMIGMode(ctx, g, false); err != nil {
+		t.Fatalf("MIG off: %v", err)
+	}
+	if on, pending, vfs, its := e.migState(g); on || pending || vfs == 0 || its != 0 {
+		t.Fatalf("after MIG off: on %v pending %v VFs %d intents %d", on, pending, vfs, its)
+	}
+	if v, _ := e.m.GPU(g); !v.VGPU.Heterogeneous {
+		t.Fatal("heterogeneous mode not set again after the reset")
+	}
+	if err := e.sim.OpenSession(g, "dcgm"); err != nil {
+		t.Fatal(err)
+	}
+	err := e.m.SetMIGMode(ctx, g, true)
+	if !errors.Is(err, manager.ErrBusy) || !strings.Contains(err.Error(), "NVML sessions are open by") {
+		t.Fatalf("MIG on with another NVML client: %v (want Busy naming it)", err)
+	}
+	if on, pending, _, _ := e.migState(g); on || pending {
+		t.Fatalf("a refused change changed the GPU: on %v pending %v", on, pending)
 	}
 }
 

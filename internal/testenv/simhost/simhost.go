@@ -51,6 +51,12 @@ type Options struct {
 	// place of Manager.BootID), so that a simulated reboot resets the GPUs
 	// failed before it.
 	SimBootID bool
+	// GateReset makes the manager reset GPUs as on a real host: through
+	// the NVML backend's session gate (nvml.Resetter: every NVML call of
+	// the process paused, NVML shut down and initialized again) over the
+	// simulated kernel's steps, in place of the simulator's per-GPU
+	// session release. Ignored when Manager.Reset is set.
+	GateReset bool
 	// NoReconcile leaves the manager as New made it, for a caller that
 	// refreshes or reconciles itself.
 	NoReconcile bool
@@ -143,7 +149,9 @@ func (h *Host) start(ctx context.Context) error {
 	if h.simReset, err = h.Sim.Resetter(lib); err != nil {
 		return err
 	}
-	if c.Reset == nil {
+	if c.Reset == nil && h.opts.GateReset {
+		c.Reset = h.NVML.Resetter(simKernel{h: h.Sim, r: h.simReset})
+	} else if c.Reset == nil {
 		c.Reset = h.simReset
 	}
 	if h.opts.SimBootID {
@@ -195,4 +203,24 @@ func (h *Host) Close() error {
 	}
 	errs = append(errs, h.Sim.Close())
 	return errors.Join(errs...)
+}
+
+// simKernel is the simulated host's side of a reset by PCI address, as
+// sysfs.Reset is a real host's: the other holders of the GPU, its VFs
+// (sriov-manage) and the reset (nvidia-smi -r).
+type simKernel struct {
+	h *sim.Host
+	r *sim.Resetter
+}
+
+func (k simKernel) Holders(ctx context.Context, pci string) ([]string, error) {
+	return k.r.Holders(ctx, pci)
+}
+
+func (k simKernel) SetVFs(_ context.Context, pci string, on bool) error {
+	return k.h.SetVFs(pci, on)
+}
+
+func (k simKernel) ResetGPU(_ context.Context, pci string) error {
+	return k.h.ResetGPU(pci)
 }
