@@ -425,7 +425,7 @@ func TestResetDrainDeadline(t *testing.T) {
 	rig.mu.Lock()
 	rig.block, rig.entered = nil, nil
 	rig.mu.Unlock()
-	err := rig.r.ReleaseGPU(ctxFor(t, 30*time.Millisecond), resetUUID)
+	err := rig.r.ReleaseGPU(ctxFor(t, 300*time.Millisecond), resetUUID)
 	if !errors.Is(err, gpu.ErrTimeout) || !strings.Contains(err.Error(), "in flight") {
 		t.Fatalf("release under a stuck call: %v", err)
 	}
@@ -465,8 +465,11 @@ func TestResetNeedsReleasedSession(t *testing.T) {
 func TestResetEndsEventWatch(t *testing.T) {
 	rig := newResetRig(t, nvmlb.Options{})
 	ctx := ctxFor(t, 5*time.Second)
+	waiting := make(chan struct{})
+	var once sync.Once
 	set := &mock.EventSet{
 		WaitFunc: func(uint32) (gonvml.EventData, gonvml.Return) {
+			once.Do(func() { close(waiting) })
 			time.Sleep(time.Millisecond)
 			return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
 		},
@@ -486,7 +489,7 @@ func TestResetEndsEventWatch(t *testing.T) {
 	rig.lib.DeviceGetHandleByIndexFunc = func(int) (gonvml.Device, gonvml.Return) { return dev, gonvml.SUCCESS }
 	watched := make(chan error, 1)
 	go func() { watched <- rig.b.WatchEvents(ctx, func(nvmlb.Event) {}) }()
-	time.Sleep(20 * time.Millisecond)
+	<-waiting
 	if err := rig.r.ReleaseGPU(ctx, resetUUID); err != nil {
 		t.Fatal(err)
 	}
