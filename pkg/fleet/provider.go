@@ -163,6 +163,11 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 // effective ones (the host's, with every capacity at least what is held
 // there now), at the generation read before the allocations, so an
 // allocation landing in between is a conflict, re-read and retried.
+// The host is read again after that generation: a pass's view is older
+// than what a settle may have published since (an instance destroyed
+// after the pass began), and writing from it would take back room the
+// host has. A settle that publishes after this read either lands before
+// the write (a conflict: read again) or after it (its view is newer).
 // It returns what Placement holds, and the provider's generation then.
 func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]placementapi.Inventory, int, error) {
 	for try := 0; ; try++ {
@@ -174,7 +179,11 @@ func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]
 		if err != nil {
 			return nil, 0, fmt.Errorf("allocations of %s: %w", p.name, err)
 		}
-		want := effective(p, have)
+		now, err := s.fresh(p)
+		if err != nil {
+			return nil, 0, fmt.Errorf("read GPU %s: %w", p.gpu.PCI, err)
+		}
+		want := effective(&now, have)
 		if sameInventories(cur, want) {
 			return want, gen, nil
 		}
@@ -190,6 +199,16 @@ func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]
 		}
 		return want, gen, nil
 	}
+}
+
+// fresh is p as the host has it now (p itself when the host no longer
+// has the GPU: what to do with its provider is the pass's).
+func (s *Syncer) fresh(p *gpuProvider) (gpuProvider, error) {
+	now, ok, err := s.provider(p.host.UUID)
+	if err != nil || !ok {
+		return *p, err
+	}
+	return now, nil
 }
 
 // syncTraits is syncInventory for traits.

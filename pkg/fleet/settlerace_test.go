@@ -9,6 +9,7 @@ import (
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/store"
 )
 
 // hookedSource is the host with a hook on HasInstance: it lets a test run
@@ -132,5 +133,83 @@ func TestDestroyNotUndoneByAPass(t *testing.T) {
 	}
 	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
 		t.Fatalf("after the pass: %+v, %v", cons, err)
+	}
+}
+
+// viewHookedSource runs a hook after the whole host's view is read, before
+// the pass that read it writes anything.
+type viewHookedSource struct {
+	*manager.Manager
+	hook func()
+}
+
+func (s viewHookedSource) FleetView() ([]manager.FleetGPU, error) {
+	v, err := s.Manager.FleetView()
+	s.hook()
+	return v, err
+}
+
+// TestPassDoesNotTakeBackRoom: a pass that read the host while an instance
+// was on a GPU must not publish that GPU's inventory as it was then once
+// the instance's destroy has published the room it freed: a scheduler
+// would be refused the room (a whole GPU's class gone from an empty GPU)
+// until the next pass.
+func TestPassDoesNotTakeBackRoom(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	h := simhost.Start(t, simhost.Options{})
+	simhost.DefineTenant(t, h.Manager, "acme")
+
+	var once sync.Once
+	var id string
+	src := viewHookedSource{Manager: h.Manager}
+	src.hook = func() {
+		if id == "" {
+			return
+		}
+		once.Do(func() {
+			if err := h.Manager.Destroy(ctx, id, manager.DestroyOptions{}); err != nil {
+				t.Errorf("destroy: %v", err)
+			}
+		})
+	}
+	s, err := New(Config{Host: "room", Grace: time.Hour, ClaimTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second}, newClient(t, srv.URL()), src, quietLog(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Manager.SetFleet(s)
+	if err := s.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prov := GPUProviderUUID(s.top(), sim.DefaultL4)
+	empty, _, err := c.Inventories(ctx, prov)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := ClassName(store.KindPassthrough, "passthrough")
+	if _, ok := empty[whole]; !ok {
+		t.Fatalf("the empty GPU offers no %s: %v", whole, empty)
+	}
+	rec, err := h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held, _, err := c.Inventories(ctx, prov); err != nil || held[whole].Total != 0 {
+		t.Fatalf("with an instance on it the GPU still offers %s: %v, %v", whole, held, err)
+	}
+	// The next pass reads the host with the instance on it; the instance
+	// is destroyed (and its room published) before the pass writes.
+	id = rec.UUID
+	if err := s.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, _, err := c.Inventories(ctx, prov)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rc, inv := range empty {
+		if after[rc].Total != inv.Total || after[rc].Reserved != inv.Reserved {
+			t.Errorf("after the pass %s is %+v on the empty GPU, was %+v before the create: the pass published the host it read before the destroy", rc, after[rc], inv)
+		}
 	}
 }
