@@ -52,6 +52,17 @@ func startHost(t testing.TB, name, url string, spec *sim.Spec, cfg Config) *host
 	if cfg.Grace == 0 {
 		cfg.Grace = time.Hour
 	}
+	// The product's defaults (a 2 s claim, a 1 s settle) are for a
+	// Placement that answers in milliseconds; on a loaded test machine
+	// Placement may take seconds, and a test about what a claim or a
+	// settle decides must not see its deadline instead. Tests of the
+	// deadlines set them.
+	if cfg.ClaimTimeout == 0 {
+		cfg.ClaimTimeout = 15 * time.Second
+	}
+	if cfg.SettleTimeout == 0 {
+		cfg.SettleTimeout = 10 * time.Second
+	}
 	s, err := New(cfg, newClient(t, url), h.Manager, quietLog(t), nil)
 	if err != nil {
 		t.Fatal(err)
