@@ -103,3 +103,39 @@ func TestMigrateRunOtherMIGLayoutRefused(t *testing.T) {
 	// Nothing was begun: the instance is free for another operation.
 	h.src.ctl(t, "detach", in.UUID).must(t, "detach after the refusal")
 }
+
+// A plain MIG instance (compute only) cannot be attached to a VM, so it
+// cannot move with one: `vgpuctl migrate run` refuses it on the source
+// (exit 2, InvalidArgument, saying so) before the destination is asked,
+// and neither host changes; the instance is free for another operation.
+func TestMigrateRunPlainMIGRefused(t *testing.T) {
+	h := startMigrateHosts(t)
+	in := decodeSchema[docInstance](t, h.src.ctl(t, "create", "1g.10gb", "--tenant", "acme", "-o", "json").must(t, "create")).Instance
+	if in.Kind != "mig" {
+		t.Fatalf("1g.10gb is a %s instance", in.Kind)
+	}
+	gpus := func(d *busDaemon) []schemaGPU {
+		return decodeSchema[docList[schemaGPU]](t, d.ctl(t, "gpus", "-o", "json").must(t, "gpus")).Items
+	}
+	srcInst, dstInst, srcGPUs, dstGPUs := instances(t, h.src), instances(t, h.dst), gpus(h.src), gpus(h.dst)
+
+	r := h.src.ctl(t, "migrate", "run", in.UUID, "--to", h.dst.bus.Address())
+	if want := "vgpuctl: InvalidArgument: source: instance " + in.UUID + " is a plain MIG instance (compute only): it is attached to no VM"; r.code != 2 || !strings.Contains(r.err, want) {
+		t.Fatalf("move of a plain MIG instance: exit %d, %s\nwant exit 2, %s", r.code, r.err, want)
+	}
+	for _, c := range []struct {
+		what          string
+		before, after any
+	}{
+		{"source's instances", srcInst, instances(t, h.src)}, {"destination's instances", dstInst, instances(t, h.dst)},
+		{"source's GPUs", srcGPUs, gpus(h.src)}, {"destination's GPUs", dstGPUs, gpus(h.dst)},
+	} {
+		if !reflect.DeepEqual(c.before, c.after) {
+			t.Errorf("the refusal changed the %s:\nbefore %+v\nafter  %+v", c.what, c.before, c.after)
+		}
+	}
+	checkUsage(t, "source", h.src)
+	checkUsage(t, "destination", h.dst)
+	// Nothing was begun: the instance is free for another operation.
+	h.src.ctl(t, "destroy", in.UUID).must(t, "destroy after the refusal")
+}
