@@ -13,7 +13,7 @@ import (
 // migrateCrash is a crash point of an offline move and the host whose
 // vgpud reaches it on `vgpuctl migrate run`'s way; rollback: on the way of
 // a move rolled back after the destination defined the VM (the source's
-// libvirt refuses to undefine it: holdSnapshot).
+// libvirt refuses to undefine it: it has a snapshot).
 type migrateCrash struct {
 	point    string
 	source   bool
@@ -79,7 +79,7 @@ func migrateKilledAt(t *testing.T, c migrateCrash) {
 	in := decodeSchema[docInstance](t, src.ctl(t, "create", "A10-4Q", "--tenant", "acme", "-o", "json").must(t, "create")).Instance
 	src.ctl(t, "attach", vm.Name, in.UUID).must(t, "attach")
 	if c.rollback {
-		holdSnapshot(t, srcLV, vm)
+		srcLV.SnapshotDomain(t, vm.Name)
 	}
 
 	victim, victimLV := dst, dstLV

@@ -5,49 +5,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/digitalocean/go-libvirt"
-
 	"github.com/vgpud/vgpud/internal/invariant"
-	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 )
 
-// holdSnapshot gives a domain snapshot metadata (a snapshot redefined,
-// as virsh snapshot-create --redefine does), with which libvirt refuses
-// to undefine the domain; the snapshot's metadata go at cleanup, before
-// the domain is removed.
-func holdSnapshot(t *testing.T, lv *libvirtd.Env, vm libvirtd.Domain) (drop func()) {
-	t.Helper()
-	l := lv.Client(t)
-	dom, err := l.DomainLookupByName(vm.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	def, err := l.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := l.DomainSnapshotCreateXML(dom, "<domainsnapshot><name>kept</name><state>shutoff</state><creationTime>1</creationTime>"+def+"</domainsnapshot>",
-		uint32(libvirt.DomainSnapshotCreateRedefine))
-	if err != nil {
-		t.Fatalf("redefine a snapshot of %s: %v", vm.Name, err)
-	}
-	dropped := false
-	drop = func() {
-		if dropped {
-			return
-		}
-		dropped = true
-		if err := l.DomainSnapshotDelete(snap, libvirt.DomainSnapshotDeleteMetadataOnly); err != nil {
-			t.Errorf("delete the snapshot of %s: %v", vm.Name, err)
-		}
-	}
-	t.Cleanup(drop)
-	return drop
-}
-
 // A move that fails after the destination defined the VM (the source's
-// libvirt refuses to undefine a domain that has snapshots) is rolled
-// back: the VM is defined on the source only, with its original
+// libvirt refuses to undefine a domain that has snapshots: Conflict, exit
+// 8, naming them) is rolled back: the VM is defined on the source only, with its original
 // definition, the destination's instance is released, neither host keeps
 // an intent, and each host's instances, attachments and tenant usage are
 // as before. With the snapshot gone the VM moves.
@@ -57,7 +20,7 @@ func TestMigrateRunRollsBackAfterDefine(t *testing.T) {
 	h.dstLV.RemoveAtCleanup(t, vm)
 	in := decodeSchema[docInstance](t, h.src.ctl(t, "create", "A10-4Q", "--tenant", "acme", "-o", "json").must(t, "create")).Instance
 	h.src.ctl(t, "attach", vm.Name, in.UUID).must(t, "attach")
-	drop := holdSnapshot(t, h.srcLV, vm)
+	drop := h.srcLV.SnapshotDomain(t, vm.Name)
 	tenants := func(d *busDaemon) []schemaTenant {
 		return decodeSchema[docList[schemaTenant]](t, d.ctl(t, "tenant", "list", "-o", "json").must(t, "tenant list")).Items
 	}
@@ -65,7 +28,7 @@ func TestMigrateRunRollsBackAfterDefine(t *testing.T) {
 	srcInst, dstInst, srcTenants, dstTenants := instances(t, h.src), instances(t, h.dst), tenants(h.src), tenants(h.dst)
 
 	r := h.src.ctl(t, "migrate", "run", in.UUID, "--to", h.dst.bus.Address())
-	if r.code == 0 || !strings.Contains(r.err, "source: undefine VM "+vm.Name) {
+	if r.code != 8 || !strings.Contains(r.err, "vgpuctl: Conflict: source: undefine VM "+vm.Name+": ") || !strings.Contains(r.err, "snapshots") {
 		t.Fatalf("move whose source cannot undefine the VM: exit %d, %s", r.code, r.err)
 	}
 	t.Logf("migrate run: exit %d, %s", r.code, r.err)
