@@ -5,30 +5,43 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpud/vgpud/internal/invariant"
 	testbus "github.com/vgpud/vgpud/internal/testenv/dbus"
 	"github.com/vgpud/vgpud/internal/testenv/libvirtd"
 	"github.com/vgpud/vgpud/pkg/manager"
 )
 
 // migrateCrash is a crash point of an offline move and the host whose
-// vgpud reaches it on `vgpuctl migrate run`'s way.
+// vgpud reaches it on `vgpuctl migrate run`'s way; rollback: on the way of
+// a move rolled back after the destination defined the VM (the source's
+// libvirt refuses to undefine it: it has a snapshot).
 type migrateCrash struct {
-	point  string
-	source bool
+	point    string
+	source   bool
+	rollback bool
+}
+
+func (c migrateCrash) name() string {
+	if c.rollback {
+		return c.point + "-rollback"
+	}
+	return c.point
 }
 
 // The crash points an offline move of a shut-off VM passes, in order: the
 // source records its outgoing intent (MigrationSource); the destination
 // records its incoming intent, carves, and is about to record the VM's
 // attachment (PrepareIncoming, CommitIncoming); the source releases its
-// instance once the VM left (CompleteOutgoing).
+// instance once the VM left (CompleteOutgoing). A move rolled back after
+// the destination defined the VM passes the destination's release of its
+// instance (AbortIncoming, once UndefineIncomingDomain gave the
+// definition back).
 var migrateCrashes = []migrateCrash{
-	{manager.CrashOutgoingIntent, true},
-	{manager.CrashIncomingIntent, false},
-	{manager.CrashIncomingCarve, false},
-	{manager.CrashIncomingCommit, false},
-	{manager.CrashMigrationRelease, true},
+	{manager.CrashOutgoingIntent, true, false},
+	{manager.CrashIncomingIntent, false, false},
+	{manager.CrashIncomingCarve, false, false},
+	{manager.CrashIncomingCommit, false, false},
+	{manager.CrashMigrationRelease, true, false},
+	{manager.CrashMigrationRelease, false, true},
 }
 
 // TestMigrateKilledAtEachStep: the vgpud of one end of `vgpuctl migrate
@@ -37,11 +50,12 @@ var migrateCrashes = []migrateCrash{
 // start reconciles), no intent is left on either host, neither host has a
 // device without a record or a record without its device, each tenant's
 // usage is the sum of its instances, the VM is defined on exactly one
-// libvirtd, and exactly that host records its attachment, to the device
-// the domain's definition names.
+// libvirtd (the source's, for a move being rolled back), and exactly that
+// host records its attachment, to the device the domain's definition
+// names.
 func TestMigrateKilledAtEachStep(t *testing.T) {
 	for _, c := range migrateCrashes {
-		t.Run(c.point, func(t *testing.T) { migrateKilledAt(t, c) })
+		t.Run(c.name(), func(t *testing.T) { migrateKilledAt(t, c) })
 	}
 }
 
@@ -64,6 +78,9 @@ func migrateKilledAt(t *testing.T, c migrateCrash) {
 	dstLV.RemoveAtCleanup(t, vm)
 	in := decodeSchema[docInstance](t, src.ctl(t, "create", "A10-4Q", "--tenant", "acme", "-o", "json").must(t, "create")).Instance
 	src.ctl(t, "attach", vm.Name, in.UUID).must(t, "attach")
+	if c.rollback {
+		srcLV.SnapshotDomain(t, vm.Name)
+	}
 
 	victim, victimLV := dst, dstLV
 	if c.source {
@@ -107,6 +124,9 @@ func migrateKilledAt(t *testing.T, c migrateCrash) {
 	if dstErr == nil {
 		home, homeLV, other = dst, dstLV, src
 	}
+	if c.rollback && dstErr == nil {
+		t.Fatalf("the move was given up, but the VM is on the destination: %s", r.err)
+	}
 	x := homeLV.Virsh(t, "dumpxml", "--inactive", vm.Name)
 	var held []schemaInstance
 	for _, i := range instances(t, home) {
@@ -130,23 +150,7 @@ func migrateKilledAt(t *testing.T, c migrateCrash) {
 
 	// With the daemons stopped: no intent left, and every device on the
 	// simulated host has its record and every record its device.
-	for _, h := range []struct {
-		name string
-		d    *busDaemon
-	}{{"source", src}, {"destination", dst}} {
-		h.d.stop(t)
-		st := readState(t, h.d.stateDir)
-		for _, it := range st.intents {
-			t.Errorf("%s: intent %s (%s %s) left", h.name, it.ID, it.Op, it.Instance)
-		}
-		extra, missing := invariant.HostDiff(simInventory(t, h.d.stateDir), st.instances)
-		for _, e := range extra {
-			t.Errorf("%s: leak: %s", h.name, e)
-		}
-		for _, m := range missing {
-			t.Errorf("%s: lost: %s", h.name, m)
-		}
-	}
+	noIntentsNorLeaks(t, &migrateHosts{srcLV: srcLV, dstLV: dstLV, src: src, dst: dst})
 }
 
 // awaitNoneUnresolved waits until a reconcile of d leaves nothing pending

@@ -21,10 +21,17 @@ type migrateHosts struct {
 
 func startMigrateHosts(t *testing.T) *migrateHosts {
 	t.Helper()
+	return startMigrateHostsOn(t, nil, nil)
+}
+
+// startMigrateHostsOn is startMigrateHosts with more vgpud flags for the
+// source and the destination (--sim-host: other simulated GPUs).
+func startMigrateHostsOn(t *testing.T, srcArgs, dstArgs []string) *migrateHosts {
+	t.Helper()
 	srcLV, dstLV := libvirtd.StartPair(t)
 	h := &migrateHosts{srcLV: srcLV, dstLV: dstLV,
-		src: startBusDaemon(t, testbus.Start(t), busDaemonOpts{libvirtSocket: srcLV.Socket()}),
-		dst: startBusDaemon(t, testbus.Start(t), busDaemonOpts{libvirtSocket: dstLV.Socket()})}
+		src: startBusDaemon(t, testbus.Start(t), busDaemonOpts{libvirtSocket: srcLV.Socket(), args: srcArgs}),
+		dst: startBusDaemon(t, testbus.Start(t), busDaemonOpts{libvirtSocket: dstLV.Socket(), args: dstArgs})}
 	for _, d := range []*busDaemon{h.src, h.dst} {
 		d.ctl(t, "tenant", "define", "acme", "--vram", "unlimited", "--compute", "unlimited").must(t, "tenant define")
 	}
@@ -83,7 +90,15 @@ func TestMigrateRunOffline(t *testing.T) {
 }
 
 func migrateRunOffline(t *testing.T, profile string) {
-	h := startMigrateHosts(t)
+	moveOffline(t, startMigrateHosts(t), profile)
+}
+
+// moveOffline moves a shut-off VM with an instance of profile from h's
+// source to its destination with `vgpuctl migrate run`, checks the move
+// (TestMigrateRunOffline) and answers the source's instance and the
+// destination's.
+func moveOffline(t *testing.T, h *migrateHosts, profile string) (was, moved schemaInstance) {
+	t.Helper()
 	vm := h.srcLV.DefineDomain(t, "vgpud-e2e-move")
 	h.dstLV.RemoveAtCleanup(t, vm)
 	in := decodeSchema[docInstance](t, h.src.ctl(t, "create", profile, "--tenant", "acme", "-o", "json").must(t, "create")).Instance
@@ -101,11 +116,11 @@ func migrateRunOffline(t *testing.T, profile string) {
 	if !strings.Contains(x, vm.UUID) {
 		t.Fatalf("the destination's domain is another VM:\n%s", x)
 	}
-	moved := instances(t, h.dst)
-	if len(moved) != 1 || moved[0].UUID != in.UUID || moved[0].Profile != in.Profile || moved[0].Attachment == nil || moved[0].Attachment.VMUUID != vm.UUID || moved[0].VGPU == nil {
-		t.Fatalf("destination's instances: %+v", moved)
+	there := instances(t, h.dst)
+	if len(there) != 1 || there[0].UUID != in.UUID || there[0].Profile != in.Profile || there[0].Attachment == nil || there[0].Attachment.VMUUID != vm.UUID || there[0].VGPU == nil {
+		t.Fatalf("destination's instances: %+v", there)
 	}
-	if want := hostdevNames(moved[0]); !strings.Contains(x, want) {
+	if want := hostdevNames(there[0]); !strings.Contains(x, want) {
 		t.Fatalf("the destination's domain does not name its device %s:\n%s", want, x)
 	}
 	validateDomain(t, x)
@@ -114,6 +129,7 @@ func migrateRunOffline(t *testing.T, profile string) {
 	}
 	checkUsage(t, "source", h.src)
 	checkUsage(t, "destination", h.dst)
+	return in, there[0]
 }
 
 // hostdevNames is how a domain's XML names an instance's device: an

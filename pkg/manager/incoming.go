@@ -201,14 +201,22 @@ func (m *Manager) sameProfile(md MigrationMetadata) error {
 			continue
 		}
 		if o.kind != md.Kind {
-			return fail(ErrConflict, ErrOtherMIGLayout, "profile %s is a %s here and a %s on the source", md.Profile, o.kind, md.Kind)
+			return refuseIncoming(ErrOtherMIGLayout, "profile %s is a %s here and a %s on the source", md.Profile, o.kind, md.Kind)
 		}
 		if md.Kind == store.KindMIGVGPU && (o.gi == nil || o.gi.ID != md.GIProfileID || o.gi.Size != md.GISize) {
-			return fail(ErrConflict, ErrOtherMIGLayout, "profile %s is GPU-instance profile %d of %d slices on the source and another here", md.Profile, md.GIProfileID, md.GISize)
+			return refuseIncoming(ErrOtherMIGLayout, "profile %s is GPU-instance profile %d of %d slices on the source and another here", md.Profile, md.GIProfileID, md.GISize)
 		}
 		return nil
 	}
-	return fail(ErrConflict, ErrIncompatibleGPU, "profile %s is not offered on %s here (the source's GPU type)", md.Profile, md.Model)
+	return refuseIncoming(ErrIncompatibleGPU, "profile %s is not offered on %s here (the source's GPU type)", md.Profile, md.Model)
+}
+
+// refuseIncoming is PrepareIncoming's Conflict for reason (ErrIncompatibleGPU,
+// ErrOtherMIGLayout, ErrIncompatibleDriver, ErrLiveUnsupported), its
+// message opening with the reason: over D-Bus only the name (Conflict) and
+// the message travel, so a caller tells the reasons apart by the message.
+func refuseIncoming(reason error, format string, args ...any) error {
+	return &opError{kind: ErrConflict, msg: reason.Error() + ": " + fmt.Sprintf(format, args...), cause: reason, shown: true}
 }
 
 // candidate is a GPU the driver says takes the vGPU, with its answer.
@@ -256,24 +264,24 @@ func (m *Manager) compatibleGPUs(ctx context.Context, md MigrationMetadata) ([]c
 		case c.VM&gpu.CompatLive != 0:
 			out = append(out, candidate{g, c})
 		case c.VM != gpu.CompatNone:
-			why = fail(ErrConflict, ErrLiveUnsupported, "the driver moves the vGPU to GPU %s only with the VM stopped (%s; limit: %s)", g.PCI, c.VM, c.Limit)
+			why = refuseIncoming(ErrLiveUnsupported, "the driver moves the vGPU to GPU %s only with the VM stopped (%s; limit: %s)", g.PCI, c.VM, c.Limit)
 		case c.Limit&(gpu.LimitHostDriver|gpu.LimitGuestDriver) != 0 && why == nil:
-			why = fail(ErrConflict, ErrIncompatibleDriver, "the driver of GPU %s does not take the vGPU (limit: %s): the hosts' or the guest's drivers differ", g.PCI, c.Limit)
+			why = refuseIncoming(ErrIncompatibleDriver, "the driver of GPU %s does not take the vGPU (limit: %s): the hosts' or the guest's drivers differ", g.PCI, c.Limit)
 		case why == nil:
-			why = fail(ErrConflict, ErrIncompatibleGPU, "the driver does not move the vGPU to GPU %s (limit: %s): the GPUs differ (ECC, MIG)", g.PCI, c.Limit)
+			why = refuseIncoming(ErrIncompatibleGPU, "the driver does not move the vGPU to GPU %s (limit: %s): the GPUs differ (ECC, MIG)", g.PCI, c.Limit)
 		}
 	}
 	switch {
 	case len(out) > 0:
 		return out, nil
 	case model == 0:
-		return nil, fail(ErrConflict, ErrIncompatibleGPU, "no GPU of type %s on this host in service", md.Model)
+		return nil, refuseIncoming(ErrIncompatibleGPU, "no GPU of type %s on this host in service", md.Model)
 	case mode == 0 && md.Kind == store.KindMIGVGPU:
-		return nil, fail(ErrConflict, ErrOtherMIGLayout, "no GPU of type %s here is in MIG mode, which the MIG-backed vGPU %s needs", md.Model, md.Profile)
+		return nil, refuseIncoming(ErrOtherMIGLayout, "no GPU of type %s here is in MIG mode, which the MIG-backed vGPU %s needs", md.Model, md.Profile)
 	case mode == 0:
-		return nil, fail(ErrConflict, ErrOtherMIGLayout, "every GPU of type %s here is in MIG mode; the time-sliced vGPU %s needs one with MIG off", md.Model, md.Profile)
+		return nil, refuseIncoming(ErrOtherMIGLayout, "every GPU of type %s here is in MIG mode; the time-sliced vGPU %s needs one with MIG off", md.Model, md.Profile)
 	case why == nil:
-		return nil, fail(ErrConflict, ErrIncompatibleGPU, "no GPU of type %s here hosts vGPUs", md.Model)
+		return nil, refuseIncoming(ErrIncompatibleGPU, "no GPU of type %s here hosts vGPUs", md.Model)
 	}
 	return nil, why
 }

@@ -192,6 +192,11 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 	if err != nil {
 		return MigrationMetadata{}, err
 	}
+	if rec.Kind == store.KindMIG {
+		// Said as attach says it: "a mig instance" reads as a MIG-backed
+		// vGPU, which does move.
+		return MigrationMetadata{}, fail(ErrInvalidArgument, nil, "instance %s is a plain MIG instance (compute only): it is attached to no VM and cannot be, so it does not move with one; only vGPUs (vgpu, mig-vgpu) move with their VM", rec.UUID)
+	}
 	if rec.Kind != store.KindVGPU && rec.Kind != store.KindMIGVGPU {
 		return MigrationMetadata{}, fail(ErrInvalidArgument, nil, "instance %s is a %s instance; only vGPUs move with their VM", rec.UUID, rec.Kind)
 	}

@@ -228,6 +228,15 @@ func classifyMigrationVirt(err error, format string, args ...any) error {
 		return fail(ErrInvalidArgument, err, format, args...)
 	case errors.Is(err, virt.ErrDomainRunning):
 		return fail(ErrBusy, err, format, args...)
+	case errors.Is(err, virt.ErrUndefineRefused):
+		// What holds the domain (its snapshots) is the operator's to
+		// remove: libvirt's words name it.
+		why := err.Error()
+		var le *virt.LibvirtError
+		if errors.As(err, &le) {
+			why = le.Message
+		}
+		return fail(ErrConflict, err, format+": %s", append(args, why)...)
 	case errors.Is(err, virt.ErrLiveMigrationRefused):
 		// The reasons are what the operator acts on (which end, which
 		// version): the message carries them, not only the log.

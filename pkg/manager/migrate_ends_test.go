@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/vgpud/vgpud/pkg/manager"
@@ -114,5 +115,20 @@ func TestPrepareIncomingAgainAsksTheSame(t *testing.T) {
 	}
 	if again, err := dst.m.PrepareIncoming(ctx, md, "", ""); err != nil || again.Device != in.Device {
 		t.Fatalf("the same prepare again: %+v, %v", again, err)
+	}
+}
+
+// A plain MIG instance (compute only) is attached to no VM and cannot be:
+// MigrationSource refuses it as InvalidArgument, saying so, and records
+// nothing.
+func TestMigrationSourceRefusesPlainMIG(t *testing.T) {
+	src := newMigHost(t, nil)
+	rec := src.mustCreate("acme", "1g.10gb", "")
+	_, err := src.m.MigrationSource(context.Background(), rec.UUID)
+	if !errors.Is(err, manager.ErrInvalidArgument) || !strings.Contains(manager.Message(err), "is a plain MIG instance (compute only): it is attached to no VM") {
+		t.Fatalf("MigrationSource of a plain MIG instance: %v", err)
+	}
+	if its := intents(t, src.env); len(its) != 0 {
+		t.Fatalf("the refusal left intents: %+v", its)
 	}
 }

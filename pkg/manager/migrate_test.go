@@ -416,6 +416,11 @@ func TestPrepareIncomingRefusals(t *testing.T) {
 					t.Fatalf("PrepareIncoming: %v, want %v", err, w)
 				}
 			}
+			// Over D-Bus a Conflict's reason travels in its message only:
+			// the message opens with it.
+			if len(tt.want) == 2 && !strings.HasPrefix(manager.Message(err), tt.want[1].Error()+": ") {
+				t.Fatalf("the message does not open with the reason %q: %s", tt.want[1], manager.Message(err))
+			}
 			if got := dst.summary(); got != before {
 				t.Fatalf("a refusal changed the host:\n%s\nbefore:\n%s", got, before)
 			}

@@ -23,6 +23,10 @@ const (
 var (
 	// ErrDomainRunning: an offline migration of a domain that runs.
 	ErrDomainRunning = errors.New("domain is running")
+	// ErrUndefineRefused: libvirt refuses to undefine a shut-off domain
+	// for what it holds beside its definition (snapshots, checkpoints);
+	// libvirt's message (the wrapped *LibvirtError) says which.
+	ErrUndefineRefused = errors.New("libvirt refuses to undefine the domain")
 	// ErrMigrationInterrupted: the connection to libvirtd broke while it
 	// ran a migration. The migration may have finished, failed or still be
 	// running; look the domain up on both ends before doing anything else.

@@ -137,9 +137,15 @@ func (c *Conn) UndefineMigrated(ctx context.Context, ref string) error {
 		err = call0(r, func(l *libvirt.Libvirt) error {
 			return l.DomainUndefineFlags(d, libvirt.DomainUndefineKeepNvram|libvirt.DomainUndefineKeepTpm)
 		})
-		if err != nil && !errors.Is(err, ErrDomainNotFound) {
-			return fmt.Errorf("undefine %s: %w", name, err)
+		var le *LibvirtError
+		switch {
+		case err == nil, errors.Is(err, ErrDomainNotFound):
+			return nil
+		case errors.As(err, &le) && libvirt.ErrorNumber(le.Code) == libvirt.ErrOperationInvalid:
+			// The domain is shut off (checked above): what libvirt
+			// refuses is what it holds, which the operator removes.
+			return fmt.Errorf("undefine %s: %w: %w", name, ErrUndefineRefused, err)
 		}
-		return nil
+		return fmt.Errorf("undefine %s: %w", name, err)
 	})
 }

@@ -137,6 +137,21 @@ func TestMigrateOffline(t *testing.T) {
 		}
 	})
 
+	t.Run("a domain with a snapshot is not undefined", func(t *testing.T) {
+		d := srcEnv.DefineDomain(t, "mig-undefine-snapshot")
+		drop := srcEnv.SnapshotDomain(t, d.Name)
+		if err := src.UndefineMigrated(ctx, d.Name); !errors.Is(err, virt.ErrUndefineRefused) {
+			t.Fatalf("UndefineMigrated of a domain with a snapshot: %v, want ErrUndefineRefused", err)
+		}
+		if _, err := src.Domain(ctx, d.Name); err != nil {
+			t.Fatalf("the domain went: %v", err)
+		}
+		drop()
+		if err := src.UndefineMigrated(ctx, d.Name); err != nil {
+			t.Fatalf("UndefineMigrated without the snapshot: %v", err)
+		}
+	})
+
 	t.Run("another domain's XML refused", func(t *testing.T) {
 		d := srcEnv.DefineDomain(t, "mig-offline-other")
 		other := libvirtd.TinyDomain("mig-offline-impostor")

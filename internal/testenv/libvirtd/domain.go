@@ -136,6 +136,35 @@ func (e *Env) DestroyDomain(t testing.TB, name string) {
 	}
 }
 
+// SnapshotDomain gives a defined domain the metadata of a snapshot,
+// redefined as `virsh snapshot-create --redefine` does (no disk is
+// touched): libvirt refuses to undefine a domain that has one. drop
+// deletes the snapshot's metadata; the domain's removal at cleanup takes
+// them with it.
+func (e *Env) SnapshotDomain(t testing.TB, name string) (drop func()) {
+	t.Helper()
+	l := e.Client(t)
+	dom, err := l.DomainLookupByName(name)
+	if err != nil {
+		t.Fatalf("libvirtd: lookup %s: %v", name, err)
+	}
+	def, err := l.DomainGetXMLDesc(dom, libvirt.DomainXMLInactive)
+	if err != nil {
+		t.Fatalf("libvirtd: dumpxml %s: %v", name, err)
+	}
+	snap, err := l.DomainSnapshotCreateXML(dom, "<domainsnapshot><name>kept</name><state>shutoff</state><creationTime>1</creationTime>"+def+"</domainsnapshot>",
+		uint32(libvirt.DomainSnapshotCreateRedefine))
+	if err != nil {
+		t.Fatalf("libvirtd: redefine a snapshot of %s: %v", name, err)
+	}
+	return func() {
+		t.Helper()
+		if err := l.DomainSnapshotDelete(snap, libvirt.DomainSnapshotDeleteMetadataOnly); err != nil {
+			t.Fatalf("libvirtd: delete the snapshot of %s: %v", name, err)
+		}
+	}
+}
+
 // removeDomain destroys (if running) and undefines a domain by UUID; one that
 // is already gone is fine.
 func (e *Env) removeDomain(t testing.TB, id string) {
@@ -169,7 +198,7 @@ func (e *Env) removeDomain(t testing.TB, id string) {
 		}
 	}
 	if persistent, err := l.DomainIsPersistent(dom); err == nil && persistent == 1 {
-		if err := l.DomainUndefineFlags(dom, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineNvram); err != nil && !libvirt.IsNotFound(err) {
+		if err := l.DomainUndefineFlags(dom, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineNvram|libvirt.DomainUndefineSnapshotsMetadata); err != nil && !libvirt.IsNotFound(err) {
 			t.Errorf("libvirtd: undefine %s: %v", dom.Name, err)
 		}
 	}
