@@ -391,7 +391,7 @@ func TestBookkeepingSettles(t *testing.T) {
 	}
 }
 
-// hookSource runs a hook at a consumer's first HasInstance check.
+// hookSource runs a hook at a consumer's first HasConsumer check.
 type hookSource struct {
 	Source
 	once     sync.Once
@@ -399,13 +399,13 @@ type hookSource struct {
 	hook     func()
 }
 
-func (h *hookSource) HasInstance(id string) bool {
+func (h *hookSource) HasConsumer(id string) bool {
 	if id == h.consumer {
-		ok := h.Source.HasInstance(id)
+		ok := h.Source.HasConsumer(id)
 		h.once.Do(h.hook)
 		return ok
 	}
-	return h.Source.HasInstance(id)
+	return h.Source.HasConsumer(id)
 }
 
 // TestPassDoesNotRestoreDestroyed: a pass that found an instance's

@@ -18,6 +18,11 @@ type passState struct {
 	// (the view's): their allocation moves with their own write, never
 	// removed as an orphan.
 	instances map[string]bool
+	// moved are instances whose VM moves to another host: their
+	// allocation is their migration consumer's, and one under their own
+	// UUID on the host's providers goes at once (the UUID is the
+	// destination's).
+	moved map[string]bool
 	// held are the consumers Placement holds on the host's providers.
 	held map[string]bool
 	// complete is false when a provider's allocations could not be read.
@@ -71,7 +76,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// Removals first: a class's total falls only once what held it is gone.
 	now := s.now()
 	for _, consumer := range sortedKeys(have) {
-		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || !s.expired(consumer, now) {
+		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || (!ps.moved[consumer] && !s.expired(consumer, now)) {
 			continue
 		}
 		if err := s.removeAllocation(ctx, consumer); err != nil {
@@ -123,7 +128,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			continue
 		}
 		again = again || have[consumer] != nil
-		if !s.src.HasInstance(consumer) {
+		if !s.src.HasConsumer(consumer) {
 			// Destroyed while it was written: its destroy may have
 			// removed it just before this write put it back.
 			again = true
@@ -281,7 +286,7 @@ func (s *Syncer) writeHeld(ctx context.Context, consumer, provider string, want 
 		return false, err
 	}
 	defer s.unlockAlloc()
-	if !s.src.HasInstance(consumer) {
+	if !s.src.HasConsumer(consumer) {
 		return false, nil
 	}
 	return true, s.writeAllocation(ctx, consumer, provider, want)

@@ -12,17 +12,17 @@ import (
 	"github.com/vgpud/vgpud/pkg/store"
 )
 
-// hookedSource is the host with a hook on HasInstance: it lets a test run
+// hookedSource is the host with a hook on HasConsumer: it lets a test run
 // a destroy at the moment a pass has decided to write an allocation.
 type hookedSource struct {
 	*manager.Manager
 	hook func(id string)
 }
 
-// HasInstance answers, then runs the hook: what the caller does next
+// HasConsumer answers, then runs the hook: what the caller does next
 // follows an answer the hook may have made stale.
-func (s hookedSource) HasInstance(id string) bool {
-	ok := s.Manager.HasInstance(id)
+func (s hookedSource) HasConsumer(id string) bool {
+	ok := s.Manager.HasConsumer(id)
 	s.hook(id)
 	return ok
 }

@@ -55,8 +55,10 @@ type Source interface {
 	// Inventory is the host's GPUs as last discovered: an adopted
 	// allocation's provider names its GPU by PCI address.
 	Inventory() gpu.Inventory
-	// HasInstance reports whether a consumer is an instance now.
-	HasInstance(id string) bool
+	// HasConsumer reports whether a consumer holds an instance's
+	// allocation now: the instance's UUID, or while its VM moves to
+	// another host the migration's consumer.
+	HasConsumer(id string) bool
 	Subscribe() (<-chan manager.Event, func())
 }
 
@@ -343,10 +345,13 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 	for _, p := range tree {
 		gens[p.UUID], names[p.UUID] = p.Generation, p.Name
 	}
-	ps := &passState{instances: map[string]bool{}, held: map[string]bool{}, complete: true}
+	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true}
 	for _, p := range want {
 		for c := range p.allocs {
 			ps.instances[c] = true
+		}
+		for _, c := range p.gpu.Moved {
+			ps.moved[c] = true
 		}
 	}
 	var errs []error

@@ -39,6 +39,10 @@ type gpuUnits struct {
 	Unlisted  int
 	Classes   []unitClass
 	Instances []unitClaim
+	// Moved are the instances whose allocation is held under their
+	// migration's consumer (their unitClaim's Instance) while their VM
+	// moves to another host.
+	Moved []string
 }
 
 // unitClass is one profile carvable on a GPU, what one instance of it
@@ -53,7 +57,9 @@ type unitClass struct {
 	FramebufferMiB uint64
 }
 
-// unitClaim is one instance's share of one GPU in Placement's units.
+// unitClaim is one instance's share of one GPU in Placement's units;
+// Instance is the consumer holding it (the instance's UUID, or its
+// migration's consumer).
 type unitClaim struct {
 	Instance, GPU, Profile string
 	Kind                   store.InstanceKind
@@ -77,6 +83,9 @@ func unitsOf(g manager.FleetGPU, sm *shapeMemory) gpuUnits {
 	}
 	u.FramebufferMiB = sharedFramebuffer(g.Spec, sh)
 	for _, r := range g.Records {
+		if r.Record.MigrationConsumer != "" {
+			u.Moved = append(u.Moved, r.Record.UUID)
+		}
 		if c, ok := claimOf(g, r, u); ok {
 			u.Instances = append(u.Instances, c)
 		} else {
@@ -134,7 +143,13 @@ func claimOf(g manager.FleetGPU, fr manager.FleetRecord, u gpuUnits) (unitClaim,
 	if fr.Profile == "" || (r.Kind == store.KindMIG && r.CISlices > 0) {
 		return unitClaim{}, false
 	}
-	c := unitClaim{Instance: r.UUID, GPU: r.GPUUUID, Profile: fr.Profile, Kind: r.Kind, Unconfirmed: r.FleetConsumer && r.State == store.StateCreating}
+	// The consumer holding the allocation: the migration's while the VM
+	// moves away.
+	consumer := r.UUID
+	if r.MigrationConsumer != "" {
+		consumer = r.MigrationConsumer
+	}
+	c := unitClaim{Instance: consumer, GPU: r.GPUUUID, Profile: fr.Profile, Kind: r.Kind, Unconfirmed: r.FleetConsumer && r.State == store.StateCreating}
 	c.Slices, c.FramebufferMiB = takes(g, u, r.Kind, fr.Profile)
 	return c, true
 }

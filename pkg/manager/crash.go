@@ -41,6 +41,7 @@ const (
 	CrashMIGVFsOn   = "mig-mode.after-vfs-on"
 	// Moving a VM to another host (migrate.go, incoming.go).
 	CrashOutgoingIntent   = "outgoing.after-intent"
+	CrashOutgoingMove     = "outgoing.after-move"
 	CrashIncomingIntent   = "incoming.after-intent"
 	CrashIncomingCarve    = "incoming.after-carve"
 	CrashIncomingCommit   = "incoming.before-commit"
@@ -55,7 +56,7 @@ var CrashPoints = []string{
 	CrashAttachIntent, CrashAttachDone, CrashDetachIntent, CrashDetachDone, CrashCreateAttach,
 	CrashMoveRelease, CrashMoveCarve, CrashReconcile, CrashRestore,
 	CrashMIGIntent, CrashMIGRelease, CrashMIGVFsOff, CrashMIGReset, CrashMIGVFsOn,
-	CrashOutgoingIntent, CrashIncomingIntent, CrashIncomingCarve, CrashIncomingCommit, CrashMigrationRelease,
+	CrashOutgoingIntent, CrashOutgoingMove, CrashIncomingIntent, CrashIncomingCarve, CrashIncomingCommit, CrashMigrationRelease,
 }
 
 // CrashAt returns a crash hook that kills the process with SIGKILL (no

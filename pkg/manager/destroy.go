@@ -178,6 +178,8 @@ func (m *Manager) finishDestroy(ctx context.Context, rec store.Instance, intent 
 	m.emit(Event{Kind: EventOperationDone, ID: rec.UUID, Op: "destroy", Took: m.now().Sub(started)})
 	// Destroy removes the allocation, as create claims first: a
 	// scheduler's next look at the fleet sees the room this freed.
-	m.fleetSettle(ctx, rec.GPUUUID, rec.UUID)
+	// An instance released after its VM moved away holds it under the
+	// migration's consumer.
+	m.fleetSettle(ctx, rec.GPUUUID, fleetConsumer(&rec))
 	return nil
 }

@@ -47,6 +47,13 @@ type Fleet interface {
 	// the error says what that is (the operation stands; its caller is
 	// told that Placement lags).
 	Settle(ctx context.Context, gpu, removed string) error
+	// Move moves what consumer from holds on this host's providers to
+	// consumer to, in one write (as Nova moves an instance's allocation
+	// to its migration's consumer and back). It must not fail the
+	// migration: what it cannot do the fleet's sync does (from's
+	// allocation goes, to's is written as the records say), and the error
+	// says what that is.
+	Move(ctx context.Context, from, to string) error
 }
 
 // FleetClaim is one instance's share of one GPU, as the fleet holds it:

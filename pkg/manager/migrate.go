@@ -153,6 +153,9 @@ func migrationIntent(tx *store.Tx, op store.Op, instance string) (*store.Intent,
 type outgoingPayload struct {
 	Domain     string `json:"domain"`
 	DomainUUID string `json:"domainUUID"`
+	// Consumer is the migration's Placement consumer, which holds the
+	// instance's allocation while the VM moves (migrate_fleet.go).
+	Consumer string `json:"consumer,omitempty"`
 }
 
 // here says whether libvirt has the moving VM on this host, and whether it
@@ -233,14 +236,18 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 	if rec.Kind != store.KindMIGVGPU {
 		md.GIProfileID, md.GIStart, md.GISize = -1, -1, 0
 	}
-	payload, _ := json.Marshal(outgoingPayload{Domain: att.Domain, DomainUUID: att.DomainUUID}) // strings: cannot fail
 	intent := uuid.NewString()
+	consumer := migrationConsumer(rec.UUID, intent)
+	payload, _ := json.Marshal(outgoingPayload{Domain: att.Domain, DomainUUID: att.DomainUUID, Consumer: consumer}) // strings: cannot fail
 	again := false
 	err = m.db.Update(func(tx *store.Tx) error {
 		prior, err := migrationIntent(tx, store.OpOutgoing, rec.UUID)
 		if err != nil || prior != nil {
 			if again = prior != nil; again {
 				intent = prior.ID
+				var p outgoingPayload
+				_ = json.Unmarshal(prior.Payload, &p) // written by the first call
+				consumer = p.Consumer
 			}
 			return err
 		}
@@ -250,18 +257,25 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 		if err := busy(tx, rec.UUID); err != nil {
 			return err
 		}
-		return tx.PutIntent(store.Intent{ID: intent, Op: store.OpOutgoing, Instance: rec.UUID, Payload: payload, Started: m.now()})
+		return beginOutgoing(tx, store.Intent{ID: intent, Op: store.OpOutgoing, Instance: rec.UUID, Payload: payload, Started: m.now()}, rec.UUID)
 	})
 	if err != nil {
 		return MigrationMetadata{}, classify(err, "record the outgoing migration of instance %s", rec.UUID)
 	}
 	m.holdMigration(intent, rec.UUID)
-	if again {
-		return md, nil
+	if !again {
+		m.log.Info("migration: VM leaving", "instance", rec.UUID, "vm", att.Domain, "profile", rec.Profile)
+		m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID, Op: "migrate-out", Detail: fmt.Sprintf("VM %s is moving to another host", att.Domain)})
+		m.crash(CrashOutgoingIntent)
 	}
-	m.log.Info("migration: VM leaving", "instance", rec.UUID, "vm", att.Domain, "profile", rec.Profile)
-	m.emit(Event{Kind: EventInstanceChanged, ID: rec.UUID, Op: "migrate-out", Detail: fmt.Sprintf("VM %s is moving to another host", att.Domain)})
-	m.crash(CrashOutgoingIntent)
+	// The instance's UUID is the destination's to claim from now on (a
+	// repeated call moves what a first one could not).
+	if consumer != "" {
+		m.fleetMove(ctx, rec.UUID, consumer, "the allocation of instance "+rec.UUID)
+	}
+	if !again {
+		m.crash(CrashOutgoingMove)
+	}
 	return md, nil
 }
 
@@ -356,10 +370,16 @@ func (m *Manager) CancelOutgoing(ctx context.Context, id string) error {
 			return fail(ErrConflict, nil, "VM %s is no longer on this host: the migration finished (CompleteOutgoing releases instance %s)", p.Domain, u)
 		}
 	}
-	if err := m.dropIntent(it.ID); err != nil {
+	moved, err := m.keepOutgoing(*it, u)
+	if err != nil {
 		return classify(err, "drop the outgoing migration of instance %s", u)
 	}
 	m.releaseMigration(it.ID)
+	if moved != "" {
+		// The destination dropped its claim of the instance (AbortIncoming
+		// comes first); a claim still there keeps its own part.
+		m.fleetMove(ctx, moved, u, "the allocation of instance "+u)
+	}
 	m.emit(Event{Kind: EventInstanceChanged, ID: u, Op: "migrate-out", Detail: "the VM stayed on this host"})
 	return nil
 }

@@ -38,15 +38,16 @@ func (m *Manager) libvirtFor(what string) (Virt, error) {
 
 // resolveOutgoing resolves the source's half of a migration.
 func (m *Manager) resolveOutgoing(ctx context.Context, it store.Intent, rec store.Instance, missing bool, rep *ReconcileReport) error {
+	var p outgoingPayload
+	_ = json.Unmarshal(it.Payload, &p) // written by MigrationSource
 	if missing {
+		m.fleetForget(p.Consumer)
 		return m.dropIntent(it.ID)
 	}
 	v, err := m.libvirtFor("outgoing")
 	if err != nil {
 		return err
 	}
-	var p outgoingPayload
-	_ = json.Unmarshal(it.Payload, &p) // written by MigrationSource
 	// Under the admission lock: a libvirtd that does not answer must not
 	// hold every admission.
 	lctx, cancel := context.WithTimeout(ctx, libvirtProbe)
@@ -64,9 +65,13 @@ func (m *Manager) resolveOutgoing(ctx context.Context, it store.Intent, rec stor
 		return nil
 	}
 	m.log.Info("migration cut off: the VM stayed on this host; instance kept", "instance", rec.UUID, "vm", p.Domain)
-	if err := m.dropIntent(it.ID); err != nil {
+	moved, err := m.keepOutgoing(it, rec.UUID)
+	if err != nil {
 		return err
 	}
+	// The next pass removes the migration's allocation and writes the
+	// instance's (reconcile waits on no fleet call).
+	m.fleetForget(moved)
 	rep.Undone = append(rep.Undone, rec.UUID)
 	return nil
 }

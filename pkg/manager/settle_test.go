@@ -45,6 +45,8 @@ func (f *recordingFleet) Adopt(context.Context, string) (manager.FleetClaim, err
 
 func (f *recordingFleet) Complete(context.Context, manager.FleetClaim) error { return nil }
 
+func (f *recordingFleet) Move(context.Context, string, string) error { return nil }
+
 func (f *recordingFleet) Settle(_ context.Context, _, removed string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -248,6 +248,21 @@ func (c *Client) PutConsumer(ctx context.Context, id string, cons Consumer) erro
 	return c.Do(ctx, "PUT", "/allocations/"+url.PathEscape(id), cons, nil)
 }
 
+// MoveAllocations writes several consumers' allocations in one request
+// (POST /allocations), all or none, as Nova moves an instance's allocation
+// to its migration's consumer: each Consumer's Generation must be what
+// Consumer returned (nil for a new one), and empty allocations remove
+// what that consumer holds.
+func (c *Client) MoveAllocations(ctx context.Context, cons map[string]Consumer) error {
+	for id, x := range cons {
+		if x.Allocations == nil {
+			x.Allocations = map[string]Allocation{}
+			cons[id] = x
+		}
+	}
+	return c.Do(ctx, "POST", "/allocations", cons, nil)
+}
+
 // Candidate is one allocation request a scheduler may claim.
 type Candidate struct {
 	Allocations map[string]Allocation `json:"allocations"`

@@ -87,6 +87,12 @@ type Instance struct {
 	// while that allocation still names it, and the sync never writes the
 	// allocation of such a create before it finishes.
 	FleetConsumer bool `json:"fleetConsumer,omitempty"`
+	// MigrationConsumer is the Placement consumer that holds the
+	// instance's allocation while its VM moves to another host (the
+	// migration's, as Nova moves an instance's allocation to its
+	// migration): the instance's own UUID is then the destination's to
+	// claim. Empty: the allocation is the instance UUID's.
+	MigrationConsumer string `json:"migrationConsumer,omitempty"`
 
 	State   InstanceState `json:"state"`
 	Reason  string        `json:"reason,omitempty"`
