@@ -62,6 +62,8 @@
 //   - drain.go: Shutdown waits for operations in flight
 //   - fleet.go: the claim hooks of a create; behind.go: what an
 //     operation left Placement behind on, for its caller
+//   - migrate_fleet.go: a moving VM's Placement allocation, moved to a
+//     migration consumer on the source and back
 //
 // Recovery, after a crash, a reboot or a change behind vgpud's back:
 //
