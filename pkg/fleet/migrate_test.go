@@ -300,12 +300,12 @@ func TestFleetMigrationMovesAllocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := holder(t, c, rec.UUID, src, dst); got != "" {
+		t.Fatalf("instance still allocated on %s after MigrationSource", got)
+	}
 	mc := migrationConsumerOf(t, src, rec.UUID)
 	if mc == "" || mc == rec.UUID {
 		t.Fatalf("migration consumer %q", mc)
-	}
-	if got := holder(t, c, rec.UUID, src, dst); got != "" {
-		t.Fatalf("instance still allocated on %s after MigrationSource", got)
 	}
 	if got := holder(t, c, mc, src, dst); got != src.name {
 		t.Fatalf("migration consumer allocated on %q, want %s", got, src.name)
