@@ -476,3 +476,40 @@ func TestFleetMigrationCrashPoints(t *testing.T) {
 		})
 	}
 }
+
+// TestFleetMigrationPlacementDown: a Placement that does not answer fails
+// none of the migration's calls (each tells its caller that Placement
+// lags); once it answers again the passes converge: the instance
+// allocated on the destination alone, no migration consumer left.
+func TestFleetMigrationPlacementDown(t *testing.T) {
+	srv, c := startPlacement(t)
+	src, dst := startMigHost(t, "down-src", c), startMigHost(t, "down-dst", c)
+	src.pass(t)
+	dst.pass(t)
+	rec := src.running(t)
+	settled(t, c, rec.UUID, src, src, dst)
+	srv.Stop()
+	ctx, outcome := manager.WithPlacementOutcome(context.Background())
+	md, err := src.m().MigrationSource(ctx, rec.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outcome.Behind() == "" {
+		t.Fatal("MigrationSource did not say Placement lags")
+	}
+	in, err := dst.m().PrepareIncoming(context.Background(), md, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	moveVM(t, src, dst, rec, in)
+	if _, err := dst.m().CommitIncoming(context.Background(), rec.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.m().CompleteOutgoing(context.Background(), rec.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Run(); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, c, rec.UUID, dst, src, dst)
+}
