@@ -85,3 +85,61 @@ func TestPlacementBehindReachesTheCaller(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementBehindMigration: a migration's calls that could not move
+// the VM's allocation in Placement (it does not answer) succeed and tell
+// their caller (the PlacementBehind signal, operation migrate); with
+// Placement answering they report nothing.
+func TestPlacementBehindMigration(t *testing.T) {
+	ctx := ctxT(t)
+	const vm, vmUUID = "web1", "8c0f6a3e-2d1b-4e5f-9a7c-6b5d4e3f2a11"
+	e := newEnv(t, testbus.Options{}, nil)
+	e.tenant("acme", unlimitedQuota())
+	v := &hostVirt{doms: map[string]*hostDom{}}
+	e.m.SetVirt(v)
+	v.define(vm, vmUUID)
+	inst := e.create("acme", "L4-4Q", "")
+	if _, err := e.client.Attach(ctx, inst.UUID, vm, AttachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := e.m.Instance(inst.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.OpenDevice(rec.VF, vmUUID, vm); err != nil {
+		t.Fatal(err)
+	}
+	f := &laggingFleet{down: true}
+	e.m.SetFleet(f)
+	defer e.m.SetFleet(nil)
+	behind := e.client.watchBehind(ctx)
+	if _, err := e.client.MigrationSource(ctx, inst.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if got := behind(inst.UUID); !strings.Contains(got, "not moved in Placement") || !strings.Contains(got, "unreachable") {
+		t.Fatalf("MigrationSource's PlacementBehind = %q, want the move left to the sync and why", got)
+	}
+	f.mu.Lock()
+	f.down = false
+	f.mu.Unlock()
+	behind = e.client.watchBehind(ctx)
+	if err := e.client.CancelOutgoing(ctx, inst.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if got := behind(inst.UUID); got != "" {
+		t.Fatalf("a cancel that kept its promise reports %q", got)
+	}
+	f.mu.Lock()
+	f.down = true
+	f.mu.Unlock()
+	if _, err := e.client.MigrationSource(ctx, inst.UUID); err != nil {
+		t.Fatal(err)
+	}
+	behind = e.client.watchBehind(ctx)
+	if err := e.client.CancelOutgoing(ctx, inst.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if got := behind(inst.UUID); !strings.Contains(got, "not moved in Placement") {
+		t.Fatalf("CancelOutgoing's PlacementBehind = %q, want the move back left to the sync", got)
+	}
+}

@@ -26,11 +26,13 @@ func (s *Service) migrationSource(c *call, id string, options map[string]dbus.Va
 		return "", err
 	}
 	defer end()
+	ctx, outcome := manager.WithPlacementOutcome(ctx)
 	md, err := s.m.MigrationSource(ctx, id)
 	s.sync()
 	if err != nil {
 		return "", cancelled(ctx, err)
 	}
+	s.placementBehind(c, "migrate", md.Instance, outcome)
 	doc, _ := json.Marshal(md) // strings, numbers and bytes: cannot fail
 	return string(doc), nil
 }
@@ -51,11 +53,13 @@ func (s *Service) prepareIncoming(c *call, metadata, vm, tenantName string, opti
 		return "", "", "", 0, 0, err
 	}
 	defer end()
+	ctx, outcome := manager.WithPlacementOutcome(ctx)
 	in, err := s.m.PrepareIncoming(ctx, md, vm, tenantName)
 	s.sync()
 	if err != nil {
 		return "", "", "", 0, 0, cancelled(ctx, err)
 	}
+	s.placementBehind(c, "migrate", in.Instance.UUID, outcome)
 	return InstancePath(in.Instance.UUID), in.Instance.UUID, in.Device, uint32(in.Compatibility.VM), uint32(in.Compatibility.Limit), nil
 }
 
@@ -80,9 +84,14 @@ func (s *Service) migrationEnd(c *call, id string, options map[string]dbus.Varia
 		return err
 	}
 	defer end()
+	ctx, outcome := manager.WithPlacementOutcome(ctx)
 	err = fn(s.m)(ctx, id)
 	s.sync()
-	return cancelled(ctx, err)
+	if err != nil {
+		return cancelled(ctx, err)
+	}
+	s.placementBehind(c, "migrate", id, outcome)
+	return nil
 }
 
 func (s *Service) abortIncoming(c *call, id string, options map[string]dbus.Variant) error {
