@@ -28,7 +28,8 @@ func (c migrateCrash) name() string {
 }
 
 // The crash points an offline move of a shut-off VM passes, in order: the
-// source records its outgoing intent (MigrationSource); the destination
+// source records its outgoing intent and moves its allocation to the
+// migration's consumer where it has a fleet (MigrationSource); the destination
 // records its incoming intent, carves, and is about to record the VM's
 // attachment (PrepareIncoming, CommitIncoming); the source releases its
 // instance once the VM left (CompleteOutgoing). A move rolled back after
@@ -37,6 +38,7 @@ func (c migrateCrash) name() string {
 // definition back).
 var migrateCrashes = []migrateCrash{
 	{manager.CrashOutgoingIntent, true, false},
+	{manager.CrashOutgoingMove, true, false},
 	{manager.CrashIncomingIntent, false, false},
 	{manager.CrashIncomingCarve, false, false},
 	{manager.CrashIncomingCommit, false, false},

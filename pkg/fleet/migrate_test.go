@@ -245,8 +245,12 @@ func settled(t *testing.T, c *placementapi.Client, id string, want *migHost, hos
 		hs = append(hs, &h.host)
 	}
 	converged(t, c, hs...)
-	if got := holder(t, c, id, hosts...); got != want.name {
-		t.Fatalf("instance %s is allocated on %q, want only on %s", id, got, want.name)
+	wantName := ""
+	if want != nil {
+		wantName = want.name
+	}
+	if got := holder(t, c, id, hosts...); got != wantName {
+		t.Fatalf("instance %s is allocated on %q, want only on %q", id, got, wantName)
 	}
 	for _, h := range hosts {
 		if _, err := h.m().Instance(id); (err == nil) != (h == want) {
@@ -391,20 +395,25 @@ func TestFleetMigrationCrashPoints(t *testing.T) {
 	type step struct {
 		point string
 		// dst: the destination dies (else the source); moved: libvirt
-		// moved the VM before the crash.
+		// moved the VM (before the crash, or while the host was down).
 		dst, moved bool
 	}
 	steps := []step{
 		{manager.CrashOutgoingIntent, false, false},
 		{manager.CrashOutgoingMove, false, false},
+		// libvirt moved the VM while the source was down, with no
+		// destination's instance: the source releases it, and it is
+		// allocated nowhere.
+		{manager.CrashOutgoingMove, false, true},
 		{manager.CrashIncomingIntent, true, false},
 		{manager.CrashIncomingCarve, true, false},
+		{manager.CrashIncomingCarve, true, true},
 		{manager.CrashIncomingCommit, true, true},
 		{manager.CrashMigrationRelease, false, true}, // CompleteOutgoing
 		{manager.CrashMigrationRelease, true, false}, // AbortIncoming
 	}
 	for i, st := range steps {
-		t.Run(fmt.Sprintf("%s/dst=%v", st.point, st.dst), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/dst=%v,moved=%v", st.point, st.dst, st.moved), func(t *testing.T) {
 			src, dst := startMigHost(t, fmt.Sprintf("c%d-src", i), c), startMigHost(t, fmt.Sprintf("c%d-dst", i), c)
 			src.pass(t)
 			dst.pass(t)
@@ -451,8 +460,26 @@ func TestFleetMigrationCrashPoints(t *testing.T) {
 			if !cut {
 				t.Fatalf("never reached %s", st.point)
 			}
+			nowhere := false
+			if _, err := src.v.Domain(ctx, fleetVM); st.moved && err == nil {
+				// libvirt moves the VM while the host is down.
+				if got, err := dst.m().Instance(rec.UUID); err == nil {
+					in = manager.Incoming{Instance: got, Device: deviceOf(got)}
+					moveVM(t, src, dst, rec, in)
+				} else {
+					nowhere = true
+					src.v.undefine(fleetVM)
+					if err := src.h.Sim.CloseDevice(deviceOf(rec)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
 			if err := dying.h.Restart(ctx); err != nil {
 				t.Fatal(err)
+			}
+			if nowhere {
+				settled(t, c, rec.UUID, nil, src, dst)
+				return
 			}
 			// The migration's other calls, answered again by the end that
 			// resolved its part at restart.

@@ -466,6 +466,8 @@ func TestMigrationCrashPoints(t *testing.T) {
 	}{
 		{point: manager.CrashOutgoingIntent, source: true, kept: true},
 		{point: manager.CrashOutgoingIntent, source: true, moved: true},
+		{point: manager.CrashOutgoingMove, source: true, kept: true},
+		{point: manager.CrashOutgoingMove, source: true, moved: true},
 		{point: manager.CrashMigrationRelease, source: true, moved: true},
 		{point: manager.CrashIncomingIntent},
 		{point: manager.CrashCreateVGPU},
@@ -497,7 +499,8 @@ func TestMigrationCrashPoints(t *testing.T) {
 			var in manager.Incoming
 			var err error
 			run(func() { md, err = src.m.MigrationSource(ctx, rec.UUID) })
-			if tc.point == manager.CrashOutgoingIntent {
+			outgoing := tc.point == manager.CrashOutgoingIntent || tc.point == manager.CrashOutgoingMove
+			if outgoing {
 				if tc.moved {
 					// libvirt moved the VM while the source was down.
 					src.v.undefine(migVM)
@@ -511,7 +514,7 @@ func TestMigrationCrashPoints(t *testing.T) {
 				}
 				run(func() { in, err = dst.m.PrepareIncoming(ctx, md, "", "") })
 			}
-			if tc.moved && tc.point != manager.CrashOutgoingIntent {
+			if tc.moved && !outgoing {
 				if in.Instance.UUID == "" {
 					if in.Instance, err = dst.m.Instance(rec.UUID); err != nil {
 						t.Fatalf("destination instance: %v", err)
