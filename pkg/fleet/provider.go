@@ -79,6 +79,11 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || (!ps.moved[consumer] && !s.expired(consumer, now)) {
 			continue
 		}
+		if ps.moved[consumer] && s.src.HasConsumer(consumer) {
+			// Its VM stayed (CancelOutgoing moved the allocation back)
+			// after this pass read the host.
+			continue
+		}
 		if err := s.removeAllocation(ctx, consumer); err != nil {
 			err = fmt.Errorf("remove allocation of %s: %w", consumer, err)
 			s.fail(ps, p.name, consumer, "removal", err)
