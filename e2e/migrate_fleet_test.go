@@ -100,6 +100,29 @@ func fleetState(t *testing.T, pc *placementapi.Client, instance string, want *bu
 	return strings.Join(msg, "\n")
 }
 
+// consumersOnHost lists the consumers Placement holds on d's providers.
+func consumersOnHost(t *testing.T, pc *placementapi.Client, d *busDaemon) []string {
+	t.Helper()
+	st, err := (&fleetDaemon{busDaemon: d}).vgpuctlStatus(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	holds, err := placementHolds(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range st.Providers {
+		for consumer := range holds[p.UUID] {
+			out = append(out, consumer)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // awaitFleetState waits (up to a minute: a few sync intervals) for
 // fleetState to be clean.
 func awaitFleetState(t *testing.T, pc *placementapi.Client, instance string, want *busDaemon, hosts map[string]*busDaemon) {
@@ -117,7 +140,9 @@ func awaitFleetState(t *testing.T, pc *placementapi.Client, instance string, wan
 // publish to one Placement moves the instance's allocation with the VM:
 // afterwards Placement holds the instance on the destination's provider
 // alone, no migration consumer is left, and `vgpuctl fleet status` is
-// clean on both hosts. Moving it back does the same the other way.
+// clean on both hosts. Moving it back does the same the other way. Before,
+// a move begun and cancelled by hand holds the source's allocation under
+// the migration consumer meanwhile and gives it back to the instance.
 func TestMigrateRunFleet(t *testing.T) {
 	srv := tplacement.Start(t)
 	pc, err := placementapi.New(placementapi.Config{Endpoint: srv.URL(), Timeout: 10 * time.Second})
@@ -130,6 +155,18 @@ func TestMigrateRunFleet(t *testing.T) {
 	h.dstLV.RemoveAtCleanup(t, vm)
 	in := decodeSchema[docInstance](t, h.src.ctl(t, "create", "A10-4Q", "--tenant", "acme", "-o", "json").must(t, "create")).Instance
 	h.src.ctl(t, "attach", vm.Name, in.UUID).must(t, "attach")
+	awaitFleetState(t, pc, in.UUID, h.src, hosts)
+
+	// While the VM is moving away, the source's allocation is its
+	// migration consumer's, and the source's passes (every 2 s) do not
+	// write the instance's back; a cancel moves it back.
+	h.src.ctl(t, "migrate", "source", in.UUID).must(t, "migrate source")
+	time.Sleep(5 * time.Second)
+	held := consumersOnHost(t, pc, h.src)
+	if len(held) != 1 || held[0] == in.UUID {
+		t.Fatalf("while moving, the source's providers hold %v; want the migration consumer alone", held)
+	}
+	h.src.ctl(t, "migrate", "cancel", in.UUID).must(t, "migrate cancel")
 	awaitFleetState(t, pc, in.UUID, h.src, hosts)
 
 	r := h.src.ctl(t, "migrate", "run", in.UUID, "--to", h.dst.bus.Address()).must(t, "migrate run")
