@@ -25,6 +25,12 @@
 // provider and consumer is written on its own, and the refusal is named
 // in Status and counted.
 //
+// A VM moving to another host takes its allocation along as Nova's
+// migrations do (move.go): the source's allocation moves to a migration
+// consumer in one request, the destination claims the instance before
+// carving, and the sync writes a moving instance's allocation under its
+// migration consumer, never under the instance's UUID.
+//
 // The daemon holds one Runner (runner.go): it makes the syncer for the
 // settings in force, hands it to the manager, and on a reload replaces it,
 // or keeps the running one when the new settings cannot be used.
