@@ -221,7 +221,8 @@ type Manager struct {
 	// definition (migrationCall): each reads the intent, asks libvirt and
 	// acts on what it read, so two at once (a retry while the first is
 	// slow, a commit and an abort, an undefine and a commit) would act on
-	// a stale read. Taken before admit, never under it.
+	// a stale read; MigrationSource's move of the allocation
+	// (moveOutgoing) takes it too. Taken before admit, never under it.
 	migEnd sync.Mutex
 
 	// opsMu guards closing and the adding to ops.

@@ -270,9 +270,7 @@ func (m *Manager) MigrationSource(ctx context.Context, id string) (MigrationMeta
 	}
 	// The instance's UUID is the destination's to claim from now on (a
 	// repeated call moves what a first one could not).
-	if consumer != "" {
-		m.fleetMove(ctx, rec.UUID, consumer, "the allocation of instance "+rec.UUID)
-	}
+	m.moveOutgoing(ctx, rec.UUID, consumer)
 	if !again {
 		m.crash(CrashOutgoingMove)
 	}

@@ -88,6 +88,27 @@ func (m *Manager) fleetMove(ctx context.Context, from, to, what string) {
 	}
 }
 
+// moveOutgoing moves instance u's allocation to the migration's consumer
+// while the record still names it: one at a time with the calls that end
+// a migration (migEnd), so that a CancelOutgoing that moved it back is
+// not undone by this move coming late.
+func (m *Manager) moveOutgoing(ctx context.Context, u, consumer string) {
+	if consumer == "" {
+		return
+	}
+	m.migEnd.Lock()
+	defer m.migEnd.Unlock()
+	still := false
+	_ = m.db.View(func(tx *store.Tx) error { // unreadable: nothing moves, the sync follows the record
+		r, err := tx.Instance(u)
+		still = err == nil && r.MigrationConsumer == consumer
+		return err
+	})
+	if still {
+		m.fleetMove(ctx, u, consumer, "the allocation of instance "+u)
+	}
+}
+
 // fleetForget leaves the removal of consumer's allocation here to the
 // fleet's next pass (reconcile, under the admission lock, waits on no
 // fleet call).
