@@ -142,6 +142,46 @@ func (c *Client) EnsureTrait(ctx context.Context, name string) error {
 	return c.Do(ctx, "PUT", "/traits/"+url.PathEscape(name), nil, nil)
 }
 
+// ResourceClasses lists the names of every resource class Placement
+// knows, standard and custom: one request instead of one PUT per class.
+func (c *Client) ResourceClasses(ctx context.Context) ([]string, error) {
+	var out struct {
+		Classes []struct {
+			Name string `json:"name"`
+		} `json:"resource_classes"`
+	}
+	if err := c.Do(ctx, "GET", "/resource_classes", nil, &out); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(out.Classes))
+	for _, rc := range out.Classes {
+		if rc.Name == "" {
+			return nil, fmt.Errorf("resource class without a name: %w", ErrMalformed)
+		}
+		names = append(names, rc.Name)
+	}
+	return names, nil
+}
+
+// ListTraits lists the traits Placement knows whose name starts with prefix
+// ("" for all of them).
+func (c *Client) ListTraits(ctx context.Context, prefix string) ([]string, error) {
+	var out struct {
+		Traits *[]string `json:"traits"`
+	}
+	path := "/traits"
+	if prefix != "" {
+		path += "?name=" + url.QueryEscape("startswith:"+prefix)
+	}
+	if err := c.Do(ctx, "GET", path, nil, &out); err != nil {
+		return nil, err
+	}
+	if out.Traits == nil {
+		return nil, fmt.Errorf("traits: no traits field: %w", ErrMalformed)
+	}
+	return *out.Traits, nil
+}
+
 // Inventories reads a provider's inventories and generation.
 func (c *Client) Inventories(ctx context.Context, id string) (map[string]Inventory, int, error) {
 	var out struct {
