@@ -24,6 +24,9 @@ type passState struct {
 	complete bool
 	// failures are the writes Placement refused or did not answer.
 	failures []Difference
+	// fresh are the instances' allocations Placement does not hold on
+	// their provider, written after every provider's inventories.
+	fresh []freshAlloc
 }
 
 // fail notes one failed write (or read) for fleet status and the metric.
@@ -40,7 +43,9 @@ func (s *Syncer) fail(ps *passState, provider, subject, write string, err error)
 // that must go are removed first, then the inventories are written with
 // each total at least what stays held and what the instances' writes add
 // (effective), then the instances' allocations, then the inventories
-// again where those writes shrank what is held. The inventories and
+// again where those writes shrank what is held. The allocations of
+// instances Placement does not hold here at all are written after every
+// provider's inventories, together where there are several (fresh.go). The inventories and
 // traits of a provider whose generation and wishes did not change since
 // the last pass are not read again. Allocations are read on every pass
 // (Placement bumps no provider's generation when an allocation is
@@ -130,6 +135,12 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		if sameResources(have[consumer], want) || schedulersToWrite(p, consumer, have) {
 			// A scheduler's claim its create has not confirmed is the
 			// scheduler's to write.
+			continue
+		}
+		if have[consumer] == nil {
+			// Not held here: written with the pass's other such
+			// allocations once every provider's inventories are (fresh.go).
+			ps.fresh = append(ps.fresh, freshAlloc{consumer: consumer, p: p, want: want})
 			continue
 		}
 		wrote, err := s.writeHeld(ctx, consumer, p.uuid, want)

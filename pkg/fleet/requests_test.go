@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
@@ -144,5 +145,79 @@ func TestIdlePassReadsOnlyTheTree(t *testing.T) {
 	}
 	if st, err := a.s.Status(ctx); err != nil || len(st.Differences) != 0 {
 		t.Fatalf("status: %+v, %v", st.Differences, err)
+	}
+}
+
+// After Placement lost its database a host writes its instances'
+// allocations again in one POST /allocations, as consumers Placement does
+// not know; one it does know (held elsewhere) makes the batch fall back to
+// writing each alone, at the consumer's generation, keeping what it holds
+// elsewhere.
+func TestResyncWritesAllocationsTogether(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	for _, gpu := range []string{sim.DefaultH100MIG, sim.DefaultH100MIG, sim.DefaultL4} {
+		profile := "1g.10gb"
+		if gpu == sim.DefaultL4 {
+			profile = "NVIDIA L4-4Q"
+		}
+		if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profile, GPU: gpu}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	converged(t, c, a)
+	if err := srv.Wipe(); err != nil {
+		t.Fatal(err)
+	}
+	ra.take()
+	a.pass(t)
+	got := ra.take()
+	if n := count(got, "POST /allocations"); n != 1 {
+		t.Fatalf("the pass after a wipe posted allocations %d times, want once: %v", n, got)
+	}
+	if n := count(got, "PUT /allocations/") + count(got, "GET /allocations/"); n != 0 {
+		t.Fatalf("the pass after a wipe wrote consumers one by one: %v", got)
+	}
+	converged(t, c, a)
+
+	// Two allocations lost again, one of whose consumers also holds
+	// something of another provider: the batch is refused as a whole,
+	// and each is written alone with what it holds elsewhere kept.
+	ids := mustInstances(t, a)
+	other := uuid.NewString()
+	if err := c.CreateProvider(ctx, other, "elsewhere", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureResourceClass(ctx, "CUSTOM_ELSEWHERE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetInventories(ctx, other, 0, map[string]placementapi.Inventory{"CUSTOM_ELSEWHERE": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids[:2] {
+		cons := placementapi.Consumer{Allocations: map[string]placementapi.Allocation{}, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}
+		if i == 0 {
+			cons.Allocations[other] = placementapi.Allocation{Resources: map[string]int{"CUSTOM_ELSEWHERE": 1}}
+		}
+		cur, err := c.Consumer(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons.Generation = cur.Generation
+		if err := c.PutConsumer(ctx, id, cons); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ra.take()
+	a.pass(t)
+	if got := ra.take(); count(got, "POST /allocations") != 1 || count(got, "PUT /allocations/") != 2 {
+		t.Fatalf("want the batch refused, then two writes alone: %v", got)
+	}
+	converged(t, c, a)
+	cons, err := c.Consumer(ctx, ids[0])
+	if err != nil || len(cons.Allocations) != 2 || cons.Allocations[other].Resources["CUSTOM_ELSEWHERE"] != 1 {
+		t.Fatalf("the consumer held elsewhere: %+v, %v", cons, err)
 	}
 }

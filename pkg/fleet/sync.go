@@ -360,6 +360,7 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 			errs = append(errs, fmt.Errorf("GPU %s: %w", want[i].gpu.PCI, err))
 		}
 	}
+	errs = append(errs, s.writeFresh(ctx, ps)...)
 	if err := s.removeStaleIn(ctx, tree, want, ps); err != nil {
 		errs = append(errs, err)
 	}

@@ -288,6 +288,20 @@ func (c *Client) PutConsumer(ctx context.Context, id string, cons Consumer) erro
 	return c.Do(ctx, "PUT", "/allocations/"+url.PathEscape(id), cons, nil)
 }
 
+// PostAllocations writes several consumers' allocations in one request
+// (POST /allocations): all or none. Each consumer's Generation is checked
+// as PutConsumer checks it (nil: a consumer Placement must not know yet),
+// so one that changed, or exists, fails the request with ErrConflict and
+// nothing is written.
+func (c *Client) PostAllocations(ctx context.Context, cons map[string]Consumer) error {
+	for id, cn := range cons {
+		if len(cn.Allocations) == 0 {
+			return fmt.Errorf("allocations of %s: none to write in a batch: %w", id, ErrBadRequest)
+		}
+	}
+	return c.Do(ctx, "POST", "/allocations", cons, nil)
+}
+
 // Candidate is one allocation request a scheduler may claim.
 type Candidate struct {
 	Allocations map[string]Allocation `json:"allocations"`
