@@ -114,15 +114,16 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		if !exists {
 			made = &invState{gen: 0}
 		}
-		var err error
-		if written, invGen, empty, err = s.syncInventoryFrom(ctx, p, made); err != nil {
+		o, err := s.syncInventoryFrom(ctx, p, made)
+		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
 		}
+		written, invGen, empty = o.inv, o.gen, o.empty
 		s.crash(CrashInventory)
 		var traits *traitState
 		if !exists && err == nil {
-			traits = &traitState{gen: invGen}
+			traits = &traitState{gen: o.gen}
 		}
 		if err := s.syncTraitsFrom(ctx, p, traits); err != nil {
 			s.fail(ps, p.name, "traits", "traits", err)
@@ -169,11 +170,12 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	if again {
 		// An allocation rewritten smaller (or removed again) lowers
 		// the totals raised for it.
-		var err error
-		if written, invGen, empty, err = s.syncInventoryFrom(ctx, p, nil); err != nil {
+		o, err := s.syncInventoryFrom(ctx, p, nil)
+		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
 		}
+		written, invGen, empty = o.inv, o.gen, o.empty
 	}
 	if len(errs) > 0 {
 		s.mu.Lock()
@@ -202,8 +204,18 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 // the write (a conflict: read again) or after it (its view is newer).
 // It returns what Placement holds, and the provider's generation then.
 func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]placementapi.Inventory, int, error) {
-	inv, gen, _, err := s.syncInventoryFrom(ctx, p, nil)
-	return inv, gen, err
+	o, err := s.syncInventoryFrom(ctx, p, nil)
+	return o.inv, o.gen, err
+}
+
+// invOutcome is what syncInventoryFrom left: the inventories Placement
+// holds and the provider's generation then; read, the generation it read
+// them at (gen too when nothing was written); empty, whether the provider
+// held no allocation at gen.
+type invOutcome struct {
+	inv       map[string]placementapi.Inventory
+	gen, read int
+	empty     bool
 }
 
 // invState is a provider's inventories and generation known without a
@@ -216,28 +228,31 @@ type invState struct {
 // from what is known instead of reading it (a conflict reads as usual).
 // empty reports whether the provider held no allocation at the
 // generation returned.
-func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *invState) (inv map[string]placementapi.Inventory, gen int, empty bool, err error) {
+func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *invState) (invOutcome, error) {
 	for try := 0; ; try++ {
 		var cur map[string]placementapi.Inventory
+		var gen int
+		var err error
 		have := map[string]map[string]int{}
 		if try == 0 && known != nil {
 			gen = known.gen
 		} else {
 			if cur, gen, err = s.c.Inventories(ctx, p.uuid); err != nil {
-				return nil, 0, false, fmt.Errorf("inventories of %s: %w", p.name, err)
+				return invOutcome{}, fmt.Errorf("inventories of %s: %w", p.name, err)
 			}
 			if have, err = s.c.ProviderAllocations(ctx, p.uuid); err != nil {
-				return nil, 0, false, fmt.Errorf("allocations of %s: %w", p.name, err)
+				return invOutcome{}, fmt.Errorf("allocations of %s: %w", p.name, err)
 			}
 		}
 		now, err := s.fresh(p)
 		if err != nil {
-			return nil, 0, false, fmt.Errorf("read GPU %s: %w", p.gpu.PCI, err)
+			return invOutcome{}, fmt.Errorf("read GPU %s: %w", p.gpu.PCI, err)
 		}
 		want := effective(&now, have)
 		if sameInventories(cur, want) {
-			return want, gen, len(have) == 0, nil
+			return invOutcome{inv: want, gen: gen, read: gen, empty: len(have) == 0}, nil
 		}
+		read := gen
 		gen, err = s.c.SetInventories(ctx, p.uuid, gen, want)
 		// A capacity refusal (a class in use deleted) means an allocation
 		// landed that the read missed: read again, as for a conflict.
@@ -250,11 +265,11 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 			s.forgetNames()
 		}
 		if err != nil {
-			return nil, 0, false, fmt.Errorf("inventories of %s: %w", p.name, err)
+			return invOutcome{}, fmt.Errorf("inventories of %s: %w", p.name, err)
 		}
 		// Written at the generation read before the allocations: none
 		// landed since, or the write would have been a conflict.
-		return want, gen, len(have) == 0, nil
+		return invOutcome{inv: want, gen: gen, read: read, empty: len(have) == 0}, nil
 	}
 }
 

@@ -221,3 +221,33 @@ func TestResyncWritesAllocationsTogether(t *testing.T) {
 		t.Fatalf("the consumer held elsewhere: %+v, %v", cons, err)
 	}
 }
+
+// A destroy's settle writes its GPU's inventories from the generation the
+// last pass left: the pass after it knows the provider without reading it
+// (it holds nothing now), where it read its inventories, traits and
+// allocations again.
+func TestPassAfterSettleReadsNothingSettled(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	converged(t, c, a)
+	a.pass(t)
+	ra.take()
+	if err := a.h.Manager.Destroy(ctx, rec.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	if got := ra.take(); count(got, "PUT /resource_providers/"+l4+"/inventories") != 1 {
+		t.Fatalf("the destroy's settle did not write the inventories: %v", got)
+	}
+	a.pass(t)
+	if got := ra.take(); len(got) != 1 {
+		t.Fatalf("the pass after a settled destroy made %d requests, want the tree alone: %v", len(got), got)
+	}
+	converged(t, c, a)
+}
