@@ -251,3 +251,39 @@ func TestPassAfterSettleReadsNothingSettled(t *testing.T) {
 	}
 	converged(t, c, a)
 }
+
+// An allocation a destroy's settle could not remove is the next pass's
+// first write: it waits for no read of the tree or of any provider.
+func TestRemovalLeftBySettleGoesFirst(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	var ids []string
+	for _, gpu := range []string{sim.DefaultH100MIG, sim.DefaultH100MIG} {
+		rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: gpu})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, rec.UUID)
+	}
+	converged(t, c, a)
+	// The destroy runs without the fleet, as one whose settle gave up:
+	// its allocation is marked to go at the next pass.
+	a.h.Manager.SetFleet(nil)
+	if err := a.h.Manager.Destroy(ctx, ids[0], manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.h.Manager.SetFleet(a.s)
+	a.s.Unclaim(ids[0])
+	ra.take()
+	a.pass(t)
+	got := ra.take()
+	if len(got) < 2 || got[0] != "GET /allocations/"+ids[0] || got[1] != "DELETE /allocations/"+ids[0] {
+		t.Fatalf("the pass did not remove the allocation first: %v", got)
+	}
+	if n := count(got, "DELETE /allocations/"); n != 1 {
+		t.Fatalf("%d removals, want one: %v", n, got)
+	}
+	converged(t, c, a)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -337,6 +338,13 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 		return fmt.Errorf("read the host: %w", err)
 	}
 	want := s.desired(view)
+	ps := &passState{instances: map[string]bool{}, held: map[string]bool{}, complete: true}
+	for _, p := range want {
+		for c := range p.allocs {
+			ps.instances[c] = true
+		}
+	}
+	s.removeGone(ctx, ps)
 	tree, err := s.prepare(ctx, want)
 	s.noteReach(err)
 	if err != nil {
@@ -347,12 +355,6 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 	names := map[string]string{}
 	for _, p := range tree {
 		gens[p.UUID], names[p.UUID] = p.Generation, p.Name
-	}
-	ps := &passState{instances: map[string]bool{}, held: map[string]bool{}, complete: true}
-	for _, p := range want {
-		for c := range p.allocs {
-			ps.instances[c] = true
-		}
 	}
 	var errs []error
 	for i := range want {
@@ -370,6 +372,47 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 		s.prune(ps.held, start)
 	}
 	return errors.Join(errs...)
+}
+
+// removeGone removes, before anything else of the pass, the allocations
+// marked to go at once: those of instances destroyed whose settle could
+// not remove them (its deadline ran out under a loaded Placement, say),
+// and claims a failed create dropped. A scheduler looking for room waits
+// for no provider's reads, and a destroy's room is back after the
+// settle's deadline and two requests, whatever the host's size. Under
+// allocMu, as a settle removes: one in flight finishes first, and what it
+// removed is not removed again. One that fails is left to the provider's
+// sync, which names it.
+func (s *Syncer) removeGone(ctx context.Context, ps *passState) {
+	s.mu.Lock()
+	var gone []string
+	for c := range s.gone {
+		if !ps.instances[c] {
+			gone = append(gone, c)
+		}
+	}
+	s.mu.Unlock()
+	sort.Strings(gone)
+	for _, c := range gone {
+		if err := s.lockAlloc(ctx); err != nil {
+			return
+		}
+		s.mu.Lock()
+		_, still := s.gone[c]
+		s.mu.Unlock()
+		var err error
+		if still {
+			err = s.removeAllocation(ctx, c)
+		}
+		s.unlockAlloc()
+		if err != nil {
+			s.log.Debug("allocation to remove left for its provider's sync", "consumer", c, "err", err)
+			return // Placement in trouble: the providers' sync reports it
+		}
+		if still {
+			s.crash(CrashUnalloc)
+		}
+	}
 }
 
 // prepare reads the tree and makes sure the top provider, the classes
