@@ -14,9 +14,7 @@ import (
 func (s *Syncer) ensureNames(ctx context.Context, want []gpuProvider) error {
 	var classes, traits []string
 	for _, p := range want {
-		for _, rc := range sortedKeys(p.inv) {
-			classes = append(classes, rc)
-		}
+		classes = append(classes, sortedKeys(p.inv)...)
 		traits = append(traits, p.traits...)
 	}
 	if err := s.ensureList(ctx, classes, false); err != nil {

@@ -288,13 +288,9 @@ type traitState struct {
 	gen int
 }
 
-// syncTraits is syncInventory for traits.
-func (s *Syncer) syncTraits(ctx context.Context, p *gpuProvider) error {
-	return s.syncTraitsFrom(ctx, p, nil)
-}
-
-// syncTraitsFrom is syncTraits starting from what is known when known is
-// not nil.
+// syncTraitsFrom is syncInventoryFrom for traits: it writes the
+// provider's traits where they differ, starting from what is known when
+// known is not nil.
 func (s *Syncer) syncTraitsFrom(ctx context.Context, p *gpuProvider, known *traitState) error {
 	for try := 0; ; try++ {
 		var cur []string
