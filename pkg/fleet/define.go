@@ -23,7 +23,11 @@ func (s *Syncer) ensureNames(ctx context.Context, want []gpuProvider) error {
 	return s.ensureList(ctx, traits, true)
 }
 
-// ensureList is ensureNames for classes or for traits.
+// ensureList is ensureNames for classes or for traits. A name Placement
+// answers it had already (204, not 201) means another writer is defining
+// them now (every host of a fleet after Placement lost its database): the
+// list is read again, once, and only what is still missing is created,
+// instead of every host creating every name.
 func (s *Syncer) ensureList(ctx context.Context, names []string, trait bool) error {
 	missing := s.unmade(names)
 	if len(missing) == 0 {
@@ -33,30 +37,68 @@ func (s *Syncer) ensureList(ctx context.Context, names []string, trait bool) err
 	listed := s.listed[trait]
 	s.mu.Unlock()
 	if !listed {
-		var known []string
-		var err error
-		if trait {
-			known, err = s.c.ListTraits(ctx, "CUSTOM_")
-		} else {
-			known, err = s.c.ResourceClasses(ctx)
+		if err := s.list(ctx, trait); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("list what Placement defines: %w", err)
-		}
-		s.mu.Lock()
-		for _, n := range known {
-			s.made[n] = true
-		}
-		s.listed[trait] = true
-		s.mu.Unlock()
 		missing = s.unmade(missing)
 	}
-	for _, n := range missing {
-		if err := s.ensureName(ctx, n, trait); err != nil {
-			return err
+	relisted := false
+	for i := 0; i < len(missing); i++ {
+		n := missing[i]
+		if s.unmade([]string{n}) == nil {
+			continue
+		}
+		created, err := s.define(ctx, n, trait)
+		if err != nil {
+			return fmt.Errorf("define %s: %w", n, err)
+		}
+		if !created && !relisted && i+1 < len(missing) {
+			relisted = true
+			if err := s.list(ctx, trait); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// list reads the classes (or the CUSTOM_ traits) Placement defines into
+// made.
+func (s *Syncer) list(ctx context.Context, trait bool) error {
+	var known []string
+	var err error
+	if trait {
+		known, err = s.c.ListTraits(ctx, "CUSTOM_")
+	} else {
+		known, err = s.c.ResourceClasses(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("list what Placement defines: %w", err)
+	}
+	s.mu.Lock()
+	for _, n := range known {
+		s.made[n] = true
+	}
+	s.listed[trait] = true
+	s.mu.Unlock()
+	return nil
+}
+
+// define creates one class or trait and notes it made; created is false
+// when Placement had it already.
+func (s *Syncer) define(ctx context.Context, name string, trait bool) (created bool, err error) {
+	if trait {
+		created, err = s.c.DefineTrait(ctx, name)
+	} else {
+		created, err = s.c.DefineResourceClass(ctx, name)
+	}
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	s.made[name] = true
+	s.mu.Unlock()
+	return created, nil
 }
 
 // unmade is the names of list not known to exist, each once.
@@ -81,26 +123,4 @@ func (s *Syncer) forgetNames() {
 	s.mu.Lock()
 	s.made, s.listed = map[string]bool{}, map[bool]bool{}
 	s.mu.Unlock()
-}
-
-func (s *Syncer) ensureName(ctx context.Context, name string, trait bool) error {
-	s.mu.Lock()
-	done := s.made[name]
-	s.mu.Unlock()
-	if done {
-		return nil
-	}
-	var err error
-	if trait {
-		err = s.c.EnsureTrait(ctx, name)
-	} else {
-		err = s.c.EnsureResourceClass(ctx, name)
-	}
-	if err != nil {
-		return fmt.Errorf("define %s: %w", name, err)
-	}
-	s.mu.Lock()
-	s.made[name] = true
-	s.mu.Unlock()
-	return nil
 }

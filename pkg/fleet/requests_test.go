@@ -287,3 +287,35 @@ func TestRemovalLeftBySettleGoesFirst(t *testing.T) {
 	}
 	converged(t, c, a)
 }
+
+// Hosts that listed the classes before another defined them (every host
+// after Placement lost its database) learn it from the first name
+// Placement answers it had, list again, and create nothing more.
+func TestNamesDefinedMeanwhileListedAgain(t *testing.T) {
+	srv, _ := startPlacement(t)
+	ctx := context.Background()
+	b, rb := recordedHost(t, "hostb", srv.URL())
+	if err := b.s.list(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.s.list(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	a := startHost(t, "hosta", srv.URL(), nil, Config{})
+	a.pass(t)
+	view, err := b.h.Manager.FleetView()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb.take()
+	if err := b.s.ensureNames(ctx, b.s.desired(view)); err != nil {
+		t.Fatal(err)
+	}
+	got := rb.take()
+	if n := count(got, "PUT /resource_classes/"); n != 1 {
+		t.Fatalf("the host created %d classes another had defined meanwhile, want one before it listed again: %v", n, got)
+	}
+	if n := count(got, "GET /resource_classes"); n != 1 {
+		t.Fatalf("the host listed the classes %d times, want once again: %v", n, got)
+	}
+}

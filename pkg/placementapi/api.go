@@ -3,6 +3,7 @@ package placementapi
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -134,12 +135,28 @@ func (c *Client) DeleteProvider(ctx context.Context, id string) error {
 
 // EnsureResourceClass creates a custom resource class; an existing one is fine.
 func (c *Client) EnsureResourceClass(ctx context.Context, name string) error {
-	return c.Do(ctx, "PUT", "/resource_classes/"+url.PathEscape(name), nil, nil)
+	_, err := c.DefineResourceClass(ctx, name)
+	return err
+}
+
+// DefineResourceClass is EnsureResourceClass, reporting whether Placement
+// made the class now (false: it had it).
+func (c *Client) DefineResourceClass(ctx context.Context, name string) (bool, error) {
+	status, err := c.DoStatus(ctx, "PUT", "/resource_classes/"+url.PathEscape(name), nil, nil)
+	return status == http.StatusCreated, err
 }
 
 // EnsureTrait creates a custom trait; an existing one is fine.
 func (c *Client) EnsureTrait(ctx context.Context, name string) error {
-	return c.Do(ctx, "PUT", "/traits/"+url.PathEscape(name), nil, nil)
+	_, err := c.DefineTrait(ctx, name)
+	return err
+}
+
+// DefineTrait is EnsureTrait, reporting whether Placement made the trait
+// now (false: it had it).
+func (c *Client) DefineTrait(ctx context.Context, name string) (bool, error) {
+	status, err := c.DoStatus(ctx, "PUT", "/traits/"+url.PathEscape(name), nil, nil)
+	return status == http.StatusCreated, err
 }
 
 // ResourceClasses lists the names of every resource class Placement
