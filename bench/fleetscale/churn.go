@@ -43,6 +43,12 @@ type Churn struct {
 	LagP50Ms   float64 `json:"syncLagP50Ms"`
 	LagP99Ms   float64 `json:"syncLagP99Ms"`
 	LagMaxMs   float64 `json:"syncLagMaxMs"`
+	// SettlesDone and SettlesLeft: the hosts' settles during the churn
+	// that brought Placement up to date before their operation returned,
+	// and those that left it to the next pass (their deadline ran out, or
+	// Placement refused).
+	SettlesDone float64 `json:"settlesDone"`
+	SettlesLeft float64 `json:"settlesLeft"`
 	// OverCommit counts instances a host holds whose allocation Placement
 	// does not hold on its providers, once the churn settled: capacity a
 	// scheduler could give again. PlacementOnly counts the reverse,
@@ -56,6 +62,18 @@ type Churn struct {
 	// cost Placement at the sync interval.
 	PeriodicPassRequests float64 `json:"periodicPassRequests"`
 	IdleRequestsPerSec   float64 `json:"idleRequestsPerSec"`
+}
+
+// hostSettles sums the hosts' settles by outcome.
+func hostSettles(hosts []*host) (done, left float64, err error) {
+	for _, h := range hosts {
+		d, f, err := h.settles()
+		if err != nil {
+			return 0, 0, err
+		}
+		done, left = done+d, left+f
+	}
+	return done, left, nil
 }
 
 func hostRequests(hosts []*host) uint64 {
@@ -74,6 +92,10 @@ func runChurn(ctx context.Context, c *placementapi.Client, hosts []*host, worker
 	reqs := tplacement.Requests(fleet.ClassName, tplacement.WithFramebuffer, tplacement.ChurnProfiles...)
 	sched := &tplacement.Scheduler{C: c, Hosts: sh}
 	h0, c0 := hostRequests(hosts), c.Requests()
+	d0, l0, err := hostSettles(hosts)
+	if err != nil {
+		return Churn{}, err
+	}
 	start := time.Now()
 	stop := make(chan struct{})
 	var lags []float64
@@ -85,7 +107,7 @@ func runChurn(ctx context.Context, c *placementapi.Client, hosts []*host, worker
 		defer wg.Done()
 		lags, probeErr = probe(ctx, c, sh, reqs, stop, &probeOps)
 	}()
-	err := sched.Churn(ctx, workers, ops, reqs, 1)
+	err = sched.Churn(ctx, workers, ops, reqs, 1)
 	close(stop)
 	wg.Wait()
 	wall := time.Since(start)
@@ -99,6 +121,11 @@ func runChurn(ctx context.Context, c *placementapi.Client, hosts []*host, worker
 	r := Churn{Schedulers: workers, Ops: ops, WallS: wall.Seconds(), Placed: sched.Placed.Load(), StaleRefused: sched.Stale.Load(),
 		ClaimsLost: sched.ClaimLost.Load(), NoCandidate: sched.NoCandidate.Load(), Destroyed: sched.Destroyed.Load(),
 		LagSamples: len(lags), LagP50Ms: quantile(lags, 0.5), LagP99Ms: quantile(lags, 0.99), LagMaxMs: quantile(lags, 1)}
+	d1, l1, err := hostSettles(hosts)
+	if err != nil {
+		return Churn{}, err
+	}
+	r.SettlesDone, r.SettlesLeft = d1-d0, l1-l0
 	if n := r.Placed + r.StaleRefused; n > 0 {
 		r.StaleFraction = float64(r.StaleRefused) / float64(n)
 	}

@@ -64,6 +64,33 @@ func (h *host) lastSync() (time.Time, error) {
 	return time.Time{}, nil
 }
 
+// settles is how many of the host's settles (a create's or destroy's
+// bringing its GPU's provider up to date before returning) ended done and
+// how many were left for the next pass (vgpud_fleet_settles_total).
+func (h *host) settles() (done, failed float64, err error) {
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "vgpud_fleet_settles_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				switch {
+				case l.GetName() != "outcome":
+				case l.GetValue() == "done":
+					done += m.GetCounter().GetValue()
+				case l.GetValue() == "failed":
+					failed += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return done, failed, nil
+}
+
 // mixedSpec is one host's eight GPUs: three H100 in MIG mode, two H100
 // time-sliced, two L4 and an RTX PRO 6000 in MIG mode (MIG-backed vGPU),
 // every flow the flavor table asks for.

@@ -74,13 +74,25 @@ func (s *Syncer) reached(err error) {
 	}
 }
 
-// publishOne re-publishes one GPU's inventory now.
+// publishOne re-publishes one GPU's inventory now. Where the provider's
+// generation it read is the one the last pass left it at, nothing else
+// changed there since (a destroy's removal bumps none): what the pass
+// knew of it, with the inventories written now, holds at the generation
+// the write gave it, and the next pass need not read it again.
 func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
 		return err
 	}
-	_, _, err := s.syncInventory(ctx, p)
-	return err
+	o, err := s.syncInventoryFrom(ctx, p, nil)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.cache[p.uuid]; ok && c.gen == o.read {
+		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, empty: o.empty}
+	}
+	return nil
 }
 
 // Unclaim marks a failed create's claim (or a destroyed instance's

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,7 +27,8 @@ import (
 
 // refusingProxy stands in front of a real Placement and refuses the
 // allocation writes of one consumer (409, as Placement refuses a claim
-// over capacity), or holds every request while hang is set.
+// over capacity; a POST /allocations naming it is refused whole, as
+// Placement refuses it), or holds every request while hang is set.
 type refusingProxy struct {
 	refuse atomic.Value // string: the consumer whose PUT is refused
 	hang   atomic.Bool
@@ -42,13 +44,27 @@ func (p *refusingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	if id, _ := p.refuse.Load().(string); id != "" && r.Method == http.MethodPut && r.URL.Path == "/allocations/"+id {
+	if id, _ := p.refuse.Load().(string); id != "" && refused(r, id) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusConflict)
 		fmt.Fprint(w, `{"errors": [{"status": 409, "title": "Conflict", "detail": "Unable to allocate inventory: refused for this test", "code": "placement.undefined_code"}]}`)
 		return
 	}
 	p.rp.ServeHTTP(w, r)
+}
+
+// refused reports whether r writes id's allocation: a PUT of it, or a
+// POST /allocations naming it among others.
+func refused(r *http.Request, id string) bool {
+	switch {
+	case r.Method == http.MethodPut && r.URL.Path == "/allocations/"+id:
+		return true
+	case r.Method == http.MethodPost && r.URL.Path == "/allocations":
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		return bytes.Contains(body, []byte(`"`+id+`"`))
+	}
+	return false
 }
 
 func startRefusingProxy(t *testing.T, placementURL string) (*refusingProxy, string) {

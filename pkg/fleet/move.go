@@ -86,7 +86,7 @@ func (s *Syncer) move(ctx context.Context, from, to string) error {
 				dst.ConsumerType = ConsumerType
 			}
 		}
-		err = s.c.MoveAllocations(ctx, map[string]placementapi.Consumer{from: src, to: dst})
+		err = s.c.PostAllocations(ctx, map[string]placementapi.Consumer{from: src, to: dst})
 		if errors.Is(err, placementapi.ErrConflict) && try < conflictRetries {
 			s.met.conflicts.Inc()
 			continue

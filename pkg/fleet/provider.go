@@ -29,6 +29,9 @@ type passState struct {
 	complete bool
 	// failures are the writes Placement refused or did not answer.
 	failures []Difference
+	// fresh are the instances' allocations Placement does not hold on
+	// their provider, written after every provider's inventories.
+	fresh []freshAlloc
 }
 
 // fail notes one failed write (or read) for fleet status and the metric.
@@ -45,10 +48,17 @@ func (s *Syncer) fail(ps *passState, provider, subject, write string, err error)
 // that must go are removed first, then the inventories are written with
 // each total at least what stays held and what the instances' writes add
 // (effective), then the instances' allocations, then the inventories
-// again where those writes shrank what is held. Allocations are read on
-// every pass (a deletion by someone else bumps no generation); the
-// inventories and traits of a provider whose generation and wishes did
-// not change since the last pass are not read again.
+// again where those writes shrank what is held. The allocations of
+// instances Placement does not hold here at all are written after every
+// provider's inventories, together where there are several (fresh.go). The inventories and
+// traits of a provider whose generation and wishes did not change since
+// the last pass are not read again. Allocations are read on every pass
+// (Placement bumps no provider's generation when an allocation is
+// deleted, so a lost one shows nowhere else), except where none can be:
+// on a provider this pass made, and on one that held none at the
+// generation it still has (every allocation written bumps the generation
+// of the providers it lands on), so an idle host's empty GPUs cost
+// Placement nothing.
 func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[string]int, names map[string]string, ps *passState) error {
 	gen, exists := gens[p.uuid]
 	if exists && names[p.uuid] != p.name {
@@ -65,12 +75,18 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		gen = 0
 	}
 	s.crash(CrashProvider)
-	have, err := s.c.ProviderAllocations(ctx, p.uuid)
-	if err != nil {
-		ps.complete = false
-		err = fmt.Errorf("allocations of %s: %w", p.name, err)
-		s.fail(ps, p.name, p.uuid, "read", err)
-		return err
+	s.mu.Lock()
+	c, hit := s.cache[p.uuid]
+	s.mu.Unlock()
+	have := map[string]map[string]int{}
+	if exists && !(hit && c.empty && c.gen == gen) {
+		var err error
+		if have, err = s.c.ProviderAllocations(ctx, p.uuid); err != nil {
+			ps.complete = false
+			err = fmt.Errorf("allocations of %s: %w", p.name, err)
+			s.fail(ps, p.name, p.uuid, "read", err)
+			return err
+		}
 	}
 	var errs []error
 	// Removals first: a class's total falls only once what held it is gone.
@@ -98,18 +114,28 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	for consumer := range have {
 		ps.held[consumer] = true
 	}
-	s.mu.Lock()
-	c, hit := s.cache[p.uuid]
-	s.mu.Unlock()
-	written, invGen := effective(p, have), gen
+	// empty: the provider held no allocation at invGen.
+	written, invGen, empty := effective(p, have), gen, len(have) == 0
 	skip := hit && exists && c.gen == gen && sameInventories(c.inv, written) && sameSet(c.traits, p.traits)
 	if !skip {
-		if written, invGen, err = s.syncInventory(ctx, p); err != nil {
+		// A provider this pass made has no inventories, traits or
+		// allocations at generation 0: they are written, not read.
+		var made *invState
+		if !exists {
+			made = &invState{gen: 0}
+		}
+		o, err := s.syncInventoryFrom(ctx, p, made)
+		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
 		}
+		written, invGen, empty = o.inv, o.gen, o.empty
 		s.crash(CrashInventory)
-		if err := s.syncTraits(ctx, p); err != nil {
+		var traits *traitState
+		if !exists && err == nil {
+			traits = &traitState{gen: o.gen}
+		}
+		if err := s.syncTraitsFrom(ctx, p, traits); err != nil {
 			s.fail(ps, p.name, "traits", "traits", err)
 			errs = append(errs, err)
 		}
@@ -120,6 +146,12 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		if sameResources(have[consumer], want) || schedulersToWrite(p, consumer, have) {
 			// A scheduler's claim its create has not confirmed is the
 			// scheduler's to write.
+			continue
+		}
+		if have[consumer] == nil {
+			// Not held here: written with the pass's other such
+			// allocations once every provider's inventories are (fresh.go).
+			ps.fresh = append(ps.fresh, freshAlloc{consumer: consumer, p: p, want: want})
 			continue
 		}
 		wrote, err := s.writeHeld(ctx, consumer, p.uuid, want)
@@ -148,10 +180,12 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	if again {
 		// An allocation rewritten smaller (or removed again) lowers
 		// the totals raised for it.
-		if written, invGen, err = s.syncInventory(ctx, p); err != nil {
+		o, err := s.syncInventoryFrom(ctx, p, nil)
+		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
 		}
+		written, invGen, empty = o.inv, o.gen, o.empty
 	}
 	if len(errs) > 0 {
 		s.mu.Lock()
@@ -164,7 +198,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// from an older view) makes the next pass read them again; a quiet
 	// provider is skipped.
 	s.mu.Lock()
-	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits}
+	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits, empty: empty}
 	s.mu.Unlock()
 	return nil
 }
@@ -180,23 +214,55 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 // the write (a conflict: read again) or after it (its view is newer).
 // It returns what Placement holds, and the provider's generation then.
 func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]placementapi.Inventory, int, error) {
+	o, err := s.syncInventoryFrom(ctx, p, nil)
+	return o.inv, o.gen, err
+}
+
+// invOutcome is what syncInventoryFrom left: the inventories Placement
+// holds and the provider's generation then; read, the generation it read
+// them at (gen too when nothing was written); empty, whether the provider
+// held no allocation at gen.
+type invOutcome struct {
+	inv       map[string]placementapi.Inventory
+	gen, read int
+	empty     bool
+}
+
+// invState is a provider's inventories and generation known without a
+// read: one just made has none, at generation 0, and holds nothing.
+type invState struct {
+	gen int
+}
+
+// syncInventoryFrom is syncInventory starting, when known is not nil,
+// from what is known instead of reading it (a conflict reads as usual).
+// empty reports whether the provider held no allocation at the
+// generation returned.
+func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *invState) (invOutcome, error) {
 	for try := 0; ; try++ {
-		cur, gen, err := s.c.Inventories(ctx, p.uuid)
-		if err != nil {
-			return nil, 0, fmt.Errorf("inventories of %s: %w", p.name, err)
-		}
-		have, err := s.c.ProviderAllocations(ctx, p.uuid)
-		if err != nil {
-			return nil, 0, fmt.Errorf("allocations of %s: %w", p.name, err)
+		var cur map[string]placementapi.Inventory
+		var gen int
+		var err error
+		have := map[string]map[string]int{}
+		if try == 0 && known != nil {
+			gen = known.gen
+		} else {
+			if cur, gen, err = s.c.Inventories(ctx, p.uuid); err != nil {
+				return invOutcome{}, fmt.Errorf("inventories of %s: %w", p.name, err)
+			}
+			if have, err = s.c.ProviderAllocations(ctx, p.uuid); err != nil {
+				return invOutcome{}, fmt.Errorf("allocations of %s: %w", p.name, err)
+			}
 		}
 		now, err := s.fresh(p)
 		if err != nil {
-			return nil, 0, fmt.Errorf("read GPU %s: %w", p.gpu.PCI, err)
+			return invOutcome{}, fmt.Errorf("read GPU %s: %w", p.gpu.PCI, err)
 		}
 		want := effective(&now, have)
 		if sameInventories(cur, want) {
-			return want, gen, nil
+			return invOutcome{inv: want, gen: gen, read: gen, empty: len(have) == 0}, nil
 		}
+		read := gen
 		gen, err = s.c.SetInventories(ctx, p.uuid, gen, want)
 		// A capacity refusal (a class in use deleted) means an allocation
 		// landed that the read missed: read again, as for a conflict.
@@ -204,10 +270,16 @@ func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]
 			s.met.conflicts.Inc()
 			continue
 		}
-		if err != nil {
-			return nil, 0, fmt.Errorf("inventories of %s: %w", p.name, err)
+		if errors.Is(err, placementapi.ErrBadRequest) {
+			// An unknown class, say: Placement may have lost the names.
+			s.forgetNames()
 		}
-		return want, gen, nil
+		if err != nil {
+			return invOutcome{}, fmt.Errorf("inventories of %s: %w", p.name, err)
+		}
+		// Written at the generation read before the allocations: none
+		// landed since, or the write would have been a conflict.
+		return invOutcome{inv: want, gen: gen, read: read, empty: len(have) == 0}, nil
 	}
 }
 
@@ -221,20 +293,36 @@ func (s *Syncer) fresh(p *gpuProvider) (gpuProvider, error) {
 	return now, nil
 }
 
-// syncTraits is syncInventory for traits.
-func (s *Syncer) syncTraits(ctx context.Context, p *gpuProvider) error {
+// traitState is a provider's traits known without a read: none, at gen.
+type traitState struct {
+	gen int
+}
+
+// syncTraitsFrom is syncInventoryFrom for traits: it writes the
+// provider's traits where they differ, starting from what is known when
+// known is not nil.
+func (s *Syncer) syncTraitsFrom(ctx context.Context, p *gpuProvider, known *traitState) error {
 	for try := 0; ; try++ {
-		cur, gen, err := s.c.Traits(ctx, p.uuid)
-		if err != nil {
-			return err
+		var cur []string
+		var gen int
+		if try == 0 && known != nil {
+			gen = known.gen
+		} else {
+			var err error
+			if cur, gen, err = s.c.Traits(ctx, p.uuid); err != nil {
+				return err
+			}
 		}
 		if sameSet(cur, p.traits) {
 			return nil
 		}
-		_, err = s.c.SetTraits(ctx, p.uuid, gen, p.traits)
+		_, err := s.c.SetTraits(ctx, p.uuid, gen, p.traits)
 		if errors.Is(err, placementapi.ErrConflict) && try < conflictRetries {
 			s.met.conflicts.Inc()
 			continue
+		}
+		if errors.Is(err, placementapi.ErrBadRequest) {
+			s.forgetNames() // an unknown trait, say
 		}
 		if err != nil {
 			return fmt.Errorf("traits of %s: %w", p.name, err)

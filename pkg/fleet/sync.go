@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -111,8 +112,11 @@ type Syncer struct {
 	allocMu chan struct{}
 	// cache: provider UUID → what the last pass left there.
 	cache map[string]cached
-	// classes and traits already made in Placement.
-	made map[string]bool
+	// made are the classes and traits known to exist in Placement;
+	// listed[trait] whether Placement's traits (true) or classes (false)
+	// were listed into made since it was last emptied.
+	made   map[string]bool
+	listed map[bool]bool
 	// shapes remembers each GPU's shape while it answered (units.go); the
 	// Runner hands every syncer it makes the same one.
 	shapes *shapeMemory
@@ -122,6 +126,8 @@ type cached struct {
 	gen    int
 	inv    map[string]placementapi.Inventory
 	traits []string
+	// empty: the provider held no allocation at gen.
+	empty bool
 }
 
 // New returns a syncer; Run starts it.
@@ -159,7 +165,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}, shapes: &shapeMemory{}}, nil
+		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -334,6 +340,16 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 		return fmt.Errorf("read the host: %w", err)
 	}
 	want := s.desired(view)
+	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true}
+	for _, p := range want {
+		for c := range p.allocs {
+			ps.instances[c] = true
+		}
+		for _, c := range p.gpu.Moved {
+			ps.moved[c] = true
+		}
+	}
+	s.removeGone(ctx, ps)
 	tree, err := s.prepare(ctx, want)
 	s.noteReach(err)
 	if err != nil {
@@ -345,21 +361,13 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 	for _, p := range tree {
 		gens[p.UUID], names[p.UUID] = p.Generation, p.Name
 	}
-	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true}
-	for _, p := range want {
-		for c := range p.allocs {
-			ps.instances[c] = true
-		}
-		for _, c := range p.gpu.Moved {
-			ps.moved[c] = true
-		}
-	}
 	var errs []error
 	for i := range want {
 		if err := s.syncProvider(ctx, &want[i], gens, names, ps); err != nil {
 			errs = append(errs, fmt.Errorf("GPU %s: %w", want[i].gpu.PCI, err))
 		}
 	}
+	errs = append(errs, s.writeFresh(ctx, ps)...)
 	if err := s.removeStaleIn(ctx, tree, want, ps); err != nil {
 		errs = append(errs, err)
 	}
@@ -371,16 +379,79 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 	return errors.Join(errs...)
 }
 
-// prepare makes sure the top provider, the classes and the traits exist
-// and reads the tree: what every provider's sync needs.
+// removeGone removes, before anything else of the pass, the allocations
+// marked to go at once: those of instances destroyed whose settle could
+// not remove them (its deadline ran out under a loaded Placement, say),
+// and claims a failed create dropped. A scheduler looking for room waits
+// for no provider's reads, and a destroy's room is back after the
+// settle's deadline and two requests, whatever the host's size. Under
+// allocMu, as a settle removes: one in flight finishes first, and what it
+// removed is not removed again. One that fails is left to the provider's
+// sync, which names it.
+func (s *Syncer) removeGone(ctx context.Context, ps *passState) {
+	s.mu.Lock()
+	var gone []string
+	for c := range s.gone {
+		if !ps.instances[c] {
+			gone = append(gone, c)
+		}
+	}
+	s.mu.Unlock()
+	sort.Strings(gone)
+	for _, c := range gone {
+		if err := s.lockAlloc(ctx); err != nil {
+			return
+		}
+		s.mu.Lock()
+		_, still := s.gone[c]
+		s.mu.Unlock()
+		var err error
+		if still {
+			err = s.removeAllocation(ctx, c)
+		}
+		s.unlockAlloc()
+		if err != nil {
+			s.log.Debug("allocation to remove left for its provider's sync", "consumer", c, "err", err)
+			return // Placement in trouble: the providers' sync reports it
+		}
+		if still {
+			s.crash(CrashUnalloc)
+		}
+	}
+}
+
+// prepare reads the tree and makes sure the top provider, the classes
+// and the traits exist: what every provider's sync needs. The tree answers
+// for the top provider too, so a pass over a top that is there asks
+// nothing more of Placement; one that is missing from it (none yet, or
+// a Placement that lost its database) is made, and the tree read again.
 func (s *Syncer) prepare(ctx context.Context, want []gpuProvider) ([]placementapi.Provider, error) {
-	if err := s.ensureTop(ctx); err != nil {
+	tree, err := s.c.Tree(ctx, s.top())
+	if err != nil {
 		return nil, err
+	}
+	if !inTree(tree, s.top()) {
+		if err := s.ensureTop(ctx); err != nil {
+			return nil, err
+		}
+		if tree, err = s.c.Tree(ctx, s.top()); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.ensureNames(ctx, want); err != nil {
 		return nil, err
 	}
-	return s.c.Tree(ctx, s.top())
+	return tree, nil
+}
+
+// inTree reports whether provider id is one of tree.
+func inTree(tree []placementapi.Provider, id string) bool {
+	for _, p := range tree {
+		if p.UUID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // setFailures keeps the last pass's failed writes for Status.
@@ -457,68 +528,23 @@ func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
 	return want
 }
 
-// ensureTop makes the root provider (or checks the configured parent,
-// which vgpud never changes).
+// ensureTop makes the root provider, which the tree just read lacks (or
+// fails for a configured parent that is missing: vgpud never makes it).
 func (s *Syncer) ensureTop(ctx context.Context) error {
-	_, err := s.c.Provider(ctx, s.top())
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, placementapi.ErrNotFound) {
-		return err
-	}
 	// A root that is gone means a Placement that lost its database:
 	// nothing cached about it holds any more.
 	s.mu.Lock()
-	s.made, s.cache = map[string]bool{}, map[string]cached{}
+	s.made, s.listed, s.cache = map[string]bool{}, map[bool]bool{}, map[string]cached{}
 	s.mu.Unlock()
 	if s.cfg.ParentUUID != "" {
-		return fmt.Errorf("parent provider %s does not exist in Placement: %w", s.cfg.ParentUUID, err)
+		return fmt.Errorf("parent provider %s does not exist in Placement: %w", s.cfg.ParentUUID, placementapi.ErrNotFound)
 	}
 	if err := s.c.CreateProvider(ctx, s.cfg.RootUUID, s.cfg.Host, ""); err != nil {
 		return fmt.Errorf("create root provider %s (%s): %w", s.cfg.Host, s.cfg.RootUUID, err)
 	}
-	if err := s.ensureName(ctx, TraitManaged, true); err != nil {
+	if err := s.ensureList(ctx, []string{TraitManaged}, true); err != nil {
 		return err
 	}
-	_, err = s.c.SetTraits(ctx, s.cfg.RootUUID, 0, []string{TraitManaged})
+	_, err := s.c.SetTraits(ctx, s.cfg.RootUUID, 0, []string{TraitManaged})
 	return err
-}
-
-func (s *Syncer) ensureNames(ctx context.Context, want []gpuProvider) error {
-	for _, p := range want {
-		for rc := range p.inv {
-			if err := s.ensureName(ctx, rc, false); err != nil {
-				return err
-			}
-		}
-		for _, t := range p.traits {
-			if err := s.ensureName(ctx, t, true); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func (s *Syncer) ensureName(ctx context.Context, name string, trait bool) error {
-	s.mu.Lock()
-	done := s.made[name]
-	s.mu.Unlock()
-	if done {
-		return nil
-	}
-	var err error
-	if trait {
-		err = s.c.EnsureTrait(ctx, name)
-	} else {
-		err = s.c.EnsureResourceClass(ctx, name)
-	}
-	if err != nil {
-		return fmt.Errorf("define %s: %w", name, err)
-	}
-	s.mu.Lock()
-	s.made[name] = true
-	s.mu.Unlock()
-	return nil
 }

@@ -3,6 +3,7 @@ package placementapi
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -134,12 +135,68 @@ func (c *Client) DeleteProvider(ctx context.Context, id string) error {
 
 // EnsureResourceClass creates a custom resource class; an existing one is fine.
 func (c *Client) EnsureResourceClass(ctx context.Context, name string) error {
-	return c.Do(ctx, "PUT", "/resource_classes/"+url.PathEscape(name), nil, nil)
+	_, err := c.DefineResourceClass(ctx, name)
+	return err
+}
+
+// DefineResourceClass is EnsureResourceClass, reporting whether Placement
+// made the class now (false: it had it).
+func (c *Client) DefineResourceClass(ctx context.Context, name string) (bool, error) {
+	status, err := c.DoStatus(ctx, "PUT", "/resource_classes/"+url.PathEscape(name), nil, nil)
+	return status == http.StatusCreated, err
 }
 
 // EnsureTrait creates a custom trait; an existing one is fine.
 func (c *Client) EnsureTrait(ctx context.Context, name string) error {
-	return c.Do(ctx, "PUT", "/traits/"+url.PathEscape(name), nil, nil)
+	_, err := c.DefineTrait(ctx, name)
+	return err
+}
+
+// DefineTrait is EnsureTrait, reporting whether Placement made the trait
+// now (false: it had it).
+func (c *Client) DefineTrait(ctx context.Context, name string) (bool, error) {
+	status, err := c.DoStatus(ctx, "PUT", "/traits/"+url.PathEscape(name), nil, nil)
+	return status == http.StatusCreated, err
+}
+
+// ResourceClasses lists the names of every resource class Placement
+// knows, standard and custom: one request instead of one PUT per class.
+func (c *Client) ResourceClasses(ctx context.Context) ([]string, error) {
+	var out struct {
+		Classes []struct {
+			Name string `json:"name"`
+		} `json:"resource_classes"`
+	}
+	if err := c.Do(ctx, "GET", "/resource_classes", nil, &out); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(out.Classes))
+	for _, rc := range out.Classes {
+		if rc.Name == "" {
+			return nil, fmt.Errorf("resource class without a name: %w", ErrMalformed)
+		}
+		names = append(names, rc.Name)
+	}
+	return names, nil
+}
+
+// ListTraits lists the traits Placement knows whose name starts with prefix
+// ("" for all of them).
+func (c *Client) ListTraits(ctx context.Context, prefix string) ([]string, error) {
+	var out struct {
+		Traits *[]string `json:"traits"`
+	}
+	path := "/traits"
+	if prefix != "" {
+		path += "?name=" + url.QueryEscape("startswith:"+prefix)
+	}
+	if err := c.Do(ctx, "GET", path, nil, &out); err != nil {
+		return nil, err
+	}
+	if out.Traits == nil {
+		return nil, fmt.Errorf("traits: no traits field: %w", ErrMalformed)
+	}
+	return *out.Traits, nil
 }
 
 // Inventories reads a provider's inventories and generation.
@@ -248,12 +305,14 @@ func (c *Client) PutConsumer(ctx context.Context, id string, cons Consumer) erro
 	return c.Do(ctx, "PUT", "/allocations/"+url.PathEscape(id), cons, nil)
 }
 
-// MoveAllocations writes several consumers' allocations in one request
-// (POST /allocations), all or none, as Nova moves an instance's allocation
-// to its migration's consumer: each Consumer's Generation must be what
-// Consumer returned (nil for a new one), and empty allocations remove
-// what that consumer holds.
-func (c *Client) MoveAllocations(ctx context.Context, cons map[string]Consumer) error {
+// PostAllocations writes several consumers' allocations in one request
+// (POST /allocations), all or none: a batch of new consumers, or an
+// instance's allocation moved to its migration's consumer as Nova moves
+// it. Each Consumer's Generation is checked as PutConsumer checks it (what
+// Consumer returned; nil: a consumer Placement must not know yet), so one
+// that changed, or exists, fails the request with ErrConflict and nothing
+// is written. Empty allocations remove what that consumer holds.
+func (c *Client) PostAllocations(ctx context.Context, cons map[string]Consumer) error {
 	for id, x := range cons {
 		if x.Allocations == nil {
 			x.Allocations = map[string]Allocation{}

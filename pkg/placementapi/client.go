@@ -158,26 +158,35 @@ func (c *Client) Endpoint() string { return c.base.String() }
 // body is discarded). Transient failures are retried with backoff; a 4xx
 // never is.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
+	_, err := c.DoStatus(ctx, method, path, in, out)
+	return err
+}
+
+// DoStatus is Do, returning the status of the last answer too (0: none
+// came): a 2xx tells apart what Placement made (201) from what it had
+// (204).
+func (c *Client) DoStatus(ctx context.Context, method, path string, in, out any) (int, error) {
 	var body []byte
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
-			return fmt.Errorf("encode %s %s: %w", method, path, err)
+			return 0, fmt.Errorf("encode %s %s: %w", method, path, err)
 		}
 		body = b
 	}
 	wait := c.cfg.Backoff
 	var err error
 	for attempt := 0; ; attempt++ {
-		err = c.once(ctx, method, path, body, out)
+		var status int
+		status, err = c.once(ctx, method, path, body, out)
 		if err == nil || attempt >= c.cfg.Retries || !transient(err) {
-			return err
+			return status, err
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
+			return 0, fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
 		case <-t.C:
 		}
 		wait *= 2
@@ -188,7 +197,7 @@ func transient(err error) bool {
 	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrServer)
 }
 
-func (c *Client) once(ctx context.Context, method, path string, body []byte, out any) error {
+func (c *Client) once(ctx context.Context, method, path string, body []byte, out any) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	var rd io.Reader
@@ -197,7 +206,7 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, out
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base.String()+path, rd)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w: %w", method, path, ErrBadRequest, err)
+		return 0, fmt.Errorf("%s %s: %w: %w", method, path, ErrBadRequest, err)
 	}
 	req.Header.Set("X-Auth-Token", c.cfg.Token)
 	req.Header.Set("OpenStack-API-Version", "placement "+Version)
@@ -210,26 +219,26 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, out
 	if err != nil {
 		// A refused connection, a timeout or a cancel: Placement did not
 		// answer, which the caller may retry later.
-		return fmt.Errorf("%s %s: %w: %w", method, path, ErrUnreachable, err)
+		return 0, fmt.Errorf("%s %s: %w: %w", method, path, ErrUnreachable, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody+1))
 	if err != nil {
-		return fmt.Errorf("%s %s: reading the answer: %w: %w", method, path, ErrUnreachable, err)
+		return resp.StatusCode, fmt.Errorf("%s %s: reading the answer: %w: %w", method, path, ErrUnreachable, err)
 	}
 	if len(data) > MaxBody {
-		return fmt.Errorf("%s %s: answer over %d bytes: %w", method, path, MaxBody, ErrTooLarge)
+		return resp.StatusCode, fmt.Errorf("%s %s: answer over %d bytes: %w", method, path, MaxBody, ErrTooLarge)
 	}
 	if err := statusError(resp.StatusCode, data); err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return resp.StatusCode, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if out == nil || resp.StatusCode == http.StatusNoContent {
-		return nil
+		return resp.StatusCode, nil
 	}
 	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("%s %s: %w: %w", method, path, ErrMalformed, err)
+		return resp.StatusCode, fmt.Errorf("%s %s: %w: %w", method, path, ErrMalformed, err)
 	}
-	return nil
+	return resp.StatusCode, nil
 }
 
 // apiErrors is Placement's error document.

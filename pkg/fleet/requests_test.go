@@ -1,0 +1,321 @@
+package fleet
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpud/vgpud/pkg/gpu/sim"
+	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+)
+
+// recorder stands between one syncer and Placement and notes each
+// request as "METHOD /path" (the query left out).
+type recorder struct {
+	url string
+	mu  sync.Mutex
+	log []string
+}
+
+func startRecorder(t *testing.T, target string) *recorder {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &recorder{}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		r.log = append(r.log, req.Method+" "+req.URL.Path)
+		r.mu.Unlock()
+		proxy.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	return r
+}
+
+// take returns the requests noted since the last take.
+func (r *recorder) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.log
+	r.log = nil
+	return out
+}
+
+// count is how many of reqs start with prefix ("PUT /resource_classes/").
+func count(reqs []string, prefix string) int {
+	n := 0
+	for _, r := range reqs {
+		if strings.HasPrefix(r, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// recordedHost is a host whose syncer talks to Placement through a recorder.
+func recordedHost(t *testing.T, name, url string) (*host, *recorder) {
+	t.Helper()
+	rec := startRecorder(t, url)
+	return startHost(t, name, rec.url, nil, Config{}), rec
+}
+
+// A host's first publish lists the classes and traits Placement defines
+// and creates only those missing: the second host of a fleet creates
+// none, and a provider it has just made is written, not read.
+func TestFirstPublishCreatesOnlyMissingNames(t *testing.T) {
+	srv, _ := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	a.pass(t)
+	first := ra.take()
+	if n := count(first, "PUT /resource_classes/"); n == 0 {
+		t.Fatalf("the first host created no class: %v", first)
+	}
+	if n := count(first, "GET /resource_classes"); n != 1 {
+		t.Fatalf("the first host listed the classes %d times, want once: %v", n, first)
+	}
+	b, rb := recordedHost(t, "hostb", srv.URL())
+	b.pass(t)
+	second := rb.take()
+	if n := count(second, "PUT /resource_classes/") + count(second, "PUT /traits/"); n != 0 {
+		t.Fatalf("the second host created %d classes or traits the first had made: %v", n, second)
+	}
+	if n := count(second, "GET /resource_classes") + count(second, "GET /traits"); n != 2 {
+		t.Fatalf("the second host listed %d times, want classes and traits once each: %v", n, second)
+	}
+	// Four GPUs made: each is created, its inventories and traits written
+	// without a read before them.
+	for _, read := range []string{"/inventories", "/traits", "/allocations"} {
+		for _, r := range second {
+			if strings.HasPrefix(r, "GET /resource_providers/") && strings.HasSuffix(r, read) {
+				t.Fatalf("a provider just made was read (%s): %v", r, second)
+			}
+		}
+	}
+	if len(second) > 20 {
+		t.Fatalf("the second host's first publish took %d requests: %v", len(second), second)
+	}
+}
+
+// A pass with nothing to change reads the tree and, of the GPU providers,
+// only the allocations of those that hold some: one that held none at the
+// generation it still has cannot hold any now.
+func TestIdlePassReadsOnlyTheTree(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	a.pass(t) // the first pass's own writes moved the generations
+	ra.take()
+	a.pass(t)
+	if idle := ra.take(); len(idle) != 1 || !strings.HasPrefix(idle[0], "GET /resource_providers") {
+		t.Fatalf("an idle pass of an empty host made %d requests, want the tree alone: %v", len(idle), idle)
+	}
+	// A claim someone else writes bumps the provider's generation: the
+	// next pass reads that provider's allocations (and keeps the claim
+	// through its grace).
+	mig := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	stray := uuid.NewString()
+	if err := claim(c, stray, mig, map[string]int{"CUSTOM_VGPUD_MIG_1G_10GB": 1, SliceClass: 1}); err != nil {
+		t.Fatal(err)
+	}
+	a.pass(t)
+	if got := ra.take(); count(got, "GET /resource_providers/"+mig+"/allocations") == 0 {
+		t.Fatalf("the pass after a claim did not read its provider's allocations: %v", got)
+	}
+	// Its deletion bumps no generation: a provider that held something is
+	// read on every pass.
+	if err := c.PutConsumer(ctx, stray, placementapi.Consumer{}); err != nil {
+		t.Fatal(err)
+	}
+	a.pass(t)
+	if got := ra.take(); count(got, "GET /resource_providers/"+mig+"/allocations") == 0 {
+		t.Fatalf("the pass after a deletion did not read the allocations: %v", got)
+	}
+	if st, err := a.s.Status(ctx); err != nil || len(st.Differences) != 0 {
+		t.Fatalf("status: %+v, %v", st.Differences, err)
+	}
+}
+
+// After Placement lost its database a host writes its instances'
+// allocations again in one POST /allocations, as consumers Placement does
+// not know; one it does know (held elsewhere) makes the batch fall back to
+// writing each alone, at the consumer's generation, keeping what it holds
+// elsewhere.
+func TestResyncWritesAllocationsTogether(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	for _, gpu := range []string{sim.DefaultH100MIG, sim.DefaultH100MIG, sim.DefaultL4} {
+		profile := "1g.10gb"
+		if gpu == sim.DefaultL4 {
+			profile = "NVIDIA L4-4Q"
+		}
+		if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profile, GPU: gpu}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	converged(t, c, a)
+	if err := srv.Wipe(); err != nil {
+		t.Fatal(err)
+	}
+	ra.take()
+	a.pass(t)
+	got := ra.take()
+	if n := count(got, "POST /allocations"); n != 1 {
+		t.Fatalf("the pass after a wipe posted allocations %d times, want once: %v", n, got)
+	}
+	if n := count(got, "PUT /allocations/") + count(got, "GET /allocations/"); n != 0 {
+		t.Fatalf("the pass after a wipe wrote consumers one by one: %v", got)
+	}
+	converged(t, c, a)
+
+	// Two allocations lost again, one of whose consumers also holds
+	// something of another provider: the batch is refused as a whole,
+	// and each is written alone with what it holds elsewhere kept.
+	ids := mustInstances(t, a)
+	other := uuid.NewString()
+	if err := c.CreateProvider(ctx, other, "elsewhere", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureResourceClass(ctx, "CUSTOM_ELSEWHERE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetInventories(ctx, other, 0, map[string]placementapi.Inventory{"CUSTOM_ELSEWHERE": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids[:2] {
+		cons := placementapi.Consumer{Allocations: map[string]placementapi.Allocation{}, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}
+		if i == 0 {
+			cons.Allocations[other] = placementapi.Allocation{Resources: map[string]int{"CUSTOM_ELSEWHERE": 1}}
+		}
+		cur, err := c.Consumer(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons.Generation = cur.Generation
+		if err := c.PutConsumer(ctx, id, cons); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ra.take()
+	a.pass(t)
+	if got := ra.take(); count(got, "POST /allocations") != 1 || count(got, "PUT /allocations/") != 2 {
+		t.Fatalf("want the batch refused, then two writes alone: %v", got)
+	}
+	converged(t, c, a)
+	cons, err := c.Consumer(ctx, ids[0])
+	if err != nil || len(cons.Allocations) != 2 || cons.Allocations[other].Resources["CUSTOM_ELSEWHERE"] != 1 {
+		t.Fatalf("the consumer held elsewhere: %+v, %v", cons, err)
+	}
+}
+
+// A destroy's settle writes its GPU's inventories from the generation the
+// last pass left: the pass after it knows the provider without reading it
+// (it holds nothing now), where it read its inventories, traits and
+// allocations again.
+func TestPassAfterSettleReadsNothingSettled(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	converged(t, c, a)
+	a.pass(t)
+	ra.take()
+	if err := a.h.Manager.Destroy(ctx, rec.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	if got := ra.take(); count(got, "PUT /resource_providers/"+l4+"/inventories") != 1 {
+		t.Fatalf("the destroy's settle did not write the inventories: %v", got)
+	}
+	a.pass(t)
+	if got := ra.take(); len(got) != 1 {
+		t.Fatalf("the pass after a settled destroy made %d requests, want the tree alone: %v", len(got), got)
+	}
+	converged(t, c, a)
+}
+
+// An allocation a destroy's settle could not remove is the next pass's
+// first write: it waits for no read of the tree or of any provider.
+func TestRemovalLeftBySettleGoesFirst(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	var ids []string
+	for _, gpu := range []string{sim.DefaultH100MIG, sim.DefaultH100MIG} {
+		rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: gpu})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, rec.UUID)
+	}
+	converged(t, c, a)
+	// The destroy runs without the fleet, as one whose settle gave up:
+	// its allocation is marked to go at the next pass.
+	a.h.Manager.SetFleet(nil)
+	if err := a.h.Manager.Destroy(ctx, ids[0], manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.h.Manager.SetFleet(a.s)
+	a.s.Unclaim(ids[0])
+	ra.take()
+	a.pass(t)
+	got := ra.take()
+	if len(got) < 2 || got[0] != "GET /allocations/"+ids[0] || got[1] != "DELETE /allocations/"+ids[0] {
+		t.Fatalf("the pass did not remove the allocation first: %v", got)
+	}
+	if n := count(got, "DELETE /allocations/"); n != 1 {
+		t.Fatalf("%d removals, want one: %v", n, got)
+	}
+	converged(t, c, a)
+}
+
+// Hosts that listed the classes before another defined them (every host
+// after Placement lost its database) learn it from the first name
+// Placement answers it had, list again, and create nothing more.
+func TestNamesDefinedMeanwhileListedAgain(t *testing.T) {
+	srv, _ := startPlacement(t)
+	ctx := context.Background()
+	b, rb := recordedHost(t, "hostb", srv.URL())
+	if err := b.s.list(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.s.list(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	a := startHost(t, "hosta", srv.URL(), nil, Config{})
+	a.pass(t)
+	view, err := b.h.Manager.FleetView()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb.take()
+	if err := b.s.ensureNames(ctx, b.s.desired(view)); err != nil {
+		t.Fatal(err)
+	}
+	got := rb.take()
+	if n := count(got, "PUT /resource_classes/"); n != 1 {
+		t.Fatalf("the host created %d classes another had defined meanwhile, want one before it listed again: %v", n, got)
+	}
+	if n := count(got, "GET /resource_classes"); n != 1 {
+		t.Fatalf("the host listed the classes %d times, want once again: %v", n, got)
+	}
+}
