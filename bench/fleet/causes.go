@@ -25,9 +25,11 @@ type causes struct {
 // alignment (the GPU's free slices hold no aligned start for the
 // profile), migLimit (no free slices, or the profile's per-GPU limit: a
 // mix of profiles Placement counted apart), timeSliced (a time-sliced
-// GPU's type lock or framebuffer), wholeGPU (a whole GPU's claim, or one
-// on a GPU given whole), allocationGone (the claim went while the create
-// ran), other.
+// GPU's type lock or framebuffer), wholeGPU (any refusal of a whole GPU's
+// create, or of one on a GPU given whole), allocationGone (the claim went
+// while the create ran), other (among them a Placement read that did not
+// answer). The first messages (samples) tell a refusal the host could not
+// carve from one where Placement did not answer in time.
 func (c *causes) add(r tplacement.Request, err error) {
 	kind := tplacement.FlavorOf(r.Profile).Kind
 	cause := "other"
