@@ -207,14 +207,6 @@ func (c *carver) groupTotal(t []int, k int) int {
 	return n
 }
 
-func (c *carver) slices(q []int) int {
-	s := 0
-	for k, n := range q {
-		s += n * c.groups[k].gi.Size
-	}
-	return s
-}
-
 // safe walks every state the host can reach carving, one by one in any
 // order, a mix within totals t and slice capacity f, with the host's own
 // engine (placement.Place pinned to this GPU), from the occupancy now. It

@@ -141,19 +141,3 @@ func TestCarvableMixesCarve(t *testing.T) {
 		}
 	}
 }
-
-// fleetGPUAt is the GPU at pci of h as the fleet sees it.
-func fleetGPUAt(t *testing.T, h *simhost.Host, pci string) manager.FleetGPU {
-	t.Helper()
-	view, err := h.Manager.FleetView()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range view {
-		if g.PCI == pci {
-			return g
-		}
-	}
-	t.Fatalf("no GPU %s in the fleet view", pci)
-	return manager.FleetGPU{}
-}
