@@ -69,7 +69,7 @@ bench-metrics: build ## scrape latency, NVML slowdown, RSS and idle CPU -> bench
 bench-recovery: ## time to READY after a reboot and a full apply on 8 mixed GPUs with driver latencies, vs critical path and serial sum -> bench/recovery.json
 	$(GO) run ./bench/recovery -out bench/recovery.json
 
-bench-fleet: ## 3 simulated hosts, a real Placement, 1/4/16 fleet schedulers: stale refusals, over-commit, sync lag -> bench/fleet.json
+bench-fleet: ## 3 simulated hosts, a real Placement, 1/4/16 fleet schedulers, exact and carvable inventories: stale refusals by cause, room offered, over-commit, sync lag -> bench/fleet.json
 	$(GO) run ./bench/fleet -out bench/fleet.json
 
 FLEET_SCALE_STEPS ?= 100,300,1000

@@ -38,10 +38,12 @@ func (d *fleetDaemon) vgpuctlJSON(t *testing.T, doc any, args ...string) {
 // `vgpuctl capacity` says still fits and the room `vgpuctl fleet status`
 // shows published for every GPU (a class's total less its reservation less
 // what Placement holds there) agree for every profile: one room
-// calculation behind both.
+// calculation behind both. With exact inventories: carvable ones
+// (the default) publish only the part of that room every mix can have
+// together (docs/fleet.md).
 func TestCapacityAgreesWithFleetStatus(t *testing.T) {
 	srv := tplacement.Start(t)
-	d := startFleetDaemon(t, "room-host", "", srv.URL(), "2s")
+	d := startFleetDaemonWith(t, "room-host", "", srv.URL(), "2s", "3s", "  inventories: exact\n")
 	d.learnProviders(t)
 
 	ctx := ctxFleet(t)

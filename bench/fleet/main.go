@@ -9,7 +9,11 @@
 // scheduler asks the same sequence) through the hosts' local placement
 // alone (no Placement), the baseline.
 //
-// Imports: internal/testenv/placement, internal/testenv/simhost, pkg/fleet, pkg/gpu, pkg/gpu/sim, pkg/manager, pkg/placementapi, pkg/tenant.
+// Per phase also: the stale refusals by cause, and the room the hosts had
+// for the churn's profiles beside what Placement offered of it, with each
+// way of publishing MIG totals (fleet.inventories: carvable, exact).
+//
+// Imports: internal/testenv/placement, internal/testenv/simhost, pkg/fleet, pkg/gpu, pkg/gpu/sim, pkg/manager, pkg/placement, pkg/placementapi, pkg/store, pkg/tenant.
 package main
 
 import (
@@ -103,22 +107,42 @@ type Phase struct {
 	// admission would have taken when the scheduler gave up (an upper
 	// bound with several schedulers: another's claim in flight is not
 	// yet on the host).
-	LostAgainstLocal  int64   `json:"lostAgainstLocal"`
-	OverCommit        int     `json:"overCommit"`
+	LostAgainstLocal int64 `json:"lostAgainstLocal"`
+	OverCommit       int   `json:"overCommit"`
+	// StaleByCause counts StaleRefused by the host's reason (causes.add).
+	StaleByCause map[string]int64 `json:"staleByCause"`
+	// StaleSamples are the phase's first stale refusals, cause and message.
+	StaleSamples []string `json:"staleSamples,omitempty"`
+	// RoomsExact is the room the hosts' own engine had for the churn's
+	// profiles (each counted alone, summed over GPUs), RoomsOffered what
+	// Placement offered of it with the phase's inventories, both averaged
+	// over samples every 250 ms of the churn; RoomsNotOffered the
+	// fraction of the first the second lacks (the carvable inventories'
+	// cost; 0 with exact ones).
+	RoomsExact        float64 `json:"roomsExact"`
+	RoomsOffered      float64 `json:"roomsOffered"`
+	RoomsNotOffered   float64 `json:"roomsNotOffered"`
 	RequestsPerHostOp float64 `json:"placementRequestsPerHostOp"`
 	LagP50Ms          float64 `json:"syncLagP50Ms"`
 	LagP99Ms          float64 `json:"syncLagP99Ms"`
 }
 
 type result struct {
-	Hosts       int     `json:"hosts"`
-	OpsPerPhase int     `json:"opsPerPhase"`
+	Hosts       int `json:"hosts"`
+	OpsPerPhase int `json:"opsPerPhase"`
+	// Modes: the same phases with each way of publishing MIG totals
+	// (fleet.inventories), the default first.
+	Modes []modeResult `json:"modes"`
+	Note  string       `json:"note"`
+}
+
+type modeResult struct {
+	Inventories string  `json:"inventories"`
 	Phases      []Phase `json:"phases"`
 	// PhasesWithoutWholeGPU: the same churn without whole-GPU requests
 	// (whose flavors ask all of the GPU class: docs/fleet.md), so that
 	// what the whole GPUs add to the refusals shows.
 	PhasesWithoutWholeGPU []Phase `json:"phasesWithoutWholeGPU"`
-	Note                  string  `json:"note"`
 }
 
 func main() {
@@ -132,19 +156,23 @@ func main() {
 
 func run(out string, ops int) error {
 	res := result{Hosts: len(specs()), OpsPerPhase: ops,
-		Note: "sync lag: a destroy's return to Placement no longer holding its allocation, polled every 2 ms; over-commit: consumers Placement holds on a host's providers that the host does not, or the reverse, after the phase settles; localAcceptance: the same phases, seeds and 20 destroys after each, through the hosts' local placement alone"}
-	var err error
-	if res.Phases, err = runMix(ops, requests); err != nil {
-		return err
-	}
+		Note: "sync lag: a destroy's return to Placement no longer holding its allocation, polled every 2 ms; over-commit: consumers Placement holds on a host's providers that the host does not, or the reverse, after the phase settles; localAcceptance: the same phases, seeds and 20 destroys after each, through the hosts' local placement alone; staleByCause: alignment (free slices, no aligned start), migLimit (no free slices or the profile's per-GPU limit), timeSliced, wholeGPU, allocationGone, other; roomsExact/roomsOffered: the hosts' room for the churn's profiles and what Placement offered of it, sampled every 250 ms"}
 	var partial []tplacement.Request
 	for _, r := range requests {
 		if r.Profile != "passthrough" {
 			partial = append(partial, r)
 		}
 	}
-	if res.PhasesWithoutWholeGPU, err = runMix(ops, partial); err != nil {
-		return err
+	for _, mode := range []string{fleet.InventoriesCarvable, fleet.InventoriesExact} {
+		m := modeResult{Inventories: mode}
+		var err error
+		if m.Phases, err = runMix(ops, requests, mode); err != nil {
+			return err
+		}
+		if m.PhasesWithoutWholeGPU, err = runMix(ops, partial, mode); err != nil {
+			return err
+		}
+		res.Modes = append(res.Modes, m)
 	}
 	data, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
@@ -155,7 +183,7 @@ func run(out string, ops int) error {
 
 // runMix runs the three fleet phases and then the same three through local
 // placement alone, on fresh hosts and a fresh Placement.
-func runMix(ops int, reqs []tplacement.Request) ([]Phase, error) {
+func runMix(ops int, reqs []tplacement.Request, mode string) ([]Phase, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dir, err := os.MkdirTemp("", "vgpud-bench-fleet-")
@@ -172,7 +200,7 @@ func runMix(ops int, reqs []tplacement.Request) ([]Phase, error) {
 	if err != nil {
 		return nil, err
 	}
-	hosts, err := openHosts(ctx, dir, srv.URL(), false)
+	hosts, err := openHosts(ctx, dir, srv.URL(), false, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -183,16 +211,16 @@ func runMix(ops int, reqs []tplacement.Request) ([]Phase, error) {
 	}
 	var phases []Phase
 	for _, workers := range []int{1, 4, 16} {
-		p, err := phase(ctx, schedC, hosts, sh, workers, ops, reqs)
+		p, err := phase(ctx, schedC, hosts, sh, workers, ops, reqs, mode)
 		if err != nil {
 			return nil, err
 		}
 		phases = append(phases, p)
-		log.Printf("%+v", p)
+		log.Printf("%s: %+v", mode, p)
 	}
 	cancel()
 	lctx := context.Background()
-	local, err := openHosts(lctx, filepath.Join(dir, "local"), "", true)
+	local, err := openHosts(lctx, filepath.Join(dir, "local"), "", true, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +239,7 @@ func runMix(ops int, reqs []tplacement.Request) ([]Phase, error) {
 	return phases, nil
 }
 
-func openHosts(ctx context.Context, dir, url string, local bool) ([]*host, error) {
+func openHosts(ctx context.Context, dir, url string, local bool, mode string) ([]*host, error) {
 	var hosts []*host
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i, spec := range specs() {
@@ -229,7 +257,7 @@ func openHosts(ctx context.Context, dir, url string, local bool) ([]*host, error
 			if err != nil {
 				return nil, err
 			}
-			s, err := fleet.New(fleet.Config{Host: name, Grace: time.Hour, Interval: 10 * time.Second}, c, h.Manager, quiet, nil)
+			s, err := fleet.New(fleet.Config{Host: name, Grace: time.Hour, Interval: 10 * time.Second, Inventories: mode}, c, h.Manager, quiet, nil)
 			if err != nil {
 				return nil, err
 			}

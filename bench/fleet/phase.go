@@ -13,8 +13,17 @@ import (
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
-func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tplacement.Host, workers, ops int, reqs []tplacement.Request) (Phase, error) {
+func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tplacement.Host, workers, ops int, reqs []tplacement.Request, mode string) (Phase, error) {
 	sched := &tplacement.Scheduler{C: c, Hosts: sh}
+	var why causes
+	sched.OnStale = why.add
+	var rm rooms
+	rctx, stopRooms := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rm.run(rctx, hosts, reqs, mode, 250*time.Millisecond)
+	}()
 	var lost atomic.Int64
 	sched.OnFull = func(r tplacement.Request) {
 		for _, h := range hosts {
@@ -28,7 +37,10 @@ func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tpla
 	for _, h := range hosts {
 		req0 += h.c.Requests()
 	}
-	if err := sched.Churn(ctx, workers, ops, reqs, uint64(workers)); err != nil {
+	err := sched.Churn(ctx, workers, ops, reqs, uint64(workers))
+	stopRooms()
+	<-done
+	if err != nil {
 		return Phase{}, fmt.Errorf("%d schedulers: %w", workers, err)
 	}
 	var req1 uint64
@@ -37,7 +49,13 @@ func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tpla
 	}
 	p := Phase{Schedulers: workers, Placed: sched.Placed.Load(), StaleRefused: sched.Stale.Load(),
 		ClaimsLost: sched.ClaimLost.Load(), NoCandidate: sched.NoCandidate.Load(), Destroyed: sched.Destroyed.Load(),
-		LostAgainstLocal: lost.Load()}
+		LostAgainstLocal: lost.Load(), StaleByCause: why.counts(), StaleSamples: why.samples}
+	if rm.samples > 0 {
+		p.RoomsExact, p.RoomsOffered = float64(rm.exact)/float64(rm.samples), float64(rm.offered)/float64(rm.samples)
+	}
+	if rm.exact > 0 {
+		p.RoomsNotOffered = 1 - float64(rm.offered)/float64(rm.exact)
+	}
 	if n := p.Placed + p.StaleRefused; n > 0 {
 		p.StaleFraction = float64(p.StaleRefused) / float64(n)
 	}
@@ -49,7 +67,6 @@ func phase(ctx context.Context, c *placementapi.Client, hosts []*host, sh []tpla
 	}
 	// Settle (the hosts' last events taken in: a few passes at most), then
 	// compare.
-	var err error
 	for round := 0; round < 10; round++ {
 		for _, h := range hosts {
 			if err := h.s.Pass(ctx); err != nil {

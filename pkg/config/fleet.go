@@ -35,6 +35,10 @@ type FleetConfig struct {
 	// create's claim (default 2s).
 	Timeout      Duration `json:"timeout,omitempty"`
 	ClaimTimeout Duration `json:"claimTimeout,omitempty"`
+	// Inventories is how a MIG GPU's per-profile totals are published:
+	// "carvable" (the default: every mix Placement accepts is carvable)
+	// or "exact" (each profile's room now, counted alone).
+	Inventories string `json:"inventories,omitempty"`
 }
 
 // validate checks the section before anything uses it, so a reload with a
@@ -53,6 +57,11 @@ func (f *FleetConfig) validate() error {
 	}
 	if f.RootUUID != "" && f.ParentUUID != "" {
 		return errors.New("fleet: rootUUID and parentUUID exclude each other (parentUUID publishes under nova-compute's provider)")
+	}
+	switch f.Inventories {
+	case "", "exact", "carvable":
+	default:
+		return fmt.Errorf("fleet.inventories: %q is not exact or carvable", f.Inventories)
 	}
 	for key, d := range map[string]time.Duration{"fleet.syncInterval": f.SyncInterval.Duration, "fleet.grace": f.Grace.Duration,
 		"fleet.timeout": f.Timeout.Duration, "fleet.claimTimeout": f.ClaimTimeout.Duration} {

@@ -72,7 +72,7 @@ func TestCandidatesAreAdmission(t *testing.T) {
 	srv, c := startPlacement(t)
 	var hosts []*host
 	for i, spec := range Specs() {
-		h := startHost(t, fmt.Sprintf("cand%d", i), srv.URL(), spec, Config{})
+		h := startHost(t, fmt.Sprintf("cand%d", i), srv.URL(), spec, Config{Inventories: InventoriesExact})
 		h.run(t)
 		hosts = append(hosts, h)
 	}

@@ -188,12 +188,16 @@ func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim
 // anything else off the GPU): one that lacks the GPU's slices or
 // framebuffer (or, written before GPUClass, that class) is Incomplete, and
 // Complete adds them before carving. Amounts the scheduler did write must
-// be the whole GPU's.
+// be the whole GPU's, except that its slices may be fewer than the grid:
+// with carvable inventories a free GPU's slice class may hold slots back,
+// and the claim took what was offered (the pass writes the whole grid
+// once the GPU is carved).
 func wholeGPU(c unitClaim, p *gpuProvider, res map[string]int) (manager.FleetClaim, error) {
 	want := resourcesOf(c)
 	for _, rc := range []string{SliceClass, FramebufferClass, GPUClass} {
 		switch {
 		case res[rc] == want[rc]:
+		case rc == SliceClass && res[rc] > 0 && res[rc] < want[rc] && res[rc] >= p.gpu.Slices-p.gpu.Unclaimable-maxHeldBack(p.gpu.Slices):
 		case res[rc] == 0:
 			c.Incomplete = true
 		default:

@@ -52,9 +52,15 @@ func resourcesOf(c unitClaim) map[string]int {
 // reservation: its allocation holds the whole-GPU class and every shared
 // unit (slices, framebuffer), and its other classes have no room.
 func desired(host, top string, view []manager.FleetGPU, sm *shapeMemory) []gpuProvider {
+	return desiredIn(host, top, view, sm, InventoriesExact, nil)
+}
+
+// desiredIn is desired with the inventories of mode (InventoriesExact,
+// InventoriesCarvable), carvable totals kept in cache.
+func desiredIn(host, top string, view []manager.FleetGPU, sm *shapeMemory, mode string, cache *carveCache) []gpuProvider {
 	var out []gpuProvider
 	for _, hg := range view {
-		g := unitsOf(hg, sm)
+		g := unitsIn(hg, sm, mode, cache)
 		p := gpuProvider{uuid: GPUProviderUUID(top, g.PCI), name: GPUProviderName(host, g.PCI), host: hg, gpu: g,
 			inv: map[string]placementapi.Inventory{}, traits: traitsOf(g), allocs: map[string]map[string]int{},
 			classes: map[string]unitClass{}}
@@ -81,7 +87,7 @@ func desired(host, top string, view []manager.FleetGPU, sm *shapeMemory) []gpuPr
 			}
 		}
 		if g.MIG && g.Slices > 0 {
-			p.inv[SliceClass] = one(g.Slices, min(g.Slices, g.Unclaimable), g.Slices)
+			p.inv[SliceClass] = one(g.Slices, min(g.Slices, g.Unclaimable+g.HeldBack), g.Slices)
 		}
 		// Records the fleet does not publish (compute instances narrower
 		// than their GPU instance) hold a unit each, reserved.

@@ -10,7 +10,9 @@
 // providers, with UUIDs derived from the root and the PCI address so that
 // they are stable across restarts and database loss. On each GPU one class
 // per carvable profile (names.go) whose total is the instances it holds
-// plus the room vgpud's own placement engine has for it now, and on MIG
+// plus the room vgpud's own placement engine has for it now (on MIG GPUs,
+// by default, only the part every mix of claims can have together:
+// carvable.go), and on MIG
 // GPUs CUSTOM_VGPUD_MIG_SLICE (total: the slot grid) consumed by every MIG
 // allocation, because Placement counts each class on its own; on every
 // GPU CUSTOM_VGPUD_GPU (GPUUnits), of which a whole GPU takes all and any

@@ -96,7 +96,7 @@ func (h *host) truth(t testing.TB) map[string]map[string]map[string]int {
 		t.Fatal(err)
 	}
 	out := map[string]map[string]map[string]int{}
-	for _, p := range desired(h.name, h.s.top(), view, h.s.shapes) {
+	for _, p := range desiredIn(h.name, h.s.top(), view, h.s.shapes, h.s.cfg.Inventories, h.s.carves) {
 		for c, r := range p.allocs {
 			out[c] = map[string]map[string]int{p.uuid: r}
 		}
@@ -117,7 +117,7 @@ func (h *host) placementHolds(t testing.TB, c *placementapi.Client) (map[string]
 	}
 	out := map[string]map[string]map[string]int{}
 	var diff string
-	for _, p := range desired(h.name, h.s.top(), view, h.s.shapes) {
+	for _, p := range desiredIn(h.name, h.s.top(), view, h.s.shapes, h.s.cfg.Inventories, h.s.carves) {
 		inv, _, err := c.Inventories(ctx, p.uuid)
 		if err != nil { // e.g. not there yet after a wipe: the next try
 			diff += fmt.Sprintf("%s: inventories of %s: %v\n", h.name, p.name, err)

@@ -28,7 +28,7 @@ func TestFleet(t *testing.T) {
 	if v, err := c.CheckVersion(ctx); err != nil {
 		t.Fatalf("CheckVersion = %s, %v", v, err)
 	}
-	a := startHost(t, "hosta", srv.URL(), nil, Config{})
+	a := startHost(t, "hosta", srv.URL(), nil, Config{Inventories: InventoriesExact})
 	a.pass(t)
 	mig := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
 
@@ -50,7 +50,7 @@ func TestFleet(t *testing.T) {
 			t.Fatalf("traits = %v", traits)
 		}
 		// A restart derives the same UUIDs: a second syncer's pass changes nothing.
-		s2, _ := New(Config{Host: "hosta"}, c, a.h.Manager, quietLog(t), nil)
+		s2, _ := New(Config{Host: "hosta", Inventories: InventoriesExact}, c, a.h.Manager, quietLog(t), nil)
 		if err := s2.Pass(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/store"
 )
 
@@ -26,10 +27,11 @@ const (
 	// takes all of it, every other instance one unit, so that Placement
 	// itself refuses a whole GPU together with anything else on the GPU.
 	GPUClass = "CUSTOM_VGPUD_GPU"
-	// GPUUnits is GPUClass's total on every GPU: at least the most
-	// instances any catalog GPU holds (TestGPUUnitsHoldTheCatalog), so the
-	// one unit each takes never binds before the GPU's own room does.
-	GPUUnits     = 64
+	// GPUUnits is GPUClass's total on every GPU: the most instances the
+	// catalog lets any GPU hold (profile.MaxInstancesPerGPU; a catalog with
+	// a model holding more is refused at start and reload), so the one unit
+	// each takes never binds before the GPU's own room does.
+	GPUUnits     = profile.MaxInstancesPerGPU
 	TraitManaged = "CUSTOM_VGPUD_MANAGED"
 	// ConsumerType is the consumer_type of the allocations vgpud writes.
 	ConsumerType = "INSTANCE"

@@ -28,6 +28,8 @@ type Settings struct {
 	// SyncInterval, Grace and ClaimTimeout are Config's Interval, Grace
 	// and ClaimTimeout; Timeout bounds each Placement request.
 	SyncInterval, Grace, Timeout, ClaimTimeout time.Duration
+	// Inventories is Config's ("": the default).
+	Inventories string
 }
 
 // RunnerHost is what the runner needs of the manager (*manager.Manager):
@@ -130,7 +132,7 @@ func (r *Runner) build(cfg *Settings) (*builtFleet, error) {
 	}
 	s, err := New(Config{Host: host, RootUUID: cfg.RootUUID, ParentUUID: cfg.ParentUUID,
 		Interval: cfg.SyncInterval, Grace: cfg.Grace, ClaimTimeout: cfg.ClaimTimeout,
-		Crash: r.crash},
+		Inventories: cfg.Inventories, Crash: r.crash},
 		c, r.host, r.log.With("component", "fleet"), r.metrics)
 	if err != nil {
 		return nil, err

@@ -32,6 +32,10 @@ type Config struct {
 	// to a quarter, so an operation tries but does not wait long for a
 	// Placement that does not answer.
 	ClaimTimeout, SettleTimeout time.Duration
+	// Inventories is how a MIG GPU's per-profile totals are published:
+	// InventoriesCarvable (the default, ""), or InventoriesExact
+	// (carvable.go, docs/fleet.md).
+	Inventories string
 	// ProjectID and UserID are written with vgpud's allocations.
 	ProjectID, UserID string
 	// Crash is called at the pass's crash points (CrashPoints); nil:
@@ -120,6 +124,8 @@ type Syncer struct {
 	// shapes remembers each GPU's shape while it answered (units.go); the
 	// Runner hands every syncer it makes the same one.
 	shapes *shapeMemory
+	// carves keeps carvable totals by occupancy (carvable.go).
+	carves *carveCache
 }
 
 type cached struct {
@@ -151,6 +157,13 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 		cfg.SettleTimeout = time.Second
 	}
 	cfg.SettleTimeout = min(cfg.SettleTimeout, cfg.ClaimTimeout)
+	switch cfg.Inventories {
+	case "":
+		cfg.Inventories = InventoriesCarvable
+	case InventoriesExact, InventoriesCarvable:
+	default:
+		return nil, fmt.Errorf("fleet: inventories %q is not %s or %s: %w", cfg.Inventories, InventoriesExact, InventoriesCarvable, manager.ErrInvalidArgument)
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -165,7 +178,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}}, nil
+		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -519,7 +532,7 @@ func (s *Syncer) reset(consumer string) {
 
 // desired turns a view into providers and notes them as this host's.
 func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
-	want := desired(s.cfg.Host, s.top(), view, s.shapes)
+	want := desiredIn(s.cfg.Host, s.top(), view, s.shapes, s.cfg.Inventories, s.carves)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range want {

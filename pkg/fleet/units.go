@@ -29,6 +29,10 @@ type gpuUnits struct {
 	// instances, compute instances narrower than their GPU instance, GPU
 	// instances whose vGPUs share them).
 	Slices, Unclaimable int
+	// HeldBack is the free slots the slice class does not offer, so that
+	// every mix of claims it and the classes' totals admit is carvable
+	// (InventoriesCarvable; 0 with exact inventories).
+	HeldBack int
 	// FramebufferMiB is the framebuffer the vGPUs and a whole GPU share on
 	// a time-sliced GPU (sharedFramebuffer; 0 on a MIG GPU).
 	FramebufferMiB uint64
@@ -74,8 +78,15 @@ type unitClaim struct {
 	Incomplete, Unconfirmed bool
 }
 
-// unitsOf is g in Placement's units, its shape remembered in sm.
+// unitsOf is g in Placement's units, its shape remembered in sm, with
+// exact inventories.
 func unitsOf(g manager.FleetGPU, sm *shapeMemory) gpuUnits {
+	return unitsIn(g, sm, InventoriesExact, nil)
+}
+
+// unitsIn is g in Placement's units with the inventories of mode
+// (InventoriesExact, InventoriesCarvable), carvable totals kept in cache.
+func unitsIn(g manager.FleetGPU, sm *shapeMemory, mode string, cache *carveCache) gpuUnits {
 	sh := sm.of(g)
 	u := gpuUnits{UUID: g.UUID, PCI: g.PCI, Model: g.Model, State: g.State, MIG: sh.mig, Flavour: sh.flavour, Heterogeneous: sh.het}
 	if g.Grid != nil && u.MIG {
@@ -106,13 +117,16 @@ func unitsOf(g manager.FleetGPU, sm *shapeMemory) gpuUnits {
 		}
 		u.Unclaimable = max(0, g.SlotsUsed-claimed)
 	}
+	if mode == InventoriesCarvable {
+		carvable(&u, g, cache)
+	}
 	return u
 }
 
 // takes is what one instance of profile (of kind) takes of g's shared
 // units: a MIG instance and a MIG-backed vGPU alone in its GPU instance
 // its GPU instance's slots, a time-sliced vGPU its type's framebuffer
-// where the GPU shares one, a whole GPU every slot and all the
+// where the GPU shares one, a whole GPU every slot offered and all the
 // framebuffer. vGPUs of types that share a GPU instance take no slots: one
 // GPU instance's slots cannot be split among its vGPUs in whole units, so
 // they are unclaimable once (reserved on the slice class).
@@ -129,7 +143,11 @@ func takes(g manager.FleetGPU, u gpuUnits, kind store.InstanceKind, name string)
 			return 0, t.FramebufferMiB
 		}
 	case store.KindPassthrough:
-		return u.Slices, u.FramebufferMiB
+		// Every slot Placement offers: with carvable inventories a free
+		// GPU's slice class may hold some back (HeldBack), and a whole
+		// GPU's claim there must still fit; once it is carved the GPU
+		// holds nothing back and its allocation takes the whole grid.
+		return u.Slices - u.HeldBack, u.FramebufferMiB
 	}
 	return 0, 0
 }

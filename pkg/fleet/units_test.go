@@ -131,31 +131,6 @@ func TestFleetUnitsOfComputeInstances(t *testing.T) {
 	}
 }
 
-// mostInstances is a bound on the instances one GPU of model md can hold
-// at once, in any mode: every vGPU type's own maximum (homogeneous and
-// heterogeneous), the most GPU instances the grid holds each holding the
-// most vGPUs any MIG-backed type puts in one (free VFs left aside), and a
-// compute instance per compute slice.
-func mostInstances(md *profile.Model) int {
-	most := 1
-	perGI := 1
-	if md.VGPU != nil {
-		for i := range md.VGPU.Types {
-			t := &md.VGPU.Types[i]
-			most = max(most, t.MaxInstances, t.MixedMax())
-			perGI = max(perGI, t.MaxPerGPUInstance)
-		}
-	}
-	if md.MIG != nil {
-		gis := 0
-		for _, p := range md.MIG.GPUInstanceProfiles {
-			gis = max(gis, p.MaxInstances)
-		}
-		most = max(most, gis*perGI, md.MIG.ComputeSlices)
-	}
-	return most
-}
-
 // TestGPUUnitsHoldTheCatalog: the GPU class's total is at least the most
 // instances any GPU of the catalog holds, so its unit per instance never
 // refuses what the GPU's own room takes.
@@ -166,7 +141,7 @@ func TestGPUUnitsHoldTheCatalog(t *testing.T) {
 	}
 	most, which := 0, ""
 	for _, md := range cat.Models() {
-		if n := mostInstances(md); n > most {
+		if n := md.MostInstances(); n > most {
 			most, which = n, md.Name
 		}
 	}

@@ -28,7 +28,7 @@ const (
 func TestFleetMIGBackedAndWholeGPU(t *testing.T) {
 	srv, c := startPlacement(t)
 	ctx := context.Background()
-	a := startHost(t, "hostw", srv.URL(), nil, Config{})
+	a := startHost(t, "hostw", srv.URL(), nil, Config{Inventories: InventoriesExact})
 	a.pass(t)
 	mig := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
 	ts := GPUProviderUUID(a.s.top(), sim.DefaultH100TS)

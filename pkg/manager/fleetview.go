@@ -32,8 +32,12 @@ type FleetGPU struct {
 	// SlotsUsed is the slot-grid units the GPU instances on the GPU hold
 	// now, vgpud's (recorded, shown or not) and foreign ones alike.
 	SlotsUsed int
-	Classes   []FleetClass
-	Records   []FleetRecord
+	// Pool is the GPU's MIG occupancy as the placement engine sees it
+	// (zero without a slot grid): the fleet's carvable inventories try
+	// the engine's own choices on it.
+	Pool    placement.GPU
+	Classes []FleetClass
+	Records []FleetRecord
 }
 
 // FleetClass is one profile the GPU offers in its mode and how many more
@@ -114,6 +118,9 @@ func (m *Manager) fleetGPU(s *snapshot, g *gpu.GPU) FleetGPU {
 	pg, isMIG := m.migGPU(s, g)
 	for _, sl := range pg.Used {
 		fg.SlotsUsed += sl.Size
+	}
+	if isMIG {
+		fg.Pool = pg
 	}
 	if isMIG && fg.MIG {
 		// A GPU that takes no MIG instance now publishes no MIG profile.

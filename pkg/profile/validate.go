@@ -73,6 +73,13 @@ func (m *Model) Validate() error {
 	if m.MIG == nil && m.VGPU == nil {
 		f.add("mig/vgpu", "a model needs MIG profiles, vGPU types or both")
 	}
+	// Checked on an otherwise valid model only: the bound is computed from
+	// the fields above.
+	if len(f.errs) == 0 {
+		if n := m.MostInstances(); n > MaxInstancesPerGPU {
+			f.errs = append(f.errs, fmt.Errorf("mig/vgpu: one GPU can hold up to %d instances, more than %d: %w", n, MaxInstancesPerGPU, ErrTooManyInstances))
+		}
+	}
 	if len(f.errs) == 0 {
 		return nil
 	}

@@ -43,6 +43,9 @@ type Scheduler struct {
 	Local bool
 	// OnFull, when set, is told of each request Churn could not place.
 	OnFull func(Request)
+	// OnStale, when set, is told of each claim a host refused (a stale
+	// claim) and the host's error.
+	OnStale func(Request, error)
 	// Counters.
 	Placed, NoCandidate, ClaimLost, Stale, Failed, Destroyed atomic.Int64
 }
@@ -78,6 +81,9 @@ func (s *Scheduler) Place(ctx context.Context, r Request, rnd *rand.Rand) (strin
 		}
 		if err := h.Create(ctx, consumer, r.Profile); err != nil {
 			s.Stale.Add(1)
+			if s.OnStale != nil {
+				s.OnStale(r, err)
+			}
 			// The host may have removed it already (a create that failed
 			// after its admission drops the claim): gone is fine.
 			if derr := s.C.PutConsumer(ctx, consumer, placementapi.Consumer{}); derr != nil && !errors.Is(derr, placementapi.ErrNotFound) {
