@@ -77,6 +77,12 @@ type options struct {
 	keep, jitter            bool
 }
 
+// benchMaxBody bounds the bench's own answers: a fleet-wide listing at a
+// thousand hosts (the providers of a class, allocation candidates with the
+// summaries of every provider in their trees) is tens of MiB, far over the
+// client's default, which the hosts' syncers keep.
+const benchMaxBody = 512 << 20
+
 func main() {
 	var o options
 	steps := flag.String("steps", "100,300,1000", "fleet sizes (hosts), comma-separated")
@@ -143,7 +149,7 @@ func step(o options, n int) (Step, error) {
 		return st, fmt.Errorf("placement: %w", err)
 	}
 	defer srv.Close()
-	c, err := placementapi.New(placementapi.Config{Endpoint: srv.URL(), Timeout: 2 * time.Minute})
+	c, err := placementapi.New(placementapi.Config{Endpoint: srv.URL(), Timeout: 2 * time.Minute, MaxBody: benchMaxBody})
 	if err != nil {
 		return st, err
 	}

@@ -77,6 +77,11 @@ type Config struct {
 	// (default 100 ms).
 	Retries int
 	Backoff time.Duration
+	// MaxBody bounds each answer read (default MaxBody). vgpud reads its
+	// own host's tree and names, far below it; a fleet-wide listing (every
+	// provider of a class, allocation candidates with their summaries) at
+	// a thousand hosts is larger, and a caller that asks one says so here.
+	MaxBody int
 }
 
 // Client talks to one Placement endpoint. It is safe for concurrent use.
@@ -114,6 +119,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.Backoff <= 0 {
 		cfg.Backoff = 100 * time.Millisecond
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = MaxBody
 	}
 	if cfg.Token == "" {
 		cfg.Token = "admin"
@@ -222,12 +230,12 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, out
 		return 0, fmt.Errorf("%s %s: %w: %w", method, path, ErrUnreachable, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody+1))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, int64(c.cfg.MaxBody)+1))
 	if err != nil {
 		return resp.StatusCode, fmt.Errorf("%s %s: reading the answer: %w: %w", method, path, ErrUnreachable, err)
 	}
-	if len(data) > MaxBody {
-		return resp.StatusCode, fmt.Errorf("%s %s: answer over %d bytes: %w", method, path, MaxBody, ErrTooLarge)
+	if len(data) > c.cfg.MaxBody {
+		return resp.StatusCode, fmt.Errorf("%s %s: answer over %d bytes: %w", method, path, c.cfg.MaxBody, ErrTooLarge)
 	}
 	if err := statusError(resp.StatusCode, data); err != nil {
 		return resp.StatusCode, fmt.Errorf("%s %s: %w", method, path, err)

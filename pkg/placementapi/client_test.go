@@ -204,3 +204,25 @@ func TestExpectedGeneration(t *testing.T) {
 		t.Fatal("a server error names a generation")
 	}
 }
+
+// TestMaxBodyRaised: a caller that reads fleet-wide listings raises the
+// bound; an answer over the default is read whole, and one over the raised
+// bound is still refused.
+func TestMaxBodyRaised(t *testing.T) {
+	tree := `{"resource_providers":[{"uuid":"4f0b8f7e-2f55-4c1e-9a52-7d1b0c9e6a3d","name":"` + strings.Repeat("x", MaxBody) + `","generation":1}]}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(tree)) }))
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct {
+		max  int
+		want error
+	}{{0, ErrTooLarge}, {2 * MaxBody, nil}, {MaxBody + 10, ErrTooLarge}} {
+		c, err := New(Config{Endpoint: srv.URL, Timeout: 5 * time.Second, Backoff: time.Millisecond, MaxBody: tc.max})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err := c.Tree(context.Background(), "4f0b8f7e-2f55-4c1e-9a52-7d1b0c9e6a3d")
+		if !errors.Is(err, tc.want) || (tc.want == nil && len(ps) != 1) {
+			t.Errorf("MaxBody %d: Tree = %d providers, %v; want %v", tc.max, len(ps), err, tc.want)
+		}
+	}
+}
