@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -61,6 +62,12 @@ type Backend struct {
 	down string
 	// reopenTimeout is Options.ReopenTimeout.
 	reopenTimeout time.Duration
+	// lost is NVML left uninitialized (or maybe so) outside any reset
+	// (session.go); lostOn mirrors lost.on for the gate's fast path.
+	lost   lostSession
+	lostOn atomic.Bool
+	// reinit admits one caller at a time to initialize NVML again.
+	reinit chan struct{}
 }
 
 // Options configure a Backend.
@@ -83,7 +90,7 @@ func New(lib gonvml.Interface, cat *profile.Catalog, opts Options) *Backend {
 		reopen = DefaultCallTimeout
 	}
 	return &Backend{lib: lib, cat: cat, log: log, observe: opts.Observer, profiles: map[string]map[int]int{}, known: map[int]gpu.GPU{},
-		symbols: map[string]error{}, reopenTimeout: reopen}
+		symbols: map[string]error{}, reopenTimeout: reopen, reinit: make(chan struct{}, 1)}
 }
 
 // SetCatalog replaces the catalog used to name models and profiles.

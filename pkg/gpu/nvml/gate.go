@@ -73,22 +73,32 @@ func (g *gate) leave() {
 // close takes the session for the reset of GPU id: it waits for another
 // GPU's reset to end, then for the calls in flight. It is done when it
 // returns nil; on an error the gate is as it was. Closing again for the
-// same GPU is a no-op.
+// same GPU is a no-op once the calls in flight have left: until then it
+// waits for them too (a second release must not shut NVML down under
+// them).
 func (g *gate) close(ctx context.Context, id string) error {
 	for {
 		g.mu.Lock()
 		if !g.closed {
 			break
 		}
-		if g.gpu == id {
+		ch, who, drained := g.open, g.gpu, g.drained
+		if who == id && drained == nil {
 			g.mu.Unlock()
 			return nil
 		}
-		ch, who := g.open, g.gpu
 		g.mu.Unlock()
+		if who != id {
+			// Only another GPU's reset's end lets this one begin.
+			drained = nil
+		}
 		select {
 		case <-ch:
+		case <-drained:
 		case <-ctx.Done():
+			if who == id {
+				return fmt.Errorf("NVML calls in flight did not end: %w: %w", gpu.ErrTimeout, ctx.Err())
+			}
 			return fmt.Errorf("the reset of GPU %s holds the NVML session: %w: %w", who, gpu.ErrResetting, ctx.Err())
 		}
 	}
@@ -139,6 +149,14 @@ func (g *gate) wanted() bool {
 	return g.closed
 }
 
+// renew says NVML was initialized again outside a reset: handles from
+// before are invalid.
+func (g *gate) renew() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.gen++
+}
+
 func (g *gate) generation() uint64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -167,5 +185,10 @@ func (b *Backend) hold(ctx context.Context, op string) (context.Context, func(),
 	if err := b.gate.enter(wctx, op); err != nil {
 		return ctx, nil, err
 	}
-	return context.WithValue(ctx, holdKey{}, b), b.gate.leave, nil
+	hctx := context.WithValue(ctx, holdKey{}, b)
+	if err := b.recoverSession(hctx, wctx); err != nil {
+		b.gate.leave()
+		return ctx, nil, fmt.Errorf("NVML %s: %w", op, err)
+	}
+	return hctx, b.gate.leave, nil
 }

@@ -2,8 +2,13 @@ package nvml
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/vgpud/vgpud/pkg/gpu"
 )
@@ -11,6 +16,10 @@ import (
 // reinitPoll is how often ReopenSession tries Init again while the driver
 // is not back from the reset.
 const reinitPoll = 200 * time.Millisecond
+
+// maxReinitWait bounds the wait between the tries of Init at the gate's
+// entry while NVML stays uninitialized after a reset.
+const maxReinitWait = 10 * time.Second
 
 // ReleaseSession lets go of the process's NVML session for the reset of
 // GPU id: it closes the gate (calls in flight end first; new ones wait),
@@ -34,12 +43,32 @@ func (b *Backend) ReleaseSession(ctx context.Context, id string) error {
 		b.gate.reopen(false)
 		return fmt.Errorf("release the NVML session for the reset of GPU %s: driver calls still running: %w", id, err)
 	}
-	if err := b.do(b.inGate(ctx), "Shutdown", b.lib.Shutdown); err != nil {
+	err := b.do(b.inGate(ctx), "Shutdown", b.lib.Shutdown)
+	switch {
+	case err == nil:
+	case errors.Is(err, gonvml.ERROR_UNINITIALIZED):
+		// Down already: an earlier reset could not initialize it again.
+		b.log.Info("NVML was not initialized at a GPU reset's release", "gpu", id)
+	case b.calls.Abandoned() > 0:
+		// The gate was drained and the abandoned calls quiesced, so the
+		// one still running is the Shutdown: whether NVML is up is
+		// unknown until it returns, and the gate's entry finds out.
+		b.mu.Lock()
+		gpus := slices.Collect(maps.Values(b.known))
+		b.mu.Unlock()
+		b.loseSession(true, gpus)
+		b.gate.reopen(true)
+		return fmt.Errorf("release the NVML session for the reset of GPU %s: shut NVML down: %w", id, err)
+	default:
 		b.gate.reopen(false)
 		return fmt.Errorf("release the NVML session for the reset of GPU %s: shut NVML down: %w", id, err)
 	}
 	b.mu.Lock()
 	b.down = id
+	// The reopen takes over: it initializes NVML and looks up again what
+	// a lost session was to (lost.gpus).
+	b.lost.on = false
+	b.lostOn.Store(false)
 	b.mu.Unlock()
 	b.log.Info("NVML session released for a GPU reset: NVML calls wait", "gpu", id)
 	return nil
@@ -59,14 +88,16 @@ func (b *Backend) ReopenSession(ctx context.Context, id string) error {
 	down := b.down == id
 	b.down = ""
 	old := []gpu.GPU{{UUID: id}}
-	for _, k := range b.known {
-		if k.UUID != id {
-			old = append(old, k)
-		} else {
+	for _, k := range append(slices.Collect(maps.Values(b.known)), b.lost.gpus...) {
+		switch {
+		case k.UUID == id:
 			old[0] = k
+		case !slices.ContainsFunc(old, func(o gpu.GPU) bool { return o.UUID == k.UUID }):
+			old = append(old, k)
 		}
 	}
 	if down {
+		b.lost = lostSession{}
 		// NVML indexes only bridge one session (lookUpAgain keys them
 		// anew); the GPU-instance profile table of a GPU read before a
 		// MIG mode change may not hold after it.
@@ -81,8 +112,12 @@ func (b *Backend) ReopenSession(ctx context.Context, id string) error {
 	defer cancel()
 	ictx = b.inGate(ictx)
 	err := b.initAgain(ictx)
-	if err == nil {
-		err = b.lookUpAgain(ictx, old)
+	if err != nil {
+		// Calls find NVML uninitialized from now on: the gate's entry
+		// initializes it again (recoverSession).
+		b.loseSession(false, old)
+	} else {
+		err = b.lookUpAgain(ictx, old, true)
 	}
 	b.gate.reopen(true)
 	if err != nil {
@@ -115,9 +150,9 @@ func (b *Backend) initAgain(ctx context.Context) error {
 // lookUpAgain resolves, in the new session, the handle of every GPU the
 // backend knew (old; the reset GPU first), by UUID, and keeps each
 // identity under its new index: indexes may change across a session. The
-// reset GPU must be back; another one that is not is logged (discovery
-// reports it).
-func (b *Backend) lookUpAgain(ctx context.Context, old []gpu.GPU) error {
+// reset GPU must be back when first is set; another one that is not is
+// logged (discovery reports it).
+func (b *Backend) lookUpAgain(ctx context.Context, old []gpu.GPU, first bool) error {
 	for i, k := range old {
 		d, err := b.device(ctx, k.UUID)
 		idx := -1
@@ -125,7 +160,7 @@ func (b *Backend) lookUpAgain(ctx context.Context, old []gpu.GPU) error {
 			idx, err = call(ctx, b, "GetIndex", d.GetIndex)
 		}
 		if err != nil {
-			if i == 0 {
+			if i == 0 && first {
 				return fmt.Errorf("the GPU is not back in NVML: %w", err)
 			}
 			b.log.Warn("GPU not found again in NVML after another GPU's reset", "gpu", k.UUID, "reset", old[0].UUID, "err", err)
@@ -139,4 +174,99 @@ func (b *Backend) lookUpAgain(ctx context.Context, old []gpu.GPU) error {
 		}
 	}
 	return nil
+}
+
+// lostSession is NVML left uninitialized by a reset (its Init failed past
+// Options.ReopenTimeout), or maybe so (its Shutdown outran its deadline),
+// with the gate open: nothing else would initialize it again, so the
+// gate's entry does (recoverSession).
+type lostSession struct {
+	on bool
+	// unknown: whether NVML is up is unknown (the Shutdown's outcome).
+	unknown bool
+	// gpus are looked up again, by UUID, in the new session.
+	gpus []gpu.GPU
+	// next is when Init may be tried again; wait the last backoff; err
+	// the last try's error.
+	next time.Time
+	wait time.Duration
+	err  error
+}
+
+func (b *Backend) loseSession(unknown bool, gpus []gpu.GPU) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lost = lostSession{on: true, unknown: unknown, gpus: gpus}
+	b.lostOn.Store(true)
+	b.log.Warn("NVML is not initialized after a GPU reset: the next NVML call initializes it again", "unknown", unknown)
+}
+
+// recoverSession initializes NVML again, inside the gate, when a reset
+// left it uninitialized, and looks every GPU up again as ReopenSession
+// does. A try that fails makes the calls until the next try (backoff up
+// to maxReinitWait) fail at once with gpu.ErrDriverNotLoaded. wctx bounds
+// the wait for another caller's try.
+func (b *Backend) recoverSession(ctx, wctx context.Context) error {
+	if !b.lostOn.Load() {
+		return nil
+	}
+	select {
+	case b.reinit <- struct{}{}:
+	case <-wctx.Done():
+		return fmt.Errorf("%w: NVML is being initialized again after a GPU reset: %w", gpu.ErrDriverNotLoaded, wctx.Err())
+	}
+	defer func() { <-b.reinit }()
+	b.mu.Lock()
+	l := b.lost
+	b.mu.Unlock()
+	if !l.on {
+		return nil
+	}
+	if wait := time.Until(l.next); wait > 0 {
+		return fmt.Errorf("%w: NVML is not initialized since a GPU reset (next try in %v): %w", gpu.ErrDriverNotLoaded, wait.Round(time.Millisecond), l.err)
+	}
+	err := b.initLost(ctx, l)
+	b.mu.Lock()
+	if b.lost.on {
+		if err != nil {
+			b.lost.wait = min(max(2*b.lost.wait, reinitPoll), maxReinitWait)
+			b.lost.next, b.lost.err = time.Now().Add(b.lost.wait), err
+		} else {
+			b.lost = lostSession{}
+			b.lostOn.Store(false)
+		}
+	}
+	b.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%w: NVML is not initialized since a GPU reset: %w", gpu.ErrDriverNotLoaded, err)
+	}
+	b.gate.renew()
+	b.log.Info("NVML initialized again after a GPU reset", "gpus", len(l.gpus))
+	return nil
+}
+
+// initLost is one try of recoverSession.
+func (b *Backend) initLost(ctx context.Context, l lostSession) error {
+	needInit := true
+	if l.unknown {
+		if n := b.calls.Abandoned(); n > 0 {
+			return fmt.Errorf("%d NVML calls (the Shutdown among them) still run in the driver: %w", n, gpu.ErrTimeout)
+		}
+		// A Shutdown that failed left NVML up: another Init would
+		// count twice, and a later reset's Shutdown would not close it.
+		_, err := call(ctx, b, "DeviceGetCount", b.lib.DeviceGetCount)
+		if err != nil && !errors.Is(err, gonvml.ERROR_UNINITIALIZED) {
+			return fmt.Errorf("ask whether NVML is up: %w", err)
+		}
+		needInit = err != nil
+	}
+	if needInit {
+		if err := b.do(ctx, "Init", b.lib.Init); err != nil {
+			return fmt.Errorf("initialize NVML again: %w", err)
+		}
+	}
+	b.mu.Lock()
+	b.known, b.profiles = map[int]gpu.GPU{}, map[string]map[int]int{}
+	b.mu.Unlock()
+	return b.lookUpAgain(ctx, l.gpus, false)
 }
