@@ -114,8 +114,9 @@ func (b *Backend) ReopenSession(ctx context.Context, id string) error {
 	err := b.initAgain(ictx)
 	if err != nil {
 		// Calls find NVML uninitialized from now on: the gate's entry
-		// initializes it again (recoverSession).
-		b.loseSession(false, old)
+		// initializes it again (recoverSession). An Init abandoned at
+		// its deadline may yet succeed.
+		b.loseSession(b.calls.Abandoned() > 0, old)
 	} else {
 		err = b.lookUpAgain(ictx, old, true)
 	}
@@ -231,6 +232,9 @@ func (b *Backend) recoverSession(ctx, wctx context.Context) error {
 		if err != nil {
 			b.lost.wait = min(max(2*b.lost.wait, reinitPoll), maxReinitWait)
 			b.lost.next, b.lost.err = time.Now().Add(b.lost.wait), err
+			// An Init abandoned at its deadline may yet succeed: the
+			// next try asks first.
+			b.lost.unknown = b.lost.unknown || b.calls.Abandoned() > 0
 		} else {
 			b.lost = lostSession{}
 			b.lostOn.Store(false)
