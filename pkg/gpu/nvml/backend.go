@@ -236,6 +236,17 @@ func (b *Backend) Quiesce(ctx context.Context) error {
 
 // Init loads NVML. Without the driver it returns gpu.ErrDriverNotLoaded.
 func (b *Backend) Init(ctx context.Context) error {
+	lost := b.lostOn.Load()
+	ctx, release, err := b.hold(ctx, "Init")
+	if err != nil {
+		return fmt.Errorf("initialize NVML: %w", err)
+	}
+	defer release()
+	if lost {
+		// The gate's entry initialized NVML again: another Init would
+		// count twice, and a reset's Shutdown would not close it.
+		return nil
+	}
 	if err := b.do(ctx, "Init", b.lib.Init); err != nil {
 		return fmt.Errorf("initialize NVML: %w", err)
 	}

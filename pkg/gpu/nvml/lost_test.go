@@ -186,3 +186,30 @@ func TestResetShutdownTimeoutRecovers(t *testing.T) {
 		t.Fatalf("after the Shutdown returned: %d vGPUs, %v (want the new session's 2)", n, err)
 	}
 }
+
+// Init while a reset left NVML uninitialized initializes it once: the
+// gate's entry does, and Init does not count a second session.
+func TestInitAfterLostSessionInitializesOnce(t *testing.T) {
+	rig := newResetRig(t, nvmlb.Options{ReopenTimeout: 50 * time.Millisecond})
+	ctx := ctxFor(t, 10*time.Second)
+	if err := rig.r.ReleaseGPU(ctx, resetUUID); err != nil {
+		t.Fatal(err)
+	}
+	rig.mu.Lock()
+	rig.initErr = gonvml.ERROR_DRIVER_NOT_LOADED
+	rig.mu.Unlock()
+	if err := rig.r.ReopenGPU(ctx, resetUUID); err == nil {
+		t.Fatal("reopen with a failing Init succeeded")
+	}
+	rig.mu.Lock()
+	rig.initErr = gonvml.SUCCESS
+	rig.mu.Unlock()
+	before := len(rig.j.list())
+	if err := rig.b.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := rig.j.list()[before:]
+	if n := len(slices.DeleteFunc(slices.Clone(got), func(op string) bool { return op != "Init" })); n != 1 {
+		t.Errorf("journal %q: NVML initialized %d times (want once)", got, n)
+	}
+}
