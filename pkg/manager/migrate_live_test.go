@@ -7,8 +7,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/store"
 	"github.com/vgpud/vgpud/pkg/virt"
 )
 
@@ -47,6 +49,102 @@ func (v *migVirt) PrecheckLive(ctx context.Context, ref string, dst virt.HostVer
 
 func (v *migVirt) MigrateLive(context.Context, string, virt.LiveMigration) error {
 	return errors.New("not in this test")
+}
+
+// liveJobs are the jobs each fake libvirt runs on its domain (default:
+// none).
+var liveJobs sync.Map // *migVirt -> virt.MigrationProgress
+
+// MigrationProgress reports the domain's job as Conn.MigrationProgress
+// does: no job is an inactive one.
+func (v *migVirt) MigrationProgress(_ context.Context, ref string) (virt.MigrationProgress, error) {
+	v.mu.Lock()
+	_, err := v.find(ref)
+	v.mu.Unlock()
+	if err != nil {
+		return virt.MigrationProgress{}, err
+	}
+	if x, ok := liveJobs.Load(v); ok {
+		return x.(virt.MigrationProgress), nil
+	}
+	return virt.MigrationProgress{}, nil
+}
+
+// A live migration runs on the source until its switchover: a restart of
+// the source, or a reconcile once the hold passed, while libvirt's
+// outgoing job runs on the VM leaves the migration as it is (the intent,
+// and the migration consumer holding the allocation while the
+// destination holds the instance's), and the migration's calls end it
+// once libvirt moved the VM.
+func TestOutgoingStillMovingIsKept(t *testing.T) {
+	for _, how := range []string{"restart", "hold"} {
+		t.Run(how, func(t *testing.T) {
+			ctx := context.Background()
+			src, dst := newMigHostHolding(t, nil, 20*time.Millisecond), newMigHost(t, nil)
+			rec := src.running("L4-4Q")
+			md, err := src.m.MigrationSource(ctx, rec.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, err := dst.m.PrepareIncoming(ctx, md, "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			consumer := migrationConsumerOf(t, src.env, rec.UUID)
+			if consumer == "" {
+				t.Fatal("MigrationSource named no migration consumer")
+			}
+			liveJobs.Store(src.v, virt.MigrationProgress{Active: true, Operation: 5})
+			t.Cleanup(func() { liveJobs.Delete(src.v) })
+			var rep manager.ReconcileReport
+			if how == "restart" {
+				rep = src.restart()
+			} else {
+				time.Sleep(100 * time.Millisecond)
+				if rep, err = src.m.Reconcile(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(intents(t, src.env)) != 1 || len(rep.Undone) != 0 || len(rep.Pending) == 0 {
+				t.Fatalf("the VM still moving: report %+v, intents %+v; want the migration left pending", rep, intents(t, src.env))
+			}
+			if got := migrationConsumerOf(t, src.env, rec.UUID); got != consumer {
+				t.Fatalf("the VM still moving: the record's migration consumer is %q, want %q", got, consumer)
+			}
+			if src.m.HasConsumer(rec.UUID) || !src.m.HasConsumer(consumer) {
+				t.Fatal("the VM still moving: the instance's UUID holds the allocation here again")
+			}
+
+			liveJobs.Delete(src.v)
+			moveVM(t, src, dst, rec, in)
+			if _, err := dst.m.CommitIncoming(ctx, rec.UUID); err != nil {
+				t.Fatal(err)
+			}
+			if err := src.m.CompleteOutgoing(ctx, rec.UUID); err != nil {
+				t.Fatalf("CompleteOutgoing once libvirt moved the VM: %v", err)
+			}
+			if _, err := src.m.Instance(rec.UUID); !errors.Is(err, manager.ErrNotFound) || len(intents(t, src.env)) != 0 {
+				t.Fatalf("after the move: %v, intents %+v; want the source's instance released", err, intents(t, src.env))
+			}
+			assertConsistent(t, src.env)
+			assertConsistent(t, dst.env)
+		})
+	}
+}
+
+// migrationConsumerOf is the migration consumer instance id's record
+// names ("" none).
+func migrationConsumerOf(t *testing.T, e *env, id string) string {
+	t.Helper()
+	var c string
+	if err := e.db.View(func(tx *store.Tx) error {
+		r, err := tx.Instance(id)
+		c = r.MigrationConsumer
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // A running VM holding its vGPU does not move live where QEMU is 7.2:

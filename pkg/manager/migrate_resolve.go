@@ -18,8 +18,12 @@ import (
 // succeeded, and the other way round when it failed.
 //
 //   - source (outgoing): the domain is gone from this host: the VM left,
-//     the instance and its attachment are released; the domain is here (in
-//     any state): the VM stayed, the instance is kept.
+//     the instance and its attachment are released; the domain is here
+//     with libvirt's outgoing migration job on it: the VM is still moving
+//     (a live migration runs on the source until its switchover), the
+//     intent and the migration consumer stay and a later pass asks again;
+//     the domain is here with no such job (in any state): the VM stayed,
+//     the instance is kept.
 //   - destination (incoming): the domain is here and its definition names
 //     the instance's device: the VM arrived, its attachment is recorded;
 //     otherwise the instance is released.
@@ -34,6 +38,28 @@ func (m *Manager) libvirtFor(what string) (Virt, error) {
 		return nil, fail(ErrBackendFailure, nil, "libvirt is not connected: where the VM is decides the %s migration", what)
 	}
 	return v, nil
+}
+
+// MigrationJobs reads a domain's current libvirt job (pkg/virt's Conn and
+// Lazy). A libvirt connection without it moves no VM live, so a domain
+// still here has stayed.
+type MigrationJobs interface {
+	MigrationProgress(ctx context.Context, ref string) (virt.MigrationProgress, error)
+}
+
+// stillMoving says whether libvirt's outgoing migration of domain runs:
+// until it ends, the VM may yet leave, and the destination holds the
+// instance's consumer.
+func stillMoving(ctx context.Context, v Virt, domain string) (bool, error) {
+	j, ok := v.(MigrationJobs)
+	if !ok {
+		return false, nil
+	}
+	p, err := j.MigrationProgress(ctx, domain)
+	if err != nil {
+		return false, fmt.Errorf("ask libvirt for VM %s's job: %w", domain, err)
+	}
+	return p.Outgoing(), nil
 }
 
 // resolveOutgoing resolves the source's half of a migration.
@@ -52,9 +78,18 @@ func (m *Manager) resolveOutgoing(ctx context.Context, it store.Intent, rec stor
 	// hold every admission.
 	lctx, cancel := context.WithTimeout(ctx, libvirtProbe)
 	here, _, err := p.here(lctx, v)
+	moving := false
+	if err == nil && here {
+		moving, err = stillMoving(lctx, v, p.Domain)
+	}
 	cancel()
 	if err != nil {
 		return fmt.Errorf("ask libvirt where VM %s is: %w", p.Domain, err)
+	}
+	if moving {
+		// Kept as it is: the migration's own calls (or a later pass once
+		// libvirt's job ended) end it.
+		return fail(ErrBusy, nil, "VM %s is still moving to another host (libvirt's migration job runs)", p.Domain)
 	}
 	if !here {
 		m.log.Info("migration cut off: the VM left this host; instance released", "instance", rec.UUID, "vm", p.Domain)

@@ -261,6 +261,13 @@ type MigrationProgress struct {
 	VFIOData uint64
 }
 
+// Outgoing says the job moves the domain to another host: an outgoing
+// migration, or an active job whose operation libvirt does not name
+// (which may be one).
+func (p MigrationProgress) Outgoing() bool {
+	return p.Active && (p.Operation == int(libvirt.DomainJobOperationStrMigrationOut) || p.Operation == int(libvirt.DomainJobOperationStrUnknown))
+}
+
 // MigrationProgress reads the domain's current job.
 func (c *Conn) MigrationProgress(ctx context.Context, ref string) (MigrationProgress, error) {
 	name, err := c.parseRef(ref)

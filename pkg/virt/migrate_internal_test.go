@@ -56,4 +56,14 @@ func TestProgressFrom(t *testing.T) {
 	if progressFrom(libvirt.DomainJobCompleted, nil).Active || progressFrom(libvirt.DomainJobNone, nil).Active {
 		t.Fatal("a completed or absent job is reported active")
 	}
+	if !p.Outgoing() || !progressFrom(libvirt.DomainJobBounded, nil).Outgoing() {
+		t.Fatal("an outgoing migration job, or an active job of no named operation, is not reported outgoing")
+	}
+	op := func(o libvirt.DomainJobOperation) []libvirt.TypedParam {
+		return []libvirt.TypedParam{{Field: libvirt.DomainJobOperationStr, Value: *libvirt.NewTypedParamValueInt(int32(o))}}
+	}
+	if progressFrom(libvirt.DomainJobUnbounded, op(libvirt.DomainJobOperationStrSnapshot)).Outgoing() ||
+		progressFrom(libvirt.DomainJobCompleted, op(libvirt.DomainJobOperationStrMigrationOut)).Outgoing() {
+		t.Fatal("a snapshot job, or a completed migration, is reported outgoing")
+	}
 }
