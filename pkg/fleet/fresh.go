@@ -72,7 +72,7 @@ func (s *Syncer) postFresh(ctx context.Context, fresh []freshAlloc) ([]freshAllo
 		held = append(held, f)
 		body[f.consumer] = placementapi.Consumer{
 			Allocations: map[string]placementapi.Allocation{f.p.uuid: {Resources: f.want}},
-			ProjectID:   s.cfg.ProjectID, UserID: s.cfg.UserID, ConsumerType: ConsumerType,
+			ProjectID:   s.cfg.ProjectID, UserID: s.cfg.UserID, ConsumerType: s.consumerType(f.consumer),
 		}
 	}
 	if len(body) == 0 {

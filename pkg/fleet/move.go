@@ -47,6 +47,17 @@ func (s *Syncer) Move(ctx context.Context, from, to string) error {
 	return nil
 }
 
+// consumerType is the consumer_type a write of consumer stamps: a moving
+// VM's migration consumer stays MIGRATION, as Move made it.
+func (s *Syncer) consumerType(consumer string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.migrations[consumer] {
+		return MigrationConsumerType
+	}
+	return ConsumerType
+}
+
 func (s *Syncer) move(ctx context.Context, from, to string) error {
 	for try := 0; ; try++ {
 		src, err := s.c.Consumer(ctx, from)

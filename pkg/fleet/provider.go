@@ -95,15 +95,14 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || (!ps.moved[consumer] && !s.expired(consumer, now)) {
 			continue
 		}
-		if ps.moved[consumer] && s.src.HasConsumer(consumer) {
-			// Its VM stayed (CancelOutgoing moved the allocation back)
-			// after this pass read the host.
-			continue
-		}
-		if err := s.removeAllocation(ctx, consumer); err != nil {
+		removed, err := s.removeUnheld(ctx, consumer, ps.moved[consumer])
+		if err != nil {
 			err = fmt.Errorf("remove allocation of %s: %w", consumer, err)
 			s.fail(ps, p.name, consumer, "removal", err)
 			errs = append(errs, err)
+			continue
+		}
+		if !removed {
 			continue
 		}
 		delete(have, consumer)
@@ -398,6 +397,27 @@ func (s *Syncer) lockAlloc(ctx context.Context) error {
 
 func (s *Syncer) unlockAlloc() { <-s.allocMu }
 
+// removeUnheld removes the allocation here of consumer, which the pass
+// read as holding nothing. moved: the consumer is an instance's UUID
+// whose VM was moving away, and its VM may have stayed (CancelOutgoing
+// moving the allocation back) after the pass read the host: the check and
+// the removal are one step under allocMu, as writeHeld's, so a move back
+// is wholly before the check or after the removal. false: the consumer
+// holds an instance's allocation again, nothing removed.
+func (s *Syncer) removeUnheld(ctx context.Context, consumer string, moved bool) (bool, error) {
+	if !moved {
+		return true, s.removeAllocation(ctx, consumer)
+	}
+	if err := s.lockAlloc(ctx); err != nil {
+		return false, err
+	}
+	defer s.unlockAlloc()
+	if s.src.HasConsumer(consumer) {
+		return false, nil
+	}
+	return true, s.removeAllocation(ctx, consumer)
+}
+
 // removeAllocation drops what consumer holds on this host's providers.
 func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
 	err := s.editConsumer(ctx, consumer, func(a map[string]placementapi.Allocation) {
@@ -440,7 +460,7 @@ func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(ma
 		if before == 0 && len(cur.Allocations) == 0 {
 			return nil
 		}
-		cur.ConsumerType = ConsumerType
+		cur.ConsumerType = s.consumerType(consumer)
 		if cur.ProjectID == "" {
 			cur.ProjectID, cur.UserID = s.cfg.ProjectID, s.cfg.UserID
 		}

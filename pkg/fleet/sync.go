@@ -85,6 +85,9 @@ type Syncer struct {
 	known map[string]bool
 	// instances are the consumers that were instances at the last pass.
 	instances map[string]bool
+	// migrations are the migration consumers of the latest pass's view:
+	// their writes keep consumer_type MIGRATION.
+	migrations map[string]bool
 	// owned are this host's GPU providers (from the latest view).
 	owned map[string]bool
 	// seen is when an allocation without an instance was first seen (or
@@ -354,6 +357,7 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 	}
 	want := s.desired(view)
 	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true}
+	migrations := map[string]bool{}
 	for _, p := range want {
 		for c := range p.allocs {
 			ps.instances[c] = true
@@ -361,7 +365,13 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 		for _, c := range p.gpu.Moved {
 			ps.moved[c] = true
 		}
+		for _, c := range p.gpu.Migrations {
+			migrations[c] = true
+		}
 	}
+	s.mu.Lock()
+	s.migrations = migrations
+	s.mu.Unlock()
 	s.removeGone(ctx, ps)
 	tree, err := s.prepare(ctx, want)
 	s.noteReach(err)

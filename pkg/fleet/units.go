@@ -47,6 +47,8 @@ type gpuUnits struct {
 	// migration's consumer (their unitClaim's Instance) while their VM
 	// moves to another host.
 	Moved []string
+	// Migrations are those migration consumers.
+	Migrations []string
 }
 
 // unitClass is one profile carvable on a GPU, what one instance of it
@@ -96,6 +98,7 @@ func unitsIn(g manager.FleetGPU, sm *shapeMemory, mode string, cache *carveCache
 	for _, r := range g.Records {
 		if r.Record.MigrationConsumer != "" {
 			u.Moved = append(u.Moved, r.Record.UUID)
+			u.Migrations = append(u.Migrations, r.Record.MigrationConsumer)
 		}
 		if c, ok := claimOf(g, r, u); ok {
 			u.Instances = append(u.Instances, c)
