@@ -455,11 +455,12 @@ func startFleet(t *testing.T, interval string) (*tplacement.Server, *placementap
 func TestFleetDaemons(t *testing.T) {
 	_, pc, hosts, sched := startFleet(t, "2s")
 
-	ctx := ctxFleet(t)
 	placed := int64(0)
 	for i, phase := range []struct{ workers, ops int }{{1, 10}, {4, 16}, {16, 32}} {
+		// Each phase has its own minute: under load one minute did not
+		// hold the three phases and the emptying below.
 		s := &tplacement.Scheduler{C: pc, Hosts: sched}
-		if err := s.Churn(ctx, phase.workers, phase.ops, fleetRequests, uint64(i+1)); err != nil {
+		if err := s.Churn(ctxFleet(t), phase.workers, phase.ops, fleetRequests, uint64(i+1)); err != nil {
 			t.Fatalf("%d schedulers: %v", phase.workers, err)
 		}
 		took := awaitFleet(t, pc, hosts, 20*time.Second)
@@ -477,6 +478,7 @@ func TestFleetDaemons(t *testing.T) {
 	b := hosts[1]
 	// The churn may have filled b (whole GPUs among it): empty it, so
 	// that the burst's creates have room and claim.
+	ctx := ctxFleet(t)
 	all, err := b.client.Instances(ctx, "")
 	if err != nil {
 		t.Fatal(err)
