@@ -56,13 +56,18 @@ func (v *migVirt) MigrateLive(context.Context, string, virt.LiveMigration) error
 var liveJobs sync.Map // *migVirt -> virt.MigrationProgress
 
 // MigrationProgress reports the domain's job as Conn.MigrationProgress
-// does: no job is an inactive one.
+// does: no job is an inactive one, and a shut-off domain has none to ask.
 func (v *migVirt) MigrationProgress(_ context.Context, ref string) (virt.MigrationProgress, error) {
 	v.mu.Lock()
-	_, err := v.find(ref)
+	d, err := v.find(ref)
+	running := err == nil && d.running
 	v.mu.Unlock()
 	if err != nil {
 		return virt.MigrationProgress{}, err
+	}
+	if !running {
+		// libvirt's word for a shut-off domain's job stats.
+		return virt.MigrationProgress{}, fmt.Errorf("domain %s: job stats: Requested operation is not valid: domain is not running", ref)
 	}
 	if x, ok := liveJobs.Load(v); ok {
 		return x.(virt.MigrationProgress), nil
@@ -183,4 +188,34 @@ func TestPrecheckOutgoingLive(t *testing.T) {
 	if err := src.m.PrecheckOutgoingLive(ctx, "0f0f0f0f-0000-4000-8000-000000000000", fresh); !errors.Is(err, manager.ErrNotFound) {
 		t.Fatalf("precheck of an unknown instance: %v, want NotFound", err)
 	}
+}
+
+// A shut-off VM moves offline, with no libvirt job (and libvirt refuses to
+// report a shut-off domain's job): a source restart that finds it still
+// defined here resolves the cut-off migration as stayed, as before live
+// moves were asked about, instead of leaving it pending on the refusal.
+func TestOutgoingShutOffStayedAtRestart(t *testing.T) {
+	ctx := context.Background()
+	src := newMigHost(t, nil)
+	rec := src.running("L4-4Q")
+	src.v.mu.Lock()
+	src.v.doms[migVM].running = false
+	src.v.mu.Unlock()
+	if err := src.sim.CloseDevice(hostDevice(rec)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.m.MigrationSource(ctx, rec.UUID); err != nil {
+		t.Fatal(err)
+	}
+	rep := src.restart()
+	if len(rep.Pending) != 0 || len(intents(t, src.env)) != 0 {
+		t.Fatalf("a shut-off VM still defined here after a restart: report %+v, intents %+v; want the migration resolved as stayed", rep, intents(t, src.env))
+	}
+	if len(rep.Undone) != 1 || rep.Undone[0] != rec.UUID {
+		t.Fatalf("report %+v: want %s undone (stayed)", rep, rec.UUID)
+	}
+	if !src.m.HasConsumer(rec.UUID) {
+		t.Fatal("the instance that stayed does not hold its allocation under its UUID")
+	}
+	assertConsistent(t, src.env)
 }

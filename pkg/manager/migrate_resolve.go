@@ -77,9 +77,11 @@ func (m *Manager) resolveOutgoing(ctx context.Context, it store.Intent, rec stor
 	// Under the admission lock: a libvirtd that does not answer must not
 	// hold every admission.
 	lctx, cancel := context.WithTimeout(ctx, libvirtProbe)
-	here, _, err := p.here(lctx, v)
+	here, running, err := p.here(lctx, v)
 	moving := false
-	if err == nil && here {
+	if err == nil && here && running {
+		// Only a running domain migrates live (libvirt refuses to
+		// report a shut-off one's job); an offline move has no job.
 		moving, err = stillMoving(lctx, v, p.Domain)
 	}
 	cancel()
