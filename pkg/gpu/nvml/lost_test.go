@@ -100,19 +100,7 @@ func TestResetSecondReleaseWaitsForDrain(t *testing.T) {
 	ctx := ctxFor(t, 10*time.Second)
 	// Keep the PCI address, so that neither release enters the gate.
 	_, _ = rig.r.Holders(ctx, resetUUID)
-	block, entered := make(chan struct{}), make(chan struct{})
-	rig.mu.Lock()
-	rig.block, rig.entered = block, entered
-	rig.mu.Unlock()
-	read := make(chan error, 1)
-	go func() {
-		_, err := rig.b.Probe(resetUUID).ActiveVGPUCount(ctx)
-		read <- err
-	}()
-	<-entered
-	rig.mu.Lock()
-	rig.block, rig.entered = nil, nil
-	rig.mu.Unlock()
+	block, read := rig.heldRead(ctx)
 	first, second := make(chan error, 1), make(chan error, 1)
 	go func() { first <- rig.r.ReleaseGPU(ctx, resetUUID) }()
 	time.Sleep(20 * time.Millisecond)

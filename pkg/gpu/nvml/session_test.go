@@ -115,6 +115,26 @@ type resetRig struct {
 	initErr gonvml.Return
 }
 
+// heldRead starts a read of the GPU that the driver holds until block is
+// closed, and returns once the read is inside the driver; read gets its
+// outcome. Later reads are not held.
+func (rig *resetRig) heldRead(ctx context.Context) (block chan struct{}, read chan error) {
+	block, entered := make(chan struct{}), make(chan struct{})
+	rig.mu.Lock()
+	rig.block, rig.entered = block, entered
+	rig.mu.Unlock()
+	read = make(chan error, 1)
+	go func() {
+		_, err := rig.b.Probe(resetUUID).ActiveVGPUCount(ctx)
+		read <- err
+	}()
+	<-entered
+	rig.mu.Lock()
+	rig.block, rig.entered = nil, nil
+	rig.mu.Unlock()
+	return block, read
+}
+
 func newResetRig(t *testing.T, opts nvmlb.Options) *resetRig {
 	j := &journal{}
 	rig := &resetRig{t: t, j: j, lib: &mock.Interface{}, sys: &resetSys{j: j, fail: map[string]error{}, files: map[string]string{
@@ -257,19 +277,7 @@ func TestResetSessionOrder(t *testing.T) {
 func TestResetWaitsForCallsInFlight(t *testing.T) {
 	rig := newResetRig(t, nvmlb.Options{})
 	ctx := ctxFor(t, 5*time.Second)
-	block, entered := make(chan struct{}), make(chan struct{})
-	rig.mu.Lock()
-	rig.block, rig.entered = block, entered
-	rig.mu.Unlock()
-	read := make(chan error, 1)
-	go func() {
-		_, err := rig.b.Probe(resetUUID).ActiveVGPUCount(ctx)
-		read <- err
-	}()
-	<-entered
-	rig.mu.Lock()
-	rig.block, rig.entered = nil, nil
-	rig.mu.Unlock()
+	block, read := rig.heldRead(ctx)
 	released := make(chan error, 1)
 	go func() { released <- rig.r.ReleaseGPU(ctx, resetUUID) }()
 	select {
@@ -412,19 +420,7 @@ func TestResetInitFailsReopens(t *testing.T) {
 func TestResetDrainDeadline(t *testing.T) {
 	rig := newResetRig(t, nvmlb.Options{})
 	ctx := ctxFor(t, 5*time.Second)
-	block, entered := make(chan struct{}), make(chan struct{})
-	rig.mu.Lock()
-	rig.block, rig.entered = block, entered
-	rig.mu.Unlock()
-	read := make(chan error, 1)
-	go func() {
-		_, err := rig.b.Probe(resetUUID).ActiveVGPUCount(ctx)
-		read <- err
-	}()
-	<-entered
-	rig.mu.Lock()
-	rig.block, rig.entered = nil, nil
-	rig.mu.Unlock()
+	block, read := rig.heldRead(ctx)
 	err := rig.r.ReleaseGPU(ctxFor(t, 300*time.Millisecond), resetUUID)
 	if !errors.Is(err, gpu.ErrTimeout) || !strings.Contains(err.Error(), "in flight") {
 		t.Fatalf("release under a stuck call: %v", err)
