@@ -31,8 +31,9 @@ type FleetConfig struct {
 	// Grace is how long an allocation without an instance may live on the
 	// host's providers (default 2m).
 	Grace Duration `json:"grace,omitempty"`
-	// Timeout bounds each Placement request (default 5s); ClaimTimeout a
-	// create's claim (default 2s).
+	// Timeout bounds each Placement request (default 5s), and twice it a
+	// scheduler's create reading and completing its allocation;
+	// ClaimTimeout a local create's claim (default 2s).
 	Timeout      Duration `json:"timeout,omitempty"`
 	ClaimTimeout Duration `json:"claimTimeout,omitempty"`
 	// Inventories is how a MIG GPU's per-profile totals are published:

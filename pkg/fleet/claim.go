@@ -44,6 +44,18 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 	// flight must not take the new claim for the old instance's leftover.
 	s.reset(c.Instance)
 	want := resourcesOf(p.claim(c))
+	if !p.offers(want) {
+		// Room the host carves but does not offer Placement (a 7g.80gb on
+		// an empty H100 with carvable inventories): no scheduler can claim
+		// it, and a claim would be refused for want of the class. The
+		// create carves without one; its settle writes the allocation
+		// once the instance holds the room (and the class's total with it).
+		s.mu.Lock()
+		s.unwritten[c.Instance] = c.GPU
+		s.mu.Unlock()
+		s.met.claims.WithLabelValues("unoffered").Inc()
+		return nil
+	}
 	err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 	if errors.Is(err, placementapi.ErrCapacity) {
 		s.met.claims.WithLabelValues("republish").Inc()
@@ -99,6 +111,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
 // allocation) for removal at the next pass.
 func (s *Syncer) Unclaim(instance string) {
 	s.mu.Lock()
+	delete(s.unwritten, instance)
 	s.gone[instance] = s.now()
 	delete(s.seen, instance)
 	delete(s.settled, instance)
@@ -110,9 +123,10 @@ func (s *Syncer) Unclaim(instance string) {
 // what it names on this host: exactly one of this host's GPU providers,
 // one profile class published there and, on MIG GPUs, the slices.
 func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.AdoptTimeout))
 	defer cancel()
 	cons, err := s.c.Consumer(ctx, consumer)
+	s.reached(err)
 	if err != nil {
 		return manager.FleetClaim{}, fmt.Errorf("read the allocation of %s: %w: %w", consumer, manager.ErrBackendFailure, err)
 	}
@@ -215,7 +229,7 @@ func wholeGPU(c unitClaim, p *gpuProvider, res map[string]int) (manager.FleetCla
 // is re-published, as Claim does; a second is NoCapacity. An allocation
 // the scheduler deleted meanwhile is not written again.
 func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.AdoptTimeout))
 	defer cancel()
 	p, ok, err := s.provider(c.GPU)
 	if err != nil || !ok {
@@ -244,6 +258,7 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 			err = write()
 		}
 	}
+	s.reached(err)
 	switch {
 	case errors.Is(err, placementapi.ErrCapacity):
 		return fmt.Errorf("placement refused %v on %s to consumer %s (claimed there meanwhile): %w: %w", want, p.name, c.Instance, manager.ErrNoCapacity, err)
@@ -340,5 +355,30 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		removed = ""
 		return later("the inventory of "+p.name, err)
 	}
+	for _, inst := range s.takeUnwritten(gpuUUID) {
+		want, ok := p.allocs[inst]
+		if !ok {
+			continue // not carved: nothing to write
+		}
+		if _, err := s.writeHeld(ctx, inst, p.uuid, want); err != nil {
+			s.reached(err)
+			removed = ""
+			return later("the allocation of "+inst, err)
+		}
+	}
 	return nil
+}
+
+// takeUnwritten removes and returns the unwritten claims on gpuUUID.
+func (s *Syncer) takeUnwritten(gpuUUID string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for inst, g := range s.unwritten {
+		if g == gpuUUID {
+			out = append(out, inst)
+			delete(s.unwritten, inst)
+		}
+	}
+	return out
 }

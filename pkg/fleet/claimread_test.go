@@ -4,9 +4,11 @@ import (
 	"context"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
+	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
@@ -77,5 +79,50 @@ func TestAdoptReadsOneGPU(t *testing.T) {
 	}
 	if n := src.views.Load(); n != 0 {
 		t.Fatalf("an adopting create read the whole host's fleet view %d times", n)
+	}
+}
+
+// TestAdoptWaitsPastClaimTimeout: a scheduler's create cannot carve
+// without reading its allocation, so a Placement slower than claimTimeout
+// (but within AdoptTimeout) delays the create instead of refusing it; a
+// refusal would cost the scheduler a reschedule for nothing.
+func TestAdoptWaitsPastClaimTimeout(t *testing.T) {
+	srv, c := startPlacement(t)
+	proxy := tplacement.StartProxy(t, srv)
+	h := simhost.Start(t, simhost.Options{})
+	simhost.DefineTenant(t, h.Manager, "acme")
+	s, err := New(Config{Host: "hosta", ClaimTimeout: 500 * time.Millisecond, AdoptTimeout: 20 * time.Second}, newClient(t, proxy.URL()), h.Manager, quietLog(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Manager.SetFleet(s)
+	ctx := context.Background()
+	if err := s.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_MIG_SLICE:4"}, "limit": {"1"}}
+	cands, err := c.AllocationCandidates(ctx, q.Encode())
+	if err != nil || len(cands) == 0 {
+		t.Fatalf("candidates = %v, %v", cands, err)
+	}
+	id := uuid.NewString()
+	if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
+		t.Fatal(err)
+	}
+	// Every connection of the host's client is reset (none stays open to
+	// slip past the hold), then the host's next requests wait unanswered
+	// for twice claimTimeout.
+	proxy.Cut()
+	proxy.Restore()
+	proxy.Hold()
+	released := time.AfterFunc(time.Second, proxy.Release)
+	defer released.Stop()
+	start := time.Now()
+	rec, err := h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", PlacementConsumer: id})
+	if err != nil {
+		t.Fatalf("a scheduler's create while Placement answered in 1 s (claimTimeout 500ms) = %v", err)
+	}
+	if took := time.Since(start); rec.UUID != id || took < time.Second {
+		t.Fatalf("adopting create = %+v after %v; want the consumer's instance, after the hold", rec, took)
 	}
 }

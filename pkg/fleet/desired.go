@@ -108,6 +108,25 @@ func desiredIn(host, top string, view []manager.FleetGPU, sm *shapeMemory, mode 
 	return out
 }
 
+// offers reports whether p's inventories offer Placement the room want
+// takes: every class of it has that much beyond what the host's
+// instances hold.
+func (p *gpuProvider) offers(want map[string]int) bool {
+	held := map[string]int{}
+	for _, a := range p.allocs {
+		for rc, n := range a {
+			held[rc] += n
+		}
+	}
+	for rc, n := range want {
+		inv, ok := p.inv[rc]
+		if !ok || inv.Total-inv.Reserved-held[rc] < n {
+			return false
+		}
+	}
+	return true
+}
+
 // effective is p's inventories as Placement must hold them with have on
 // the provider (consumer → resources, what Placement holds now): the
 // host's, except that every class's capacity (total - reserved) is at

@@ -26,7 +26,9 @@ type Settings struct {
 	// ParentUUID as in Config.
 	Host, RootUUID, ParentUUID string
 	// SyncInterval, Grace and ClaimTimeout are Config's Interval, Grace
-	// and ClaimTimeout; Timeout bounds each Placement request.
+	// and ClaimTimeout; Timeout bounds each Placement request, and twice
+	// it is Config's AdoptTimeout (a scheduler's create reads its
+	// allocation and may write it once).
 	SyncInterval, Grace, Timeout, ClaimTimeout time.Duration
 	// Inventories is Config's ("": the default).
 	Inventories string
@@ -131,7 +133,7 @@ func (r *Runner) build(cfg *Settings) (*builtFleet, error) {
 		}
 	}
 	s, err := New(Config{Host: host, RootUUID: cfg.RootUUID, ParentUUID: cfg.ParentUUID,
-		Interval: cfg.SyncInterval, Grace: cfg.Grace, ClaimTimeout: cfg.ClaimTimeout,
+		Interval: cfg.SyncInterval, Grace: cfg.Grace, ClaimTimeout: cfg.ClaimTimeout, AdoptTimeout: 2 * cfg.Timeout,
 		Inventories: cfg.Inventories, Crash: r.crash},
 		c, r.host, r.log.With("component", "fleet"), r.metrics)
 	if err != nil {

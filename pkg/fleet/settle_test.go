@@ -48,3 +48,39 @@ func TestSettleBeforeReturn(t *testing.T) {
 	}
 	inSync("a destroy")
 }
+
+// TestLocalCreateOfRoomNotOffered: carvable inventories hold back the
+// room of a 7g.80gb on an empty H100, so Placement has no such class
+// there and a claim would be refused for want of it. A local create of it
+// carves without a claim, reports nothing behind, and returns with its
+// allocation written and the class's total what it holds.
+func TestLocalCreateOfRoomNotOffered(t *testing.T) {
+	srv, c := startPlacement(t)
+	a := startHost(t, "hosta", srv.URL(), nil, Config{})
+	a.pass(t)
+	ctx := context.Background()
+	h100 := GPUProviderUUID(RootUUID("hosta"), sim.DefaultH100MIG)
+	inv, _, err := c.Inventories(ctx, h100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := inv["CUSTOM_VGPUD_MIG_7G_80GB"]; ok {
+		t.Fatalf("the empty H100 offers a 7g.80gb with carvable inventories: %v", inv)
+	}
+	octx, outcome := manager.WithPlacementOutcome(ctx)
+	rec, err := a.h.Manager.Create(octx, manager.CreateRequest{Tenant: "acme", Profile: "7g.80gb", GPU: sim.DefaultH100MIG})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome.Behind(); got != "" {
+		t.Fatalf("a local create of room not offered reports Placement behind: %q", got)
+	}
+	cons, err := c.Consumer(ctx, rec.UUID)
+	want := map[string]int{"CUSTOM_VGPUD_MIG_7G_80GB": 1, "CUSTOM_VGPUD_MIG_SLICE": 8, GPUClass: 1}
+	if err != nil || !sameResources(cons.Allocations[h100].Resources, want) || len(cons.Allocations) != 1 {
+		t.Fatalf("allocation right after the create returned: %+v, %v; want %v on the H100", cons.Allocations, err, want)
+	}
+	if inv, _, err = c.Inventories(ctx, h100); err != nil || inv["CUSTOM_VGPUD_MIG_7G_80GB"].Total != 1 {
+		t.Fatalf("the H100's 7g.80gb inventory after the create: %+v, %v", inv["CUSTOM_VGPUD_MIG_7G_80GB"], err)
+	}
+}

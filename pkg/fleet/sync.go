@@ -32,6 +32,13 @@ type Config struct {
 	// to a quarter, so an operation tries but does not wait long for a
 	// Placement that does not answer.
 	ClaimTimeout, SettleTimeout time.Duration
+	// AdoptTimeout bounds reading a scheduler's allocation for its create
+	// and completing it (Adopt, Complete; default 10 s, never less than
+	// ClaimTimeout; a quarter while Placement was last seen unreachable).
+	// A local create carves without its claim when Placement is slow; a
+	// scheduler's create cannot, and a refusal costs the scheduler a
+	// reschedule, so it waits for a slow Placement longer.
+	AdoptTimeout time.Duration
 	// Inventories is how a MIG GPU's per-profile totals are published:
 	// InventoriesCarvable (the default, ""), or InventoriesExact
 	// (carvable.go, docs/fleet.md).
@@ -100,6 +107,12 @@ type Syncer struct {
 	// settled are instances whose destroy removed their allocation itself:
 	// their InstanceRemoved event, taken later, marks nothing.
 	settled map[string]time.Time
+	// unwritten are local creates' instances (→ their GPU's UUID) whose
+	// room Placement is not offered (carvable inventories hold it back):
+	// they carve without a claim, and their settle writes the allocation
+	// once the instance holds the room. Claim adds, Settle and Unclaim
+	// remove.
+	unwritten map[string]string
 	// (A successful pass prunes entries of seen, gone and settled marked
 	// before it began whose consumer none of the host's providers holds.)
 	// lastOK and lastErr are the last pass's outcome; changed is when the
@@ -160,6 +173,10 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 		cfg.SettleTimeout = time.Second
 	}
 	cfg.SettleTimeout = min(cfg.SettleTimeout, cfg.ClaimTimeout)
+	if cfg.AdoptTimeout <= 0 {
+		cfg.AdoptTimeout = 10 * time.Second
+	}
+	cfg.AdoptTimeout = max(cfg.AdoptTimeout, cfg.ClaimTimeout)
 	switch cfg.Inventories {
 	case "":
 		cfg.Inventories = InventoriesCarvable
@@ -181,7 +198,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}}, nil
+		settled: map[string]time.Time{}, unwritten: map[string]string{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}}, nil
 }
 
 // top is the provider the GPU providers hang under.
