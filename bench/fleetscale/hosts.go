@@ -11,13 +11,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/fleet"
 	"github.com/vgpud/vgpud/pkg/gpu"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/pkg/tenant"
+	"github.com/vgpud/vgpud/profiles"
 )
 
 // host is one vgpud host: its own simulated GPUs, store, manager, Placement
@@ -122,6 +125,30 @@ type hostConfig struct {
 	// jitter: the syncer's own random retry waits; false draws 1 every
 	// time, the undrawn doubling.
 	jitter bool
+	// offer is the hosts' fleet.offer (nil: every profile).
+	offer map[string][]string
+}
+
+// flavorOffer is the fleet.offer of an operator who sells the flavor
+// table's profiles: each model of the mixed host offers those of them it
+// has.
+func flavorOffer() (map[string][]string, error) {
+	cat, err := profile.Load(profiles.FS)
+	if err != nil {
+		return nil, err
+	}
+	offer := map[string][]string{}
+	for _, g := range mixedSpec(8).GPUs {
+		if _, done := offer[g.Model]; done {
+			continue
+		}
+		for _, f := range tplacement.ProfileFlavors {
+			if fleet.CheckOffer(cat, map[string][]string{g.Model: {f.Profile}}) == nil {
+				offer[g.Model] = append(offer[g.Model], f.Profile)
+			}
+		}
+	}
+	return offer, fleet.CheckOffer(cat, offer)
 }
 
 func openHost(ctx context.Context, dir string, i int, hc hostConfig) (*host, error) {
@@ -142,7 +169,7 @@ func openHost(ctx context.Context, dir string, i int, hc hostConfig) (*host, err
 	if err := met.Register(reg); err != nil {
 		return nil, err
 	}
-	cfg := fleet.Config{Host: name, Grace: time.Hour, Interval: hc.interval}
+	cfg := fleet.Config{Host: name, Grace: time.Hour, Interval: hc.interval, Offer: hc.offer}
 	if !hc.jitter {
 		cfg.Rand = func() float64 { return 1 }
 	}

@@ -63,9 +63,13 @@ type result struct {
 	PlacementProcesses int    `json:"placementProcesses"`
 	SyncInterval       string `json:"syncInterval"`
 	RetryJitter        bool   `json:"retryJitter"`
-	Samples            int    `json:"candidateSamples"`
-	Steps              []Step `json:"steps"`
-	Note               string `json:"note"`
+	// Offer is the hosts' fleet.offer ("all": none, every profile).
+	Offer        string              `json:"offer"`
+	OfferByModel map[string][]string `json:"offerByModel,omitempty"`
+	Phases       string              `json:"phases"`
+	Samples      int                 `json:"candidateSamples"`
+	Steps        []Step              `json:"steps"`
+	Note         string              `json:"note"`
 }
 
 type options struct {
@@ -75,6 +79,7 @@ type options struct {
 	samples, processes, par int
 	interval, resyncTimeout time.Duration
 	keep, jitter            bool
+	offer, phases           string
 }
 
 // benchMaxBody bounds the bench's own answers: a fleet-wide listing at a
@@ -96,6 +101,8 @@ func main() {
 	flag.DurationVar(&o.interval, "interval", time.Minute, "the hosts' sync interval (vgpud's default: 60s)")
 	flag.DurationVar(&o.resyncTimeout, "resync-timeout", 10*time.Minute, "how long the resync may take")
 	flag.BoolVar(&o.jitter, "retry-jitter", true, "the syncers draw their retry waits at random (false: the undrawn doubling, every host in step)")
+	flag.StringVar(&o.offer, "offer", "all", "the hosts' fleet.offer: all (none set: every profile) or flavors (each model offers the flavor table's profiles it has)")
+	flag.StringVar(&o.phases, "phases", "churn,resync", "what runs after the first publish and the candidates: churn, resync, both, or none")
 	flag.BoolVar(&o.keep, "keep", false, "keep each step's directory (Placement's uwsgi.log) and print where")
 	flag.Parse()
 	for _, s := range strings.Split(*steps, ",") {
@@ -111,10 +118,29 @@ func main() {
 }
 
 func run(o options) error {
+	var offer map[string][]string
+	switch o.offer {
+	case "all":
+	case "flavors":
+		var err error
+		if offer, err = flavorOffer(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("-offer: %q is not all or flavors", o.offer)
+	}
+	for _, p := range strings.Split(o.phases, ",") {
+		switch strings.TrimSpace(p) {
+		case "churn", "resync", "none":
+		default:
+			return fmt.Errorf("-phases: %q is not churn, resync or none", p)
+		}
+	}
 	res := result{Cores: runtime.NumCPU(), Database: "postgresql", PlacementProcesses: o.processes, SyncInterval: o.interval.String(), RetryJitter: o.jitter, Samples: o.samples,
+		Offer: o.offer, OfferByModel: offer, Phases: o.phases,
 		Note: "one process holds every host (each its own store, simulated GPUs, manager, Placement client and syncer) and shares the machine's cores with Placement and PostgreSQL; the anchor is the same GPUs as Nova's pGPU providers (VGPU and a CUSTOM trait per type) on the same Placement; candidates are timed on the empty fleet after the first publish"}
 	for _, n := range o.steps {
-		st, err := step(o, n)
+		st, err := step(o, n, offer)
 		if err != nil {
 			return fmt.Errorf("%d hosts: %w", n, err)
 		}
@@ -130,7 +156,7 @@ func run(o options) error {
 	return nil
 }
 
-func step(o options, n int) (Step, error) {
+func step(o options, n int, offer map[string][]string) (Step, error) {
 	begin := time.Now()
 	st := Step{Hosts: n, GPUsPerHost: o.gpus}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -154,7 +180,7 @@ func step(o options, n int) (Step, error) {
 		return st, err
 	}
 	t := time.Now()
-	hosts, err := openHosts(ctx, dir, n, hostConfig{url: srv.URL(), gpus: o.gpus, interval: o.interval, jitter: o.jitter})
+	hosts, err := openHosts(ctx, dir, n, hostConfig{url: srv.URL(), gpus: o.gpus, interval: o.interval, jitter: o.jitter, offer: offer})
 	defer closeHosts(hosts)
 	if err != nil {
 		return st, err
@@ -193,14 +219,18 @@ func step(o options, n int) (Step, error) {
 			n, f.Profile, f.Candidates, f.P50Ms, f.P99Ms, f.AnchorCandidates, f.AnchorP50Ms, f.RatioP50)
 	}
 	<-started
-	if st.Churn, err = runChurn(ctx, c, hosts, o.schedulers, o.ops, o.interval); err != nil {
-		return st, err
+	if strings.Contains(o.phases, "churn") {
+		if st.Churn, err = runChurn(ctx, c, hosts, o.schedulers, o.ops, o.interval); err != nil {
+			return st, err
+		}
+		log.Printf("%d hosts: churn %+v", n, st.Churn)
 	}
-	log.Printf("%d hosts: churn %+v", n, st.Churn)
-	if st.Resync, err = runResync(ctx, srv, c, hosts, o.resyncTimeout); err != nil {
-		return st, err
+	if strings.Contains(o.phases, "resync") {
+		if st.Resync, err = runResync(ctx, srv, c, hosts, o.resyncTimeout); err != nil {
+			return st, err
+		}
+		log.Printf("%d hosts: resync %+v", n, st.Resync)
 	}
-	log.Printf("%d hosts: resync %+v", n, st.Resync)
 	st.WallS = time.Since(begin).Seconds()
 	return st, nil
 }

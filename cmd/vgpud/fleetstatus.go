@@ -16,7 +16,7 @@ func fleetSettings(f *config.FleetConfig) *fleet.Settings {
 	}
 	return &fleet.Settings{Endpoint: f.Endpoint, TokenFile: f.TokenFile, Host: f.Host, RootUUID: f.RootUUID, ParentUUID: f.ParentUUID,
 		SyncInterval: f.SyncInterval.Duration, Grace: f.Grace.Duration, Timeout: f.Timeout.Duration, ClaimTimeout: f.ClaimTimeout.Duration,
-		Inventories: f.Inventories}
+		Inventories: f.Inventories, Offer: f.Offer}
 }
 
 // fleetStatus serves D-Bus GetFleetStatus from the runner's syncer.

@@ -3,11 +3,13 @@ package config
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/profile"
 )
 
 // FleetConfig is the `fleet:` section of vgpud.yaml: OpenStack Placement
@@ -40,6 +42,10 @@ type FleetConfig struct {
 	// "carvable" (the default: every mix Placement accepts is carvable)
 	// or "exact" (each profile's room now, counted alone).
 	Inventories string `json:"inventories,omitempty"`
+	// Offer names, per GPU model, the profiles published to Placement
+	// (absent: every profile the host can carve); checked against the
+	// catalog when the fleet settings are applied.
+	Offer map[string][]string `json:"offer,omitempty"`
 }
 
 // validate checks the section before anything uses it, so a reload with a
@@ -63,6 +69,19 @@ func (f *FleetConfig) validate() error {
 	case "", "exact", "carvable":
 	default:
 		return fmt.Errorf("fleet.inventories: %q is not exact or carvable", f.Inventories)
+	}
+	for model, ps := range f.Offer {
+		if !profile.IsModelName(model) {
+			return fmt.Errorf("fleet.offer: %q is not a GPU model name (e.g. H100-SXM5-80GB)", model)
+		}
+		if len(ps) == 0 {
+			return fmt.Errorf("fleet.offer.%s: no profile listed (leave the model out to publish all of them)", model)
+		}
+		for _, p := range ps {
+			if !profile.IsProfileName(p) && !profile.IsProfileName(strings.TrimPrefix(p, "NVIDIA ")) {
+				return fmt.Errorf("fleet.offer.%s: %q is not a profile name (e.g. 3g.40gb, L4-4Q, passthrough)", model, p)
+			}
+		}
 	}
 	for key, d := range map[string]time.Duration{"fleet.syncInterval": f.SyncInterval.Duration, "fleet.grace": f.Grace.Duration,
 		"fleet.timeout": f.Timeout.Duration, "fleet.claimTimeout": f.ClaimTimeout.Duration} {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/profile"
 )
 
 // Settings are what the runner makes a syncer from: the daemon's fleet:
@@ -30,8 +31,11 @@ type Settings struct {
 	// it is Config's AdoptTimeout (a scheduler's create reads its
 	// allocation and may write it once).
 	SyncInterval, Grace, Timeout, ClaimTimeout time.Duration
-	// Inventories is Config's ("": the default).
+	// Inventories is Config's ("": the default); Offer Config's, checked
+	// against the host's catalog (CheckOffer) when the settings are
+	// applied.
 	Inventories string
+	Offer       map[string][]string
 }
 
 // RunnerHost is what the runner needs of the manager (*manager.Manager):
@@ -42,6 +46,8 @@ type RunnerHost interface {
 	Source
 	SetFleet(f manager.Fleet)
 	AllInstances() ([]manager.InstanceView, error)
+	// Catalog is the catalog in force, which fleet.offer must name.
+	Catalog() *profile.Catalog
 }
 
 // RunnerConfig is the runner's wiring.
@@ -118,6 +124,9 @@ func (r *Runner) Syncer() *Syncer {
 // build reads the token file and makes the client and the syncer for cfg
 // (an endpoint set); nothing runs yet.
 func (r *Runner) build(cfg *Settings) (*builtFleet, error) {
+	if err := CheckOffer(r.host.Catalog(), cfg.Offer); err != nil {
+		return nil, err
+	}
 	token, err := readTokenFile(cfg.TokenFile)
 	if err != nil {
 		return nil, err
@@ -134,7 +143,7 @@ func (r *Runner) build(cfg *Settings) (*builtFleet, error) {
 	}
 	s, err := New(Config{Host: host, RootUUID: cfg.RootUUID, ParentUUID: cfg.ParentUUID,
 		Interval: cfg.SyncInterval, Grace: cfg.Grace, ClaimTimeout: cfg.ClaimTimeout, AdoptTimeout: 2 * cfg.Timeout,
-		Inventories: cfg.Inventories, Crash: r.crash},
+		Inventories: cfg.Inventories, Offer: cfg.Offer, Crash: r.crash},
 		c, r.host, r.log.With("component", "fleet"), r.metrics)
 	if err != nil {
 		return nil, err

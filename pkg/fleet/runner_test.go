@@ -49,7 +49,8 @@ func (s *tokenServer) saw(tok string) bool {
 // TestFleetTokenFile: the token file is re-read on every Apply (a rotated
 // token at the same path reaches Placement), one that cannot be used (gone,
 // a FIFO, open to other users) is refused at once by name with the running
-// syncer kept, and a FIFO does not hold the reload.
+// syncer kept, and a FIFO does not hold the reload; so is a fleet.offer
+// the catalog refuses.
 func TestFleetTokenFile(t *testing.T) {
 	ts := &tokenServer{}
 	srv := httptest.NewServer(ts)
@@ -118,6 +119,15 @@ func TestFleetTokenFile(t *testing.T) {
 	c := cfg()
 	c.TokenFile = big
 	kept("too large", r.Apply(ctx, c), errTokenFileSize)
+	if err := os.Remove(tok); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tok, []byte("second\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c = cfg()
+	c.Offer = map[string][]string{"L4-24GB": {"3g.40gb"}}
+	kept("an offer the catalog refuses", r.Apply(ctx, c), manager.ErrInvalidArgument)
 }
 
 // TestFleetHostChangeRetiresOldTree: a reload that moves the host to

@@ -72,7 +72,7 @@ func (s *Syncer) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, fmt.Errorf("read the host: %w", err)
 	}
-	want := desiredIn(s.cfg.Host, s.top(), view, s.shapes, s.cfg.Inventories, s.carves)
+	want := desiredIn(s.cfg.Host, s.top(), s.offered(view), s.shapes, s.cfg.Inventories, s.carves)
 	s.mu.Lock()
 	st := Status{Endpoint: s.c.Endpoint(), Host: s.cfg.Host, Root: s.top(), LastSync: s.lastOK}
 	if s.lastErr != nil {

@@ -43,6 +43,10 @@ type Config struct {
 	// InventoriesCarvable (the default, ""), or InventoriesExact
 	// (carvable.go, docs/fleet.md).
 	Inventories string
+	// Offer names, per GPU model, the profiles whose classes are published
+	// (offer.go; CheckOffer); a model it does not name publishes every
+	// profile it can carve.
+	Offer map[string][]string
 	// ProjectID and UserID are written with vgpud's allocations.
 	ProjectID, UserID string
 	// Crash is called at the pass's crash points (CrashPoints); nil:
@@ -113,6 +117,8 @@ type Syncer struct {
 	// once the instance holds the room. Claim adds, Settle and Unclaim
 	// remove.
 	unwritten map[string]string
+	// offer is Config.Offer as sets of names, by model (nil: all).
+	offer map[string]map[string]bool
 	// (A successful pass prunes entries of seen, gone and settled marked
 	// before it began whose consumer none of the host's providers holds.)
 	// lastOK and lastErr are the last pass's outcome; changed is when the
@@ -198,7 +204,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, unwritten: map[string]string{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}}, nil
+		settled: map[string]time.Time{}, unwritten: map[string]string{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -559,7 +565,7 @@ func (s *Syncer) reset(consumer string) {
 
 // desired turns a view into providers and notes them as this host's.
 func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
-	want := desiredIn(s.cfg.Host, s.top(), view, s.shapes, s.cfg.Inventories, s.carves)
+	want := desiredIn(s.cfg.Host, s.top(), s.offered(view), s.shapes, s.cfg.Inventories, s.carves)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range want {

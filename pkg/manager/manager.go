@@ -279,6 +279,10 @@ func (m *Manager) SetCatalog(cat *profile.Catalog) {
 	m.confMu.Unlock()
 }
 
+// Catalog is the catalog in force (the one given at New or the last
+// SetCatalog).
+func (m *Manager) Catalog() *profile.Catalog { return m.catalog() }
+
 func (m *Manager) catalog() *profile.Catalog {
 	m.confMu.RLock()
 	defer m.confMu.RUnlock()
