@@ -55,6 +55,9 @@ func TestReload(t *testing.T) {
 		{name: "unknown-key-refused", yaml: "ueventSetle: 90ms\n",
 			reloadable: func(l *config.Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
 			wantLog:    `unknown field \"ueventSetle\"`},
+		{name: "fleet-offer-refused", yaml: "ueventSettle: 80ms\nfleet:\n  endpoint: http://127.0.0.1:1\n  offer:\n    L4-24GB: [3g.40gb]\n",
+			reloadable: func(l *config.Reloadable) bool { return l.UeventSettle == 80*time.Millisecond },
+			wantLog:    `reload: fleet settings refused; the running fleet settings are kept" err="fleet.offer.L4-24GB: model L4-24GB has no profile \"3g.40gb\"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
