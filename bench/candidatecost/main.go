@@ -67,6 +67,9 @@ func main() {
 	samples := flag.Int("samples", 15, "requests per variant, the variants interleaved")
 	out := flag.String("out", "bench/candidate-cost.json", "where to write the results")
 	flag.Parse()
+	if *hosts < 1 || *gpus < 1 || *samples < 1 {
+		log.Fatal("-hosts, -gpus and -samples must be at least 1")
+	}
 	if err := run(*hosts, *gpus, *samples, *out); err != nil {
 		log.Fatal(err)
 	}

@@ -102,7 +102,7 @@ func main() {
 	flag.DurationVar(&o.resyncTimeout, "resync-timeout", 10*time.Minute, "how long the resync may take")
 	flag.BoolVar(&o.jitter, "retry-jitter", true, "the syncers draw their retry waits at random (false: the undrawn doubling, every host in step)")
 	flag.StringVar(&o.offer, "offer", "all", "the hosts' fleet.offer: all (none set: every profile) or flavors (each model offers the flavor table's profiles it has)")
-	flag.StringVar(&o.phases, "phases", "churn,resync", "what runs after the first publish and the candidates: churn, resync, both, or none")
+	flag.StringVar(&o.phases, "phases", "churn,resync", "what runs after the first publish and the candidates: churn, resync, churn,resync, or none")
 	flag.BoolVar(&o.keep, "keep", false, "keep each step's directory (Placement's uwsgi.log) and print where")
 	flag.Parse()
 	for _, s := range strings.Split(*steps, ",") {

@@ -185,3 +185,24 @@ func TestReloadKeepsFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestStartRefusesFleetOffer: a fleet.offer the catalog refuses stops the
+// daemon at start, before the start-up reconcile (which, without the
+// fleet, would undo the cut-off fleet creates it should confirm).
+func TestStartRefusesFleetOffer(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir, "fleet:\n  endpoint: http://127.0.0.1:1\n  offer:\n    L4-24GB: [3g.40gb]\n")
+	td := launch(t, cfg, nil, false)
+	select {
+	case <-td.started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon start did not return")
+	}
+	const want = `fleet: fleet.offer.L4-24GB: model L4-24GB has no profile "3g.40gb"`
+	if td.startErr == nil || !strings.Contains(td.startErr.Error(), want) {
+		t.Fatalf("start = %v; want %s", td.startErr, want)
+	}
+	if logs := td.logs.String(); strings.Contains(logs, "start-up reconcile done") {
+		t.Fatalf("the start-up reconcile ran before the fleet settings were refused:\n%s", logs)
+	}
+}

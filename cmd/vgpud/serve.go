@@ -162,7 +162,9 @@ func (d *daemon) start(ctx context.Context) error {
 		d.notify.Status("reconciling")
 		// A fleet scheduler's create a crash cut off is settled against
 		// its allocation (docs/fleet.md): the syncer is there, not running.
-		d.fleet.Prepare(fleetSettings(cfg.Fleet))
+		if err := d.fleet.Prepare(fleetSettings(cfg.Fleet)); err != nil {
+			return fmt.Errorf("fleet: %w", err)
+		}
 		rep, err := d.mgr.Reconcile(ctx)
 		if err != nil {
 			return fmt.Errorf("reconcile at start: %w", err)

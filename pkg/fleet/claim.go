@@ -44,24 +44,16 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 	// flight must not take the new claim for the old instance's leftover.
 	s.reset(c.Instance)
 	want := resourcesOf(p.claim(c))
-	if !p.offers(want) {
-		// Room the host carves but does not offer Placement (a 7g.80gb on
-		// an empty H100 with carvable inventories): no scheduler can claim
-		// it, and a claim would be refused for want of the class. The
-		// create carves without one; its settle writes the allocation
-		// once the instance holds the room (and the class's total with it).
-		s.mu.Lock()
-		s.unwritten[c.Instance] = c.GPU
-		s.mu.Unlock()
-		s.met.claims.WithLabelValues("unoffered").Inc()
-		return nil
-	}
-	err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
-	if errors.Is(err, placementapi.ErrCapacity) {
-		s.met.claims.WithLabelValues("republish").Inc()
-		if perr := s.publishOne(ctx, &p); perr == nil {
-			err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
+	if p.offers(want) {
+		err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
+		if errors.Is(err, placementapi.ErrCapacity) {
+			s.met.claims.WithLabelValues("republish").Inc()
+			if perr := s.publishOne(ctx, &p); perr == nil {
+				err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
+			}
 		}
+	} else {
+		err = s.claimUnoffered(ctx, &p, c.Instance, want)
 	}
 	s.reached(err)
 	switch {
@@ -74,6 +66,34 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 	}
 	s.met.claims.WithLabelValues("written").Inc()
 	return nil
+}
+
+// claimUnoffered claims room the host carves but does not offer
+// Placement (a 7g.80gb on an empty H100 with carvable inventories, a
+// profile fleet.offer leaves out), which a plain claim would find refused
+// for want of its class. The GPU's inventories are first written holding
+// the claim as if it were carved (effective: every class it takes holds
+// what is held and it, nothing free beyond), so that no scheduler takes
+// its slices, framebuffer or GPU units meanwhile; then the claim is
+// written as any other. The create's settle publishes the GPU's own room
+// again. A pass that wrote the GPU's inventories in between makes the
+// claim's write a capacity refusal: the two steps are tried twice.
+func (s *Syncer) claimUnoffered(ctx context.Context, p *gpuProvider, consumer string, want map[string]int) error {
+	s.met.claims.WithLabelValues("unoffered").Inc()
+	// The class of a profile no GPU offers may not be defined yet.
+	if err := s.ensureList(ctx, sortedKeys(want), false); err != nil {
+		return err
+	}
+	var err error
+	for range 2 {
+		if _, err = s.syncInventoryFrom(ctx, p, nil, map[string]map[string]int{consumer: want}); err != nil {
+			return err
+		}
+		if err = s.writeAllocation(ctx, consumer, p.uuid, want); !errors.Is(err, placementapi.ErrCapacity) {
+			return err
+		}
+	}
+	return err
 }
 
 // reached notes a claim's or settle's outcome: a Placement that did not
@@ -95,7 +115,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
 		return err
 	}
-	o, err := s.syncInventoryFrom(ctx, p, nil)
+	o, err := s.syncInventoryFrom(ctx, p, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -111,7 +131,6 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
 // allocation) for removal at the next pass.
 func (s *Syncer) Unclaim(instance string) {
 	s.mu.Lock()
-	delete(s.unwritten, instance)
 	s.gone[instance] = s.now()
 	delete(s.seen, instance)
 	delete(s.settled, instance)
@@ -123,7 +142,7 @@ func (s *Syncer) Unclaim(instance string) {
 // what it names on this host: exactly one of this host's GPU providers,
 // one profile class published there and, on MIG GPUs, the slices.
 func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.AdoptTimeout))
+	ctx, cancel := context.WithTimeout(ctx, s.adoptDeadline())
 	defer cancel()
 	cons, err := s.c.Consumer(ctx, consumer)
 	s.reached(err)
@@ -229,7 +248,7 @@ func wholeGPU(c unitClaim, p *gpuProvider, res map[string]int) (manager.FleetCla
 // is re-published, as Claim does; a second is NoCapacity. An allocation
 // the scheduler deleted meanwhile is not written again.
 func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
-	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.AdoptTimeout))
+	ctx, cancel := context.WithTimeout(ctx, s.adoptDeadline())
 	defer cancel()
 	p, ok, err := s.provider(c.GPU)
 	if err != nil || !ok {
@@ -355,30 +374,5 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		removed = ""
 		return later("the inventory of "+p.name, err)
 	}
-	for _, inst := range s.takeUnwritten(gpuUUID) {
-		want, ok := p.allocs[inst]
-		if !ok {
-			continue // not carved: nothing to write
-		}
-		if _, err := s.writeHeld(ctx, inst, p.uuid, want); err != nil {
-			s.reached(err)
-			removed = ""
-			return later("the allocation of "+inst, err)
-		}
-	}
 	return nil
-}
-
-// takeUnwritten removes and returns the unwritten claims on gpuUUID.
-func (s *Syncer) takeUnwritten(gpuUUID string) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for inst, g := range s.unwritten {
-		if g == gpuUUID {
-			out = append(out, inst)
-			delete(s.unwritten, inst)
-		}
-	}
-	return out
 }

@@ -18,10 +18,11 @@ import (
 // instances' allocations are written as every other's, with the class's
 // total what they hold.
 
-// offerName is a profile's name as an offer compares it: a vGPU type
-// without the NVIDIA or GRID prefix the driver's names carry.
+// offerName is a profile's name as an offer compares it: without the
+// NVIDIA or GRID prefix of the driver's vGPU type names, or the MIG one
+// its GPU-instance profile names may carry.
 func offerName(p string) string {
-	return strings.TrimPrefix(strings.TrimPrefix(p, "NVIDIA "), "GRID ")
+	return strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(p, "NVIDIA "), "GRID "), "MIG ")
 }
 
 // CheckOffer refuses an offer that names a model the catalog lacks, or a
@@ -92,9 +93,12 @@ func offerSets(offer map[string][]string) map[string]map[string]bool {
 	return out
 }
 
-// offered is view with each GPU's classes cut to those its model offers
-// (Config.Offer). Records are kept whole: an instance of a profile not
-// offered still has its allocation, and its class a total of what is held.
+// offered is view with no room published for the classes a GPU's model
+// does not offer (Config.Offer). The classes stay known, with room 0: an
+// instance of such a profile still has its allocation and its class a
+// total of what is held, a scheduler's allocation written before the
+// offer changed is still adopted, and carvable inventories search the
+// same classes whatever the offer (their cache is keyed by the rooms).
 func (s *Syncer) offered(view []manager.FleetGPU) []manager.FleetGPU {
 	if len(s.offer) == 0 {
 		return view
@@ -106,11 +110,12 @@ func (s *Syncer) offered(view []manager.FleetGPU) []manager.FleetGPU {
 		if !ok {
 			continue
 		}
-		out[i].Classes = nil
-		for _, c := range g.Classes {
-			if set[offerName(c.Profile)] {
-				out[i].Classes = append(out[i].Classes, c)
+		out[i].Classes = make([]manager.FleetClass, len(g.Classes))
+		for j, c := range g.Classes {
+			if !set[offerName(c.Profile)] {
+				c.Room = 0
 			}
+			out[i].Classes[j] = c
 		}
 	}
 	return out

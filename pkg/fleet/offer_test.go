@@ -3,12 +3,17 @@ package fleet
 import (
 	"context"
 	"errors"
+	"net/url"
 	"sort"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/profiles"
 )
@@ -112,5 +117,47 @@ func TestOfferPublishesListedProfiles(t *testing.T) {
 	a.pass(t)
 	if got, want := strings.Join(classes(sim.DefaultL4), " "), "CUSTOM_VGPUD_GPU CUSTOM_VGPUD_L4_4Q CUSTOM_VGPUD_VGPU_FB_MIB"; got != want {
 		t.Fatalf("after the destroy the L4 publishes %s; want %s", got, want)
+	}
+}
+
+// TestOfferChangeKeepsPendingClaim: a scheduler's claim of a profile the
+// host stops offering (a reload changed fleet.offer) before its create
+// came is still adopted: the host can carve it, and the allocation the
+// scheduler holds is the truth for its create.
+func TestOfferChangeKeepsPendingClaim(t *testing.T) {
+	srv, c := startPlacement(t)
+	a := startHost(t, "hostp", srv.URL(), nil, Config{})
+	a.pass(t)
+	ctx := context.Background()
+	q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_MIG_SLICE:4"}, "limit": {"1"}}
+	cands, err := c.AllocationCandidates(ctx, q.Encode())
+	if err != nil || len(cands) == 0 {
+		t.Fatalf("candidates = %v, %v", cands, err)
+	}
+	id := uuid.NewString()
+	if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Host: "hostp", Grace: time.Hour, ClaimTimeout: 15 * time.Second, Offer: map[string][]string{"H100-SXM5-80GB": {"1g.10gb"}}},
+		newClient(t, srv.URL()), a.h.Manager, quietLog(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.h.Manager.SetFleet(s)
+	if err := s.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", PlacementConsumer: id})
+	if err != nil || rec.GPUPCI != sim.DefaultH100MIG {
+		t.Fatalf("a scheduler's create of a profile no longer offered = %+v, %v", rec, err)
+	}
+	if err := s.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Status(ctx); err != nil || len(st.Differences) != 0 {
+		t.Fatalf("fleet status: %+v, %v", st.Differences, err)
+	}
+	if cons, err := c.Consumer(ctx, id); err != nil || len(cons.Allocations) != 1 {
+		t.Fatalf("the scheduler's allocation after the create: %+v, %v", cons, err)
 	}
 }

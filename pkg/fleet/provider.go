@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/vgpud/vgpud/pkg/placementapi"
@@ -123,7 +124,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		if !exists {
 			made = &invState{gen: 0}
 		}
-		o, err := s.syncInventoryFrom(ctx, p, made)
+		o, err := s.syncInventoryFrom(ctx, p, made, nil)
 		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
@@ -179,7 +180,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	if again {
 		// An allocation rewritten smaller (or removed again) lowers
 		// the totals raised for it.
-		o, err := s.syncInventoryFrom(ctx, p, nil)
+		o, err := s.syncInventoryFrom(ctx, p, nil, nil)
 		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
@@ -213,7 +214,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 // the write (a conflict: read again) or after it (its view is newer).
 // It returns what Placement holds, and the provider's generation then.
 func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]placementapi.Inventory, int, error) {
-	o, err := s.syncInventoryFrom(ctx, p, nil)
+	o, err := s.syncInventoryFrom(ctx, p, nil, nil)
 	return o.inv, o.gen, err
 }
 
@@ -234,10 +235,12 @@ type invState struct {
 }
 
 // syncInventoryFrom is syncInventory starting, when known is not nil,
-// from what is known instead of reading it (a conflict reads as usual).
+// from what is known instead of reading it (a conflict reads as usual);
+// pending are allocations (consumer → resources) counted as the host's
+// beside its instances' (a claim about to be written, claimUnoffered).
 // empty reports whether the provider held no allocation at the
 // generation returned.
-func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *invState) (invOutcome, error) {
+func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *invState, pending map[string]map[string]int) (invOutcome, error) {
 	for try := 0; ; try++ {
 		var cur map[string]placementapi.Inventory
 		var gen int
@@ -256,6 +259,11 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 		now, err := s.fresh(p)
 		if err != nil {
 			return invOutcome{}, fmt.Errorf("read GPU %s: %w", p.gpu.PCI, err)
+		}
+		if len(pending) > 0 {
+			allocs := maps.Clone(now.allocs)
+			maps.Copy(allocs, pending)
+			now.allocs = allocs
 		}
 		want := effective(&now, have)
 		if sameInventories(cur, want) {

@@ -156,19 +156,22 @@ func (r *Runner) build(cfg *Settings) (*builtFleet, error) {
 // for cfg without starting it: the reconcile asks it whether a fleet
 // scheduler's create a crash cut off is still the scheduler's (its
 // allocation still names it), and finishes it only then. A syncer that
-// cannot be made is left to Apply, which reports it. nil: no fleet.
-func (r *Runner) Prepare(cfg *Settings) {
+// cannot be made (a token file or offer refused: what Apply would refuse
+// too) is an error, so that the daemon stops before a reconcile without
+// the fleet undoes the cut-off creates it would confirm. nil: no fleet.
+func (r *Runner) Prepare(cfg *Settings) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if cfg == nil || cfg.Endpoint == "" {
-		return
+		return nil
 	}
 	b, err := r.build(cfg)
 	if err != nil {
-		return
+		return err
 	}
 	r.host.SetFleet(b.s)
 	r.early = b
+	return nil
 }
 
 // Apply starts, restarts or stops the syncer for cfg (nil: none). The new
@@ -237,9 +240,11 @@ func (r *Runner) retireLocked(ctx context.Context, old *Syncer) error {
 	if err == nil {
 		return nil
 	}
-	if b, berr := r.build(r.cfg); berr == nil {
-		r.startLocked(ctx, b)
+	b, berr := r.build(r.cfg)
+	if berr != nil {
+		return fmt.Errorf("fleet: the provider tree of the running settings could not be removed from Placement (%w), and they could not be started again (%w): nothing is published until a reload", err, berr)
 	}
+	r.startLocked(ctx, b)
 	return fmt.Errorf("fleet: the provider tree of the running settings could not be removed from Placement (%w); they stay in force, reload again once Placement answers", err)
 }
 

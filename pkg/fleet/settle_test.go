@@ -2,10 +2,15 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/store"
 )
 
 // TestSettleBeforeReturn: a create and a destroy bring their GPU's
@@ -51,9 +56,11 @@ func TestSettleBeforeReturn(t *testing.T) {
 
 // TestLocalCreateOfRoomNotOffered: carvable inventories hold back the
 // room of a 7g.80gb on an empty H100, so Placement has no such class
-// there and a claim would be refused for want of it. A local create of it
-// carves without a claim, reports nothing behind, and returns with its
-// allocation written and the class's total what it holds.
+// there and a plain claim would be refused for want of it. The claim
+// first makes the GPU's inventories hold it, so that no scheduler can
+// take its slices before the carve; the create reports nothing behind and
+// returns with its allocation written and the class's total what it
+// holds.
 func TestLocalCreateOfRoomNotOffered(t *testing.T) {
 	srv, c := startPlacement(t)
 	a := startHost(t, "hosta", srv.URL(), nil, Config{})
@@ -67,6 +74,29 @@ func TestLocalCreateOfRoomNotOffered(t *testing.T) {
 	if _, ok := inv["CUSTOM_VGPUD_MIG_7G_80GB"]; ok {
 		t.Fatalf("the empty H100 offers a 7g.80gb with carvable inventories: %v", inv)
 	}
+	// The claim alone, before any carve: a scheduler's 1g.10gb on the
+	// same GPU is refused by Placement itself.
+	gpuUUID := ""
+	for _, g := range a.h.Manager.Inventory().GPUs {
+		if g.PCI == sim.DefaultH100MIG {
+			gpuUUID = g.UUID
+		}
+	}
+	held := uuid.NewString()
+	if err := a.s.Claim(ctx, manager.FleetClaim{Instance: held, GPU: gpuUUID, Profile: "7g.80gb", Kind: store.KindMIG}); err != nil {
+		t.Fatalf("claim of a 7g.80gb not offered: %v", err)
+	}
+	err = c.PutConsumer(ctx, uuid.NewString(), placementapi.Consumer{ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE",
+		Allocations: map[string]placementapi.Allocation{h100: {Resources: map[string]int{"CUSTOM_VGPUD_MIG_1G_10GB": 1, SliceClass: 1, GPUClass: 1}}}})
+	if !errors.Is(err, placementapi.ErrCapacity) {
+		t.Fatalf("a scheduler's 1g.10gb beside a held 7g.80gb claim: %v; want a capacity refusal", err)
+	}
+	a.s.Unclaim(held)
+	a.pass(t)
+	if inv, _, err = c.Inventories(ctx, h100); err != nil || inv["CUSTOM_VGPUD_MIG_1G_10GB"].Total == 0 {
+		t.Fatalf("the H100's inventories after the claim was dropped: %v, %v", inv, err)
+	}
+
 	octx, outcome := manager.WithPlacementOutcome(ctx)
 	rec, err := a.h.Manager.Create(octx, manager.CreateRequest{Tenant: "acme", Profile: "7g.80gb", GPU: sim.DefaultH100MIG})
 	if err != nil {

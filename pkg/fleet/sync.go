@@ -34,7 +34,8 @@ type Config struct {
 	ClaimTimeout, SettleTimeout time.Duration
 	// AdoptTimeout bounds reading a scheduler's allocation for its create
 	// and completing it (Adopt, Complete; default 10 s, never less than
-	// ClaimTimeout; a quarter while Placement was last seen unreachable).
+	// ClaimTimeout; while Placement was last seen unreachable a quarter of
+	// ClaimTimeout, as a claim).
 	// A local create carves without its claim when Placement is slow; a
 	// scheduler's create cannot, and a refusal costs the scheduler a
 	// reschedule, so it waits for a slow Placement longer.
@@ -111,12 +112,6 @@ type Syncer struct {
 	// settled are instances whose destroy removed their allocation itself:
 	// their InstanceRemoved event, taken later, marks nothing.
 	settled map[string]time.Time
-	// unwritten are local creates' instances (→ their GPU's UUID) whose
-	// room Placement is not offered (carvable inventories hold it back):
-	// they carve without a claim, and their settle writes the allocation
-	// once the instance holds the room. Claim adds, Settle and Unclaim
-	// remove.
-	unwritten map[string]string
 	// offer is Config.Offer as sets of names, by model (nil: all).
 	offer map[string]map[string]bool
 	// (A successful pass prunes entries of seen, gone and settled marked
@@ -204,7 +199,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, unwritten: map[string]string{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
+		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -541,6 +536,16 @@ func (s *Syncer) down() bool {
 
 // now is the syncer's clock (Config.Now).
 func (s *Syncer) now() time.Time { return s.cfg.Now() }
+
+// adoptDeadline is how long reading or completing a scheduler's
+// allocation waits now: AdoptTimeout, or while Placement was last seen
+// unreachable a quarter of ClaimTimeout, as a claim waits then.
+func (s *Syncer) adoptDeadline() time.Duration {
+	if s.down() {
+		return s.cfg.ClaimTimeout / 4
+	}
+	return s.cfg.AdoptTimeout
+}
 
 // deadline is how long a claim or settle with timeout d waits now.
 func (s *Syncer) deadline(d time.Duration) time.Duration {

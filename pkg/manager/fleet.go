@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -297,6 +298,12 @@ func (m *Manager) fleetConfirms(ctx context.Context, rec *store.Instance) (why s
 	if !ok || (rec.Kind == store.KindMIG && rec.CISlices > 0) {
 		return "the record names no profile the fleet publishes", false
 	}
+	// A scheduler's create waits for a slow Placement longer (Adopt's own
+	// bound); a confirmation runs under the admission lock (at start,
+	// before READY), and one that Placement does not answer settles
+	// nothing more than a short one: it waits as a claim does.
+	ctx, cancel := context.WithTimeout(ctx, confirmTimeout)
+	defer cancel()
 	c, err := f.Adopt(ctx, rec.UUID)
 	if err != nil {
 		return Message(err), !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalidArgument)
@@ -306,6 +313,10 @@ func (m *Manager) fleetConfirms(ctx context.Context, rec *store.Instance) (why s
 	}
 	return "", false
 }
+
+// confirmTimeout bounds fleetConfirms' read of the scheduler's
+// allocation: the default claimTimeout.
+const confirmTimeout = 2 * time.Second
 
 // fleetKeep checks, once a fleet scheduler's create has carved, that the
 // scheduler still holds its allocation here: one that gave up meanwhile
