@@ -19,7 +19,7 @@ DESTDIR ?=
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GOIMPORTS ?= golang.org/x/tools/cmd/goimports@v0.51.0
 
-.PHONY: all build deps test unit e2e e2e-container bench bench-placement bench-metrics bench-recovery bench-fleet bench-fleet-scale soak demo demo-fleet lint fuzz install uninstall man clean help
+.PHONY: all build deps test unit e2e e2e-container bench bench-placement bench-metrics bench-recovery bench-fleet bench-fleet-scale bench-candidates soak demo demo-fleet lint fuzz install uninstall man clean help
 
 all: build
 
@@ -75,6 +75,9 @@ bench-fleet: ## 3 simulated hosts, a real Placement, 1/4/16 fleet schedulers, ex
 FLEET_SCALE_STEPS ?= 100,300,1000
 bench-fleet-scale: ## hosts x 8 mixed GPUs against one Placement on PostgreSQL (FLEET_SCALE_STEPS=100,300,1000): candidates vs Nova's pGPUs, first publish, churn, resync -> bench/fleet-scale.json
 	$(GO) run ./bench/fleetscale -steps $(FLEET_SCALE_STEPS) -out bench/fleet-scale.json
+
+bench-candidates: ## Placement's allocation-candidates cost by classes per GPU provider, against Nova's one class, on PostgreSQL -> bench/candidate-cost.json
+	$(GO) run ./bench/candidatecost -out bench/candidate-cost.json
 
 soak: build ## the crash test with 1000 iterations
 	VGPUD_CRASH_ITERATIONS=1000 $(GO) test -p 1 -count=1 -timeout 120m -run Crash -v ./e2e/

@@ -12,6 +12,8 @@
 // more classes nobody asks, as vgpud's GPU providers carry the classes of
 // the profiles a request does not name. The one-class variant asking A
 // and a required trait is Nova's model.
+//
+// Imports: internal/testenv/placement, pkg/placementapi.
 package main
 
 import (

@@ -9,7 +9,7 @@
 // over-commit under churn; and the whole fleet's resync after Placement
 // restarted on an empty database, with local operations going on.
 //
-// Imports: internal/testenv/placement, internal/testenv/simhost, pkg/fleet, pkg/gpu, pkg/gpu/sim, pkg/manager, pkg/placementapi, pkg/tenant.
+// Imports: internal/testenv/placement, internal/testenv/simhost, pkg/fleet, pkg/gpu, pkg/gpu/sim, pkg/manager, pkg/placementapi, pkg/profile, pkg/tenant, profiles.
 package main
 
 import (

@@ -9,7 +9,7 @@
 // host, libvirt, the metrics endpoint, Placement) is cmd/vgpud's wiring.
 // Only cmd/vgpud (and tests) import it.
 //
-// Imports: pkg/metricsweb, pkg/placementapi, pkg/virt.
+// Imports: pkg/metricsweb, pkg/placementapi, pkg/profile, pkg/virt.
 package config
 
 import (
