@@ -2,17 +2,13 @@ package fleet
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
-
-	"github.com/google/uuid"
 
 	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
-	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
 // TestClaimReadsOneGPU: a create's claim and settle read the GPU they
@@ -63,15 +59,7 @@ func TestAdoptReadsOneGPU(t *testing.T) {
 	if err := s.Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
-	q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"}, "limit": {"5"}}
-	cands, err := c.AllocationCandidates(ctx, q.Encode())
-	if err != nil || len(cands) == 0 {
-		t.Fatalf("candidates = %v, %v", cands, err)
-	}
-	id := uuid.NewString()
-	if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
-		t.Fatal(err)
-	}
+	id := schedulerClaims(t, c, "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4")
 	src.views.Store(0)
 	rec, err := h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", PlacementConsumer: id})
 	if err != nil || rec.UUID != id || rec.GPUPCI != sim.DefaultH100MIG {
@@ -100,15 +88,7 @@ func TestAdoptWaitsPastClaimTimeout(t *testing.T) {
 	if err := s.Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
-	q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_MIG_SLICE:4"}, "limit": {"1"}}
-	cands, err := c.AllocationCandidates(ctx, q.Encode())
-	if err != nil || len(cands) == 0 {
-		t.Fatalf("candidates = %v, %v", cands, err)
-	}
-	id := uuid.NewString()
-	if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
-		t.Fatal(err)
-	}
+	id := schedulerClaims(t, c, "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_MIG_SLICE:4")
 	// Every connection of the host's client is reset (none stays open to
 	// slip past the hold), then the host's next requests wait unanswered
 	// for twice claimTimeout.

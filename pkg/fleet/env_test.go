@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/vgpud/vgpud/internal/testenv"
 	tplacement "github.com/vgpud/vgpud/internal/testenv/placement"
@@ -205,3 +208,21 @@ func startPlacement(t testing.TB) (*tplacement.Server, *placementapi.Client) {
 }
 
 var _ = manager.ErrNoCapacity
+
+// schedulerClaims does what a fleet scheduler does for one request group:
+// asks Placement for candidates of resources and claims the first under a
+// new consumer, which it returns.
+func schedulerClaims(t testing.TB, c *placementapi.Client, resources string) string {
+	t.Helper()
+	ctx := context.Background()
+	q := url.Values{"resources1": {resources}, "limit": {"5"}}
+	cands, err := c.AllocationCandidates(ctx, q.Encode())
+	if err != nil || len(cands) == 0 {
+		t.Fatalf("candidates of %s = %v, %v", resources, cands, err)
+	}
+	id := uuid.NewString()
+	if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
@@ -208,15 +207,7 @@ func TestFleet(t *testing.T) {
 	})
 
 	t.Run("adopt a scheduler's allocation", func(t *testing.T) {
-		q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4"}, "limit": {"5"}}
-		cands, err := c.AllocationCandidates(ctx, q.Encode())
-		if err != nil || len(cands) == 0 {
-			t.Fatalf("candidates = %v, %v", cands, err)
-		}
-		id := uuid.NewString()
-		if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
-			t.Fatal(err)
-		}
+		id := schedulerClaims(t, c, "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_MIG_SLICE:4")
 		rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "3g.40gb", PlacementConsumer: id})
 		if err != nil || rec.UUID != id || rec.GPUPCI != sim.DefaultH100MIG {
 			t.Fatalf("adopting create = %+v, %v", rec, err)

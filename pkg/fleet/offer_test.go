@@ -3,17 +3,13 @@ package fleet
 import (
 	"context"
 	"errors"
-	"net/url"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
-	"github.com/vgpud/vgpud/pkg/placementapi"
 	"github.com/vgpud/vgpud/pkg/profile"
 	"github.com/vgpud/vgpud/profiles"
 )
@@ -129,15 +125,7 @@ func TestOfferChangeKeepsPendingClaim(t *testing.T) {
 	a := startHost(t, "hostp", srv.URL(), nil, Config{})
 	a.pass(t)
 	ctx := context.Background()
-	q := url.Values{"resources1": {"CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_MIG_SLICE:4"}, "limit": {"1"}}
-	cands, err := c.AllocationCandidates(ctx, q.Encode())
-	if err != nil || len(cands) == 0 {
-		t.Fatalf("candidates = %v, %v", cands, err)
-	}
-	id := uuid.NewString()
-	if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
-		t.Fatal(err)
-	}
+	id := schedulerClaims(t, c, "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_MIG_SLICE:4")
 	s, err := New(Config{Host: "hostp", Grace: time.Hour, ClaimTimeout: 15 * time.Second, Offer: map[string][]string{"H100-SXM5-80GB": {"1g.10gb"}}},
 		newClient(t, srv.URL()), a.h.Manager, quietLog(t), nil)
 	if err != nil {
