@@ -37,10 +37,12 @@ func TestDriftFoundWithoutRestart(t *testing.T) {
 	state := filepath.Join(dir, "state")
 	port := metricsFreePort(t)
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	watch := busNameWatcher(t, bus)
 	vgpud := startMetricsProc(t, "vgpud", filepath.Join(dir, "vgpud.log"), bus.Env(), vgpudBin,
 		"--sim", "--state-dir", state, "--metrics-listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--discovery-interval", driftInterval.String(), "--bus-address", bus.Address(), "--libvirt-socket", "", "--log-level", "info")
 	metricsWaitHTTP(t, vgpud, metricsURL, 60*time.Second)
+	metricsWaitBusName(t, vgpud, watch)
 	pid := vgpud.cmd.Process.Pid
 
 	ctl := func(args ...string) []byte {

@@ -100,6 +100,22 @@ func startMetricsProc(t *testing.T, name, logPath string, env []string, bin stri
 	return p
 }
 
+// metricsWaitBusName waits until p has taken dev.vgpud1 (watch is
+// busNameWatcher's, set up before p started): the metrics endpoint
+// answers before the D-Bus service is ready, so a test that goes on to
+// call vgpuctl waits for both.
+func metricsWaitBusName(t *testing.T, p *metricsProc, watch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-watch:
+	case <-p.done:
+		b, _ := os.ReadFile(p.log)
+		t.Fatalf("%s exited:\n%s", p.name, metricsTail(string(b), 4000))
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not take %s within 60s", p.name, dbusapi.BusName)
+	}
+}
+
 // waitHTTP polls url until it answers 200.
 func metricsWaitHTTP(t *testing.T, p *metricsProc, u string, within time.Duration) {
 	t.Helper()
@@ -191,10 +207,12 @@ func TestMetricsPrometheus(t *testing.T) {
 	}
 	port := metricsFreePort(t)
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	watch := busNameWatcher(t, bus)
 	vgpud := startMetricsProc(t, "vgpud", filepath.Join(dir, "vgpud.log"), bus.Env(), vgpudBin,
 		"--sim", "--sim-host", spec, "--state-dir", state, "--metrics-listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--collect-interval", "1s", "--bus-address", bus.Address(), "--libvirt-socket", "", "--log-level", "info")
 	metricsWaitHTTP(t, vgpud, metricsURL, 60*time.Second)
+	metricsWaitBusName(t, vgpud, watch)
 
 	// Prometheus scrapes vgpud every second (in protobuf: native
 	// histograms are on) and a dcgm-exporter sample beside it, and
