@@ -103,7 +103,7 @@ func (h *host) resolve(model, name string) (p manager.ProfileInfo, why string, o
 		}
 		want = rest
 	}
-	want = strings.TrimPrefix(strings.TrimPrefix(want, "NVIDIA "), "GRID ")
+	want = profile.TypeName(want)
 	list := h.profiles[model]
 	if q, ok := match(list, want); ok {
 		return q, "", true

@@ -19,10 +19,10 @@ import (
 // total what they hold.
 
 // offerName is a profile's name as an offer compares it: without the
-// NVIDIA or GRID prefix of the driver's vGPU type names, or the MIG one
-// its GPU-instance profile names may carry.
+// NVIDIA or GRID prefix of the driver's vGPU type names (profile.TypeName),
+// or the MIG one its GPU-instance profile names may carry.
 func offerName(p string) string {
-	return strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(p, "NVIDIA "), "GRID "), "MIG ")
+	return strings.TrimPrefix(profile.TypeName(p), "MIG ")
 }
 
 // CheckOffer refuses an offer that names a model the catalog lacks, or a

@@ -300,13 +300,19 @@ func (m *Model) VGPUTypeByName(name string) (*VGPUType, bool) {
 	if m.VGPU == nil {
 		return nil, false
 	}
-	name = trimPrefix(trimPrefix(name, "NVIDIA "), "GRID ")
+	name = TypeName(name)
 	for i := range m.VGPU.Types {
 		if m.VGPU.Types[i].Name == name {
 			return &m.VGPU.Types[i], true
 		}
 	}
 	return nil, false
+}
+
+// TypeName is a vGPU type's name without the "NVIDIA " or "GRID " prefix
+// the driver prints ("NVIDIA L4-4Q" → "L4-4Q"), as the catalog names it.
+func TypeName(name string) string {
+	return trimPrefix(trimPrefix(name, "NVIDIA "), "GRID ")
 }
 
 func trimPrefix(s, p string) string {
