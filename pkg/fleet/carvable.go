@@ -39,6 +39,10 @@ type carveGroup struct {
 type carver struct {
 	pg     placement.GPU
 	groups []carveGroup
+	// floors are, per class, the instances of it Placement already holds
+	// that the host has not carved (claims in flight): no total falls
+	// below them, and every mix the search checks may hold them.
+	floors []int
 	places int // placement.Place calls, bounded by budget
 }
 
@@ -48,21 +52,31 @@ const carveBudget = 20000
 
 // carvable lowers the rooms of u's MIG classes, and the slice capacity so
 // that every mix Placement can accept within them is carvable in any order
-// (InventoriesCarvable). pg is the GPU's occupancy; cache (may be nil)
-// keeps results by occupancy and rooms, the search being the costly part
-// of a pass.
-func carvable(u *gpuUnits, g manager.FleetGPU, cache *carveCache) {
+// (InventoriesCarvable). pg is the GPU's occupancy; uncarved (resource
+// class → units, may be nil) what Placement's allocations there hold
+// beyond the host's instances: claims accepted, not carved yet, that
+// Placement counts in its usage. Their mix with later claims must carve
+// too, so the search starts from them: the totals and the slice capacity
+// hold at least them, and the classes they take give way last. cache
+// (may be nil) keeps results by occupancy, rooms and claims in flight,
+// the search being the costly part of a pass.
+func carvable(u *gpuUnits, g manager.FleetGPU, cache *carveCache, uncarved map[string]int) {
 	pg := g.Pool
 	if pg.Grid == nil || pg.Unavailable || !u.MIG || u.State != gpu.StateOK {
 		return
 	}
-	c := carver{pg: pg}
+	c := carver{pg: pg, floors: make([]int, len(u.Classes))}
+	rooms := make([]int, len(u.Classes))
 	byGI := map[string]int{}
 	for i, uc := range u.Classes {
+		rooms[i] = uc.Room
 		name := giOfClass(g, uc)
 		if name == "" || uc.Room <= 0 {
+			// No room: a claim of it in flight is stale already.
 			continue
 		}
+		c.floors[i] = uncarved[ClassName(uc.Kind, uc.Profile)]
+		rooms[i] = max(uc.Room, c.floors[i])
 		p, _ := pg.Grid.Profile(name)
 		k, ok := byGI[name]
 		if !ok {
@@ -76,10 +90,6 @@ func carvable(u *gpuUnits, g manager.FleetGPU, cache *carveCache) {
 	if len(c.groups) == 0 || free <= 0 {
 		return
 	}
-	rooms := make([]int, len(u.Classes))
-	for i, uc := range u.Classes {
-		rooms[i] = uc.Room
-	}
 	// While a whole GPU is offered (the GPU holds nothing) its claim
 	// takes the slots offered: hold back fewer than maxHeldBack, so that
 	// it is still told from a partial claim (wholeGPU).
@@ -89,7 +99,9 @@ func carvable(u *gpuUnits, g manager.FleetGPU, cache *carveCache) {
 			least = max(1, free-maxHeldBack(u.Slices))
 		}
 	}
-	key := cacheKey(pg, rooms, free) + "|" + strconv.Itoa(least)
+	// The slices claims in flight hold are not held back.
+	least = min(free, max(least, uncarved[SliceClass]))
+	key := cacheKey(pg, rooms, free) + "|" + strconv.Itoa(least) + "|" + fmt.Sprint(c.floors)
 	res, ok := cache.get(key)
 	if !ok {
 		res = c.search(rooms, free, least)
@@ -142,17 +154,19 @@ func (c *carver) search(rooms []int, free, least int) carveResult {
 		}
 	}
 	// A class whose one instance exceeds the capacity is not offered:
-	// its total says so too.
+	// its total says so too (claims in flight stay held).
 	for _, g := range c.groups {
 		for _, i := range g.classes {
-			best.rooms[i] = min(best.rooms[i], best.free/g.gi.Size)
+			best.rooms[i] = max(c.floors[i], min(best.rooms[i], best.free/g.gi.Size))
 		}
 	}
 	return best
 }
 
 // cut lowers totals from rooms until every mix within them and slice
-// capacity f is carvable (ok false: out of budget).
+// capacity f is carvable (ok false: out of budget). No total falls below
+// its floor: when only the claims in flight make a mix fail, they are
+// stale already, and the totals are the floors (nothing more offered).
 func (c *carver) cut(rooms []int, f int) ([]int, bool) {
 	t := append([]int(nil), rooms...)
 	for {
@@ -166,14 +180,16 @@ func (c *carver) cut(rooms []int, f int) ([]int, bool) {
 		var bestT []int
 		bestV := -1
 		for k, g := range c.groups {
-			if q[k] == 0 {
+			if q[k] == 0 || q[k]-1 < c.groupTotal(c.floors, k) {
 				continue
 			}
 			nt := append([]int(nil), t...)
 			for c.groupTotal(nt, k) > q[k]-1 {
-				most := g.classes[0]
+				// The class with the most, above its floor (one is:
+				// the group's total is above the floors').
+				most := -1
 				for _, i := range g.classes {
-					if nt[i] > nt[most] {
+					if nt[i] > c.floors[i] && (most < 0 || nt[i] > nt[most]) {
 						most = i
 					}
 				}
@@ -182,6 +198,14 @@ func (c *carver) cut(rooms []int, f int) ([]int, bool) {
 			if v := c.value(nt, f); v > bestV {
 				bestT, bestV = nt, v
 			}
+		}
+		if bestT == nil {
+			for _, g := range c.groups {
+				for _, i := range g.classes {
+					t[i] = c.floors[i]
+				}
+			}
+			return t, true
 		}
 		t = bestT
 	}

@@ -48,7 +48,7 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 		err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 		if errors.Is(err, placementapi.ErrCapacity) {
 			s.met.claims.WithLabelValues("republish").Inc()
-			if perr := s.publishOne(ctx, &p); perr == nil {
+			if perr := s.publishOne(ctx, &p, ""); perr == nil {
 				err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 			}
 		}
@@ -86,7 +86,7 @@ func (s *Syncer) claimUnoffered(ctx context.Context, p *gpuProvider, consumer st
 	}
 	var err error
 	for range 2 {
-		if _, err = s.syncInventoryFrom(ctx, p, nil, map[string]map[string]int{consumer: want}); err != nil {
+		if _, err = s.syncInventoryFrom(ctx, p, nil, ahead{pending: map[string]map[string]int{consumer: want}}); err != nil {
 			return err
 		}
 		if err = s.writeAllocation(ctx, consumer, p.uuid, want); !errors.Is(err, placementapi.ErrCapacity) {
@@ -106,16 +106,18 @@ func (s *Syncer) reached(err error) {
 	}
 }
 
-// publishOne re-publishes one GPU's inventory now. Where the provider's
-// generation it read is the one the last pass left it at, nothing else
-// changed there since (a destroy's removal bumps none): what the pass
-// knew of it, with the inventories written now, holds at the generation
-// the write gave it, and the next pass need not read it again.
-func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider) error {
+// publishOne re-publishes one GPU's inventory now, the allocation of
+// consumer gone (if not "") not counted: its removal comes next. Where
+// the provider's generation it read is the one the last pass left it at,
+// nothing else changed there since (a destroy's removal bumps none): what
+// the pass knew of it, with the inventories written now, holds at the
+// generation the write gave it, and the next pass need not read it again
+// (a settle whose removal then fails forgets it).
+func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) error {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
 		return err
 	}
-	o, err := s.syncInventoryFrom(ctx, p, nil, nil)
+	o, err := s.syncInventoryFrom(ctx, p, nil, ahead{gone: gone})
 	if err != nil {
 		return err
 	}
@@ -273,7 +275,7 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 	err = write()
 	if errors.Is(err, placementapi.ErrCapacity) {
 		s.met.claims.WithLabelValues("republish").Inc()
-		if perr := s.publishOne(ctx, &p); perr == nil {
+		if perr := s.publishOne(ctx, &p, ""); perr == nil {
 			err = write()
 		}
 	}
@@ -352,27 +354,61 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 	if err != nil || !ok {
 		return later("the GPU's provider", errors.Join(err, placementapi.ErrNotFound))
 	}
-	if removed != "" {
-		err := s.lockAlloc(ctx)
-		if err == nil {
-			// Under allocMu: a pass's write of this allocation is either
-			// wholly done (and removed here) or sees the instance gone.
-			err = s.removeAllocation(ctx, removed)
-			s.unlockAlloc()
-		}
+	if removed == "" {
+		err = s.publishOne(ctx, &p, "")
 		s.reached(err)
 		if err != nil {
-			return later("the allocation of destroyed instance "+removed, err)
+			return later("the inventory of "+p.name, err)
 		}
-		s.mu.Lock()
-		s.settled[removed] = s.now()
-		s.mu.Unlock()
+		return nil
 	}
-	err = s.publishOne(ctx, &p)
+	// The inventories first, as they stand once the allocation is gone,
+	// then the allocation. Removed first, its room would be offered
+	// beside totals searched with the instance still carved: Placement
+	// could accept a mix that the freed slots cannot hold in every order
+	// (a stale claim). Until the removal lands Placement holds totals
+	// below what is held on the destroyed instance's classes (it takes
+	// them, and logs it) and offers nothing of them.
+	// The consumer is read beside the publish, so that the removal is
+	// one write after it.
+	type consumerRead struct {
+		c   placementapi.Consumer
+		err error
+	}
+	pre := make(chan consumerRead, 1)
+	go func() {
+		c, err := s.c.Consumer(ctx, removed)
+		pre <- consumerRead{c, err}
+	}()
+	perr := s.publishOne(ctx, &p, removed)
+	s.reached(perr)
+	var read *placementapi.Consumer
+	if r := <-pre; r.err == nil {
+		read = &r.c
+	}
+	err = s.lockAlloc(ctx)
+	if err == nil {
+		// Under allocMu: a pass's write of this allocation is either
+		// wholly done (and removed here: a write after the read above
+		// makes a conflict, and the edit reads again) or sees the
+		// instance gone.
+		err = s.removeAllocationFrom(ctx, removed, read)
+		s.unlockAlloc()
+	}
 	s.reached(err)
 	if err != nil {
+		// What the publish left cached counted the allocation as gone.
+		s.mu.Lock()
+		delete(s.cache, p.uuid)
+		s.mu.Unlock()
+		return later("the allocation of destroyed instance "+removed, errors.Join(err, perr))
+	}
+	s.mu.Lock()
+	s.settled[removed] = s.now()
+	s.mu.Unlock()
+	if perr != nil {
 		removed = ""
-		return later("the inventory of "+p.name, err)
+		return later("the inventory of "+p.name, perr)
 	}
 	return nil
 }

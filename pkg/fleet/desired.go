@@ -58,52 +58,77 @@ func desired(host, top string, view []manager.FleetGPU, sm *shapeMemory) []gpuPr
 // desiredIn is desired with the inventories of mode (InventoriesExact,
 // InventoriesCarvable), carvable totals kept in cache.
 func desiredIn(host, top string, view []manager.FleetGPU, sm *shapeMemory, mode string, cache *carveCache) []gpuProvider {
-	var out []gpuProvider
+	out := make([]gpuProvider, 0, len(view))
 	for _, hg := range view {
-		g := unitsIn(hg, sm, mode, cache)
-		p := gpuProvider{uuid: GPUProviderUUID(top, g.PCI), name: GPUProviderName(host, g.PCI), host: hg, gpu: g,
-			inv: map[string]placementapi.Inventory{}, traits: traitsOf(g), allocs: map[string]map[string]int{},
-			classes: map[string]unitClass{}}
-		down := g.State == gpu.StateFailed || g.State == gpu.StateLost
-		for _, c := range g.Classes {
-			p.classes[ClassName(c.Kind, c.Profile)] = c
+		out = append(out, providerOf(host, top, hg, unitsIn(hg, sm, mode, cache)))
+	}
+	return out
+}
+
+// providerOf is what the provider of GPU hg, g in Placement's units,
+// should hold.
+func providerOf(host, top string, hg manager.FleetGPU, g gpuUnits) gpuProvider {
+	p := gpuProvider{uuid: GPUProviderUUID(top, g.PCI), name: GPUProviderName(host, g.PCI), host: hg, gpu: g,
+		inv: map[string]placementapi.Inventory{}, traits: traitsOf(g), allocs: map[string]map[string]int{},
+		classes: map[string]unitClass{}}
+	down := g.State == gpu.StateFailed || g.State == gpu.StateLost
+	for _, c := range g.Classes {
+		p.classes[ClassName(c.Kind, c.Profile)] = c
+	}
+	used := map[string]int{}
+	for _, c := range g.Instances {
+		p.allocs[c.Instance] = resourcesOf(c)
+		for rc, n := range p.allocs[c.Instance] {
+			used[rc] += n
 		}
-		used := map[string]int{}
-		for _, c := range g.Instances {
-			p.allocs[c.Instance] = resourcesOf(c)
-			for rc, n := range p.allocs[c.Instance] {
-				used[rc] += n
-			}
+	}
+	for name, c := range p.classes {
+		total := used[name] + c.Room
+		if total > 0 {
+			p.inv[name] = one(total, 0, 1)
 		}
-		for name, c := range p.classes {
-			total := used[name] + c.Room
-			if total > 0 {
-				p.inv[name] = one(total, 0, 1)
-			}
+	}
+	for name, n := range used {
+		if _, ok := p.inv[name]; !ok && name != SliceClass && name != FramebufferClass && name != GPUClass {
+			p.inv[name] = one(n, 0, 1)
 		}
-		for name, n := range used {
-			if _, ok := p.inv[name]; !ok && name != SliceClass && name != FramebufferClass && name != GPUClass {
-				p.inv[name] = one(n, 0, 1)
-			}
+	}
+	if g.MIG && g.Slices > 0 {
+		p.inv[SliceClass] = one(g.Slices, min(g.Slices, g.Unclaimable+g.HeldBack), g.Slices)
+	}
+	// Records the fleet does not publish (compute instances narrower
+	// than their GPU instance) hold a unit each, reserved.
+	p.inv[GPUClass] = one(GPUUnits, min(GPUUnits, g.Unlisted), GPUUnits)
+	if fb := int(g.FramebufferMiB); fb > 0 {
+		// Every vGPU on the GPU is an instance with an allocation.
+		p.inv[FramebufferClass] = one(fb, 0, fb)
+	}
+	if down {
+		for name, inv := range p.inv {
+			inv.Reserved = max(0, inv.Total-used[name])
+			p.inv[name] = inv
 		}
-		if g.MIG && g.Slices > 0 {
-			p.inv[SliceClass] = one(g.Slices, min(g.Slices, g.Unclaimable+g.HeldBack), g.Slices)
+	}
+	sort.Strings(p.traits)
+	return p
+}
+
+// uncarvedOn is what the allocations have holds on p's provider beyond
+// the host's instances (resource class → units): claims Placement
+// accepted that the host has not carved yet (or never will: a claim
+// whose create went elsewhere, until it is removed).
+func uncarvedOn(p *gpuProvider, have map[string]map[string]int) map[string]int {
+	var out map[string]int
+	for c, r := range have {
+		if _, ok := p.allocs[c]; ok {
+			continue
 		}
-		// Records the fleet does not publish (compute instances narrower
-		// than their GPU instance) hold a unit each, reserved.
-		p.inv[GPUClass] = one(GPUUnits, min(GPUUnits, g.Unlisted), GPUUnits)
-		if fb := int(g.FramebufferMiB); fb > 0 {
-			// Every vGPU on the GPU is an instance with an allocation.
-			p.inv[FramebufferClass] = one(fb, 0, fb)
+		if out == nil {
+			out = map[string]int{}
 		}
-		if down {
-			for name, inv := range p.inv {
-				inv.Reserved = max(0, inv.Total-used[name])
-				p.inv[name] = inv
-			}
+		for rc, n := range r {
+			out[rc] += n
 		}
-		sort.Strings(p.traits)
-		out = append(out, p)
 	}
 	return out
 }

@@ -115,7 +115,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		ps.held[consumer] = true
 	}
 	// empty: the provider held no allocation at invGen.
-	written, invGen, empty := effective(p, have), gen, len(have) == 0
+	written, invGen, empty := s.effectiveNow(p, have), gen, len(have) == 0
 	skip := hit && exists && c.gen == gen && sameInventories(c.inv, written) && sameSet(c.traits, p.traits)
 	if !skip {
 		// A provider this pass made has no inventories, traits or
@@ -124,7 +124,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		if !exists {
 			made = &invState{gen: 0}
 		}
-		o, err := s.syncInventoryFrom(ctx, p, made, nil)
+		o, err := s.syncInventoryFrom(ctx, p, made, ahead{})
 		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
@@ -180,7 +180,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	if again {
 		// An allocation rewritten smaller (or removed again) lowers
 		// the totals raised for it.
-		o, err := s.syncInventoryFrom(ctx, p, nil, nil)
+		o, err := s.syncInventoryFrom(ctx, p, nil, ahead{})
 		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
@@ -214,7 +214,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 // the write (a conflict: read again) or after it (its view is newer).
 // It returns what Placement holds, and the provider's generation then.
 func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]placementapi.Inventory, int, error) {
-	o, err := s.syncInventoryFrom(ctx, p, nil, nil)
+	o, err := s.syncInventoryFrom(ctx, p, nil, ahead{})
 	return o.inv, o.gen, err
 }
 
@@ -234,13 +234,22 @@ type invState struct {
 	gen int
 }
 
+// ahead is what an inventory write counts ahead of Placement's
+// allocations: pending, allocations (consumer → resources) about to be
+// written, counted as the host's beside its instances' (a claim of room
+// not offered, claimUnoffered); gone, a consumer whose allocation is
+// about to be removed, not counted (a destroy's settle).
+type ahead struct {
+	pending map[string]map[string]int
+	gone    string
+}
+
 // syncInventoryFrom is syncInventory starting, when known is not nil,
-// from what is known instead of reading it (a conflict reads as usual);
-// pending are allocations (consumer → resources) counted as the host's
-// beside its instances' (a claim about to be written, claimUnoffered).
+// from what is known instead of reading it (a conflict reads as usual),
+// with the allocations ahead of Placement's counted as they will be.
 // empty reports whether the provider held no allocation at the
-// generation returned.
-func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *invState, pending map[string]map[string]int) (invOutcome, error) {
+// generation returned (gone not counted).
+func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *invState, ah ahead) (invOutcome, error) {
 	for try := 0; ; try++ {
 		var cur map[string]placementapi.Inventory
 		var gen int
@@ -249,23 +258,21 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 		if try == 0 && known != nil {
 			gen = known.gen
 		} else {
-			if cur, gen, err = s.c.Inventories(ctx, p.uuid); err != nil {
-				return invOutcome{}, fmt.Errorf("inventories of %s: %w", p.name, err)
+			if cur, gen, have, err = s.readHeld(ctx, p); err != nil {
+				return invOutcome{}, err
 			}
-			if have, err = s.c.ProviderAllocations(ctx, p.uuid); err != nil {
-				return invOutcome{}, fmt.Errorf("allocations of %s: %w", p.name, err)
-			}
+			delete(have, ah.gone)
 		}
 		now, err := s.fresh(p)
 		if err != nil {
 			return invOutcome{}, fmt.Errorf("read GPU %s: %w", p.gpu.PCI, err)
 		}
-		if len(pending) > 0 {
+		if len(ah.pending) > 0 {
 			allocs := maps.Clone(now.allocs)
-			maps.Copy(allocs, pending)
+			maps.Copy(allocs, ah.pending)
 			now.allocs = allocs
 		}
-		want := effective(&now, have)
+		want := s.effectiveNow(&now, have)
 		if sameInventories(cur, want) {
 			return invOutcome{inv: want, gen: gen, read: gen, empty: len(have) == 0}, nil
 		}
@@ -288,6 +295,35 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 		// landed since, or the write would have been a conflict.
 		return invOutcome{inv: want, gen: gen, read: read, empty: len(have) == 0}, nil
 	}
+}
+
+// readHeld reads what p's provider holds: the allocations on it, the
+// generation Placement read before them, and the inventories at that
+// generation. Those are known without a read where this syncer last wrote
+// or read them at that very generation (any change to the provider moves
+// it); else they are read, and where the generation moved in between, the
+// allocations are read again after them.
+func (s *Syncer) readHeld(ctx context.Context, p *gpuProvider) (map[string]placementapi.Inventory, int, map[string]map[string]int, error) {
+	have, gen, err := s.c.ProviderAllocationsAt(ctx, p.uuid)
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("allocations of %s: %w", p.name, err)
+	}
+	s.mu.Lock()
+	c, hit := s.cache[p.uuid]
+	s.mu.Unlock()
+	if hit && c.gen == gen {
+		return c.inv, gen, have, nil
+	}
+	cur, igen, err := s.c.Inventories(ctx, p.uuid)
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("inventories of %s: %w", p.name, err)
+	}
+	if igen != gen {
+		if have, err = s.c.ProviderAllocations(ctx, p.uuid); err != nil {
+			return nil, 0, nil, fmt.Errorf("allocations of %s: %w", p.name, err)
+		}
+	}
+	return cur, igen, have, nil
 }
 
 // fresh is p as the host has it now (p itself when the host no longer
@@ -428,7 +464,13 @@ func (s *Syncer) removeUnheld(ctx context.Context, consumer string, moved bool) 
 
 // removeAllocation drops what consumer holds on this host's providers.
 func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
-	err := s.editConsumer(ctx, consumer, func(a map[string]placementapi.Allocation) {
+	return s.removeAllocationFrom(ctx, consumer, nil)
+}
+
+// removeAllocationFrom is removeAllocation starting from read, the
+// consumer as read just before (nil: read it).
+func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read *placementapi.Consumer) error {
+	err := s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
 		for pu := range a {
 			if s.ours(pu) {
 				delete(a, pu)
@@ -453,10 +495,20 @@ func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
 // editConsumer reads a consumer, edits its allocations and writes them at
 // the generation read, re-reading after a conflict.
 func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(map[string]placementapi.Allocation)) error {
+	return s.editConsumerFrom(ctx, consumer, nil, edit)
+}
+
+// editConsumerFrom is editConsumer starting from read, the consumer as
+// read just before (nil: read it). A read that holds nothing is read
+// again: what was written since is this edit's too.
+func (s *Syncer) editConsumerFrom(ctx context.Context, consumer string, read *placementapi.Consumer, edit func(map[string]placementapi.Allocation)) error {
 	var learnt *int
 	for try := 0; ; try++ {
-		cur, err := s.c.Consumer(ctx, consumer)
-		if err != nil {
+		var cur placementapi.Consumer
+		var err error
+		if try == 0 && read != nil && len(read.Allocations) > 0 {
+			cur = *read
+		} else if cur, err = s.c.Consumer(ctx, consumer); err != nil {
 			return err
 		}
 		if cur.Generation == nil && learnt != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,9 @@ type recorder struct {
 	url string
 	mu  sync.Mutex
 	log []string
+	// before, if set (before the syncer's first request), runs before
+	// each request goes on to Placement.
+	before func(*http.Request)
 }
 
 func startRecorder(t *testing.T, target string) *recorder {
@@ -36,7 +40,11 @@ func startRecorder(t *testing.T, target string) *recorder {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.log = append(r.log, req.Method+" "+req.URL.Path)
+		before := r.before
 		r.mu.Unlock()
+		if before != nil {
+			before(req)
+		}
 		proxy.ServeHTTP(w, req)
 	}))
 	t.Cleanup(srv.Close)
@@ -223,9 +231,10 @@ func TestResyncWritesAllocationsTogether(t *testing.T) {
 }
 
 // A destroy's settle writes its GPU's inventories from the generation the
-// last pass left: the pass after it knows the provider without reading it
-// (it holds nothing now), where it read its inventories, traits and
-// allocations again.
+// last pass left, before it removes the allocation, and reads the
+// consumer beside the provider: the pass after it knows the provider
+// without reading it (it holds nothing now), where it read its
+// inventories, traits and allocations again.
 func TestPassAfterSettleReadsNothingSettled(t *testing.T) {
 	srv, c := startPlacement(t)
 	a, ra := recordedHost(t, "hosta", srv.URL())
@@ -242,8 +251,16 @@ func TestPassAfterSettleReadsNothingSettled(t *testing.T) {
 		t.Fatal(err)
 	}
 	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
-	if got := ra.take(); count(got, "PUT /resource_providers/"+l4+"/inventories") != 1 {
-		t.Fatalf("the destroy's settle did not write the inventories: %v", got)
+	// Four requests, three deep: the provider's allocations and the
+	// consumer read together, the inventories written (known at the
+	// generation the pass left, not read), the allocation removed.
+	got := ra.take()
+	read := "GET /allocations/" + rec.UUID
+	i := slices.Index(got, read)
+	publish := slices.Delete(slices.Clone(got), max(i, 0), max(i, 0)+1)
+	want := []string{"GET /resource_providers/" + l4 + "/allocations", "PUT /resource_providers/" + l4 + "/inventories", "DELETE /allocations/" + rec.UUID}
+	if i < 0 || i == len(got)-1 || !slices.Equal(publish, want) {
+		t.Fatalf("the destroy's settle made %v, want %s beside %v", got, read, want)
 	}
 	a.pass(t)
 	if got := ra.take(); len(got) != 1 {

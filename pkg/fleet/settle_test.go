@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"errors"
+	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -52,6 +54,72 @@ func TestSettleBeforeReturn(t *testing.T) {
 		t.Fatalf("allocation right after the destroy returned: %+v, %v", cons, err)
 	}
 	inSync("a destroy")
+}
+
+// TestDestroyPublishesBeforeRemoval: a destroy's settle writes the GPU's
+// inventories as they stand without the instance before it removes the
+// instance's allocation. Removed first, Placement would offer the freed
+// room beside carvable totals searched with the instance still carved,
+// and could accept a mix the freed slots cannot hold in every order. When
+// the removal reaches Placement, the inventories there are already the
+// host's after the destroy.
+func TestDestroyPublishesBeforeRemoval(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	rec := startRecorder(t, srv.URL())
+	a := startHost(t, "hosts", rec.url, nil, Config{})
+	h100 := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	var d store.Instance
+	for _, name := range []string{"2g.20gb", "1g.10gb", "3g.40gb"} {
+		r := mustCreate(t, a.h, name, sim.DefaultH100MIG)
+		if name == "2g.20gb" {
+			d = r
+		}
+	}
+	a.pass(t)
+	var mu sync.Mutex
+	var atRemoval map[string]placementapi.Inventory
+	rec.mu.Lock()
+	rec.before = func(req *http.Request) {
+		if req.Method == http.MethodGet || req.URL.Path != "/allocations/"+d.UUID {
+			return
+		}
+		inv, _, err := c.Inventories(ctx, h100)
+		if err != nil {
+			t.Errorf("read the H100's inventories at the removal: %v", err)
+		}
+		mu.Lock()
+		atRemoval = inv
+		mu.Unlock()
+	}
+	rec.mu.Unlock()
+	before, _, err := c.Inventories(ctx, h100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.h.Manager.Destroy(ctx, d.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	after, _, err := c.Inventories(ctx, h100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sameInventories(before, after) {
+		t.Fatalf("the destroy of a 2g.20gb changed nothing in the H100's inventories: %v", after)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if atRemoval == nil {
+		t.Fatal("the destroy's settle did not remove the allocation")
+	}
+	if !sameInventories(atRemoval, after) {
+		t.Fatalf("when the allocation was removed Placement held %v; after the settle %v", atRemoval, after)
+	}
+	for _, p := range a.s.desired(mustView(t, a)) {
+		if p.uuid == h100 && !sameInventories(after, p.inv) {
+			t.Fatalf("after the destroy Placement holds %v; the host %v", after, p.inv)
+		}
+	}
 }
 
 // TestLocalCreateOfRoomNotOffered: carvable inventories hold back the

@@ -129,7 +129,7 @@ func (s *Syncer) compareProvider(ctx context.Context, p *gpuProvider, inTree map
 	}
 	ps.PlacementAllocations = len(allocs)
 	// What a pass publishes with these allocations held (effective).
-	want := effective(p, allocs)
+	want := s.effectiveNow(p, allocs)
 	used := map[string]int{}
 	for _, r := range allocs {
 		for rc, n := range r {

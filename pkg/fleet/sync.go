@@ -579,6 +579,23 @@ func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
 	return want
 }
 
+// effectiveNow is effective for p with have on its provider, the
+// carvable totals searched again with what have holds there beyond the
+// host's instances (uncarvedOn): those claims count in Placement's usage,
+// so totals searched from the occupancy alone would let Placement accept,
+// beside them, a mix the host cannot carve.
+func (s *Syncer) effectiveNow(p *gpuProvider, have map[string]map[string]int) map[string]placementapi.Inventory {
+	if s.cfg.Inventories != InventoriesCarvable || !p.gpu.MIG {
+		return effective(p, have)
+	}
+	uncarved := uncarvedOn(p, have)
+	if len(uncarved) == 0 {
+		return effective(p, have)
+	}
+	q := providerOf(s.cfg.Host, s.top(), p.host, unitsWith(p.host, s.shapes, s.cfg.Inventories, s.carves, uncarved))
+	return effective(&q, have)
+}
+
 // ensureTop makes the root provider, which the tree just read lacks (or
 // fails for a configured parent that is missing: vgpud never makes it).
 func (s *Syncer) ensureTop(ctx context.Context) error {

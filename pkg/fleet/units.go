@@ -89,6 +89,13 @@ func unitsOf(g manager.FleetGPU, sm *shapeMemory) gpuUnits {
 // unitsIn is g in Placement's units with the inventories of mode
 // (InventoriesExact, InventoriesCarvable), carvable totals kept in cache.
 func unitsIn(g manager.FleetGPU, sm *shapeMemory, mode string, cache *carveCache) gpuUnits {
+	return unitsWith(g, sm, mode, cache, nil)
+}
+
+// unitsWith is unitsIn with carvable totals that also keep carvable every
+// mix holding uncarved: what Placement's allocations on the GPU hold
+// beyond the host's instances (resource class → units, uncarvedOn).
+func unitsWith(g manager.FleetGPU, sm *shapeMemory, mode string, cache *carveCache, uncarved map[string]int) gpuUnits {
 	sh := sm.of(g)
 	u := gpuUnits{UUID: g.UUID, PCI: g.PCI, Model: g.Model, State: g.State, MIG: sh.mig, Flavour: sh.flavour, Heterogeneous: sh.het}
 	if g.Grid != nil && u.MIG {
@@ -121,7 +128,7 @@ func unitsIn(g manager.FleetGPU, sm *shapeMemory, mode string, cache *carveCache
 		u.Unclaimable = max(0, g.SlotsUsed-claimed)
 	}
 	if mode == InventoriesCarvable {
-		carvable(&u, g, cache)
+		carvable(&u, g, cache, uncarved)
 	}
 	return u
 }

@@ -262,17 +262,30 @@ func (c *Client) SetTraits(ctx context.Context, id string, gen int, traits []str
 
 // ProviderAllocations reads what every consumer holds on one provider.
 func (c *Client) ProviderAllocations(ctx context.Context, id string) (map[string]map[string]int, error) {
+	res, _, err := c.ProviderAllocationsAt(ctx, id)
+	return res, err
+}
+
+// ProviderAllocationsAt is ProviderAllocations with the provider's
+// generation, which Placement reads before the allocations: an
+// allocation that lands in between makes a write at that generation a
+// conflict.
+func (c *Client) ProviderAllocationsAt(ctx context.Context, id string) (map[string]map[string]int, int, error) {
 	var out struct {
+		Generation  *int                  `json:"resource_provider_generation"`
 		Allocations map[string]Allocation `json:"allocations"`
 	}
 	if err := c.Do(ctx, "GET", "/resource_providers/"+url.PathEscape(id)+"/allocations", nil, &out); err != nil {
-		return nil, err
+		return nil, 0, err
+	}
+	if out.Generation == nil {
+		return nil, 0, fmt.Errorf("allocations of %s: no generation: %w", id, ErrMalformed)
 	}
 	res := map[string]map[string]int{}
 	for consumer, a := range out.Allocations {
 		res[consumer] = a.Resources
 	}
-	return res, nil
+	return res, *out.Generation, nil
 }
 
 // Consumer reads one consumer's allocations (an unknown consumer has none
