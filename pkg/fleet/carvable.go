@@ -165,8 +165,9 @@ func (c *carver) search(rooms []int, free, least int) carveResult {
 
 // cut lowers totals from rooms until every mix within them and slice
 // capacity f is carvable (ok false: out of budget). No total falls below
-// its floor: when only the claims in flight make a mix fail, they are
-// stale already, and the totals are the floors (nothing more offered).
+// its floor: when only the claims in flight make a mix fail (some order
+// of them does not carve), the totals are the floors: no MIG class
+// offers more than they hold.
 func (c *carver) cut(rooms []int, f int) ([]int, bool) {
 	t := append([]int(nil), rooms...)
 	for {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
@@ -48,7 +49,7 @@ func (s *Syncer) Claim(ctx context.Context, c manager.FleetClaim) error {
 		err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 		if errors.Is(err, placementapi.ErrCapacity) {
 			s.met.claims.WithLabelValues("republish").Inc()
-			if perr := s.publishOne(ctx, &p, ""); perr == nil {
+			if _, perr := s.publishOne(ctx, &p, ""); perr == nil {
 				err = s.writeAllocation(ctx, c.Instance, p.uuid, want)
 			}
 		}
@@ -111,22 +112,23 @@ func (s *Syncer) reached(err error) {
 // the provider's generation it read is the one the last pass left it at,
 // nothing else changed there since (a destroy's removal bumps none): what
 // the pass knew of it, with the inventories written now, holds at the
-// generation the write gave it, and the next pass need not read it again
-// (a settle whose removal then fails forgets it).
-func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) error {
+// generation the write gave it, and the next pass need not read it again.
+// With gone the provider is not known empty until the removal lands
+// (Settle).
+func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (invOutcome, error) {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
-		return err
+		return invOutcome{}, err
 	}
 	o, err := s.syncInventoryFrom(ctx, p, nil, ahead{gone: gone})
 	if err != nil {
-		return err
+		return invOutcome{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.cache[p.uuid]; ok && c.gen == o.read {
-		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, empty: o.empty}
+		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, empty: o.empty && gone == ""}
 	}
-	return nil
+	return o, nil
 }
 
 // Unclaim marks a failed create's claim (or a destroyed instance's
@@ -275,7 +277,7 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 	err = write()
 	if errors.Is(err, placementapi.ErrCapacity) {
 		s.met.claims.WithLabelValues("republish").Inc()
-		if perr := s.publishOne(ctx, &p, ""); perr == nil {
+		if _, perr := s.publishOne(ctx, &p, ""); perr == nil {
 			err = write()
 		}
 	}
@@ -355,7 +357,7 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		return later("the GPU's provider", errors.Join(err, placementapi.ErrNotFound))
 	}
 	if removed == "" {
-		err = s.publishOne(ctx, &p, "")
+		_, err = s.publishOne(ctx, &p, "")
 		s.reached(err)
 		if err != nil {
 			return later("the inventory of "+p.name, err)
@@ -366,11 +368,11 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 	// then the allocation. Removed first, its room would be offered
 	// beside totals searched with the instance still carved: Placement
 	// could accept a mix that the freed slots cannot hold in every order
-	// (a stale claim). Until the removal lands Placement holds totals
-	// below what is held on the destroyed instance's classes (it takes
-	// them, and logs it) and offers nothing of them.
-	// The consumer is read beside the publish, so that the removal is
-	// one write after it.
+	// (a stale claim). Until the removal lands, Placement counts the
+	// allocation against the new totals (it takes totals below what is
+	// held, and logs it): it offers less than the host has, never more.
+	// The publish has half the settle's time, so that the removal, which
+	// frees the room, still has the rest; the consumer is read beside it.
 	type consumerRead struct {
 		c   placementapi.Consumer
 		err error
@@ -380,32 +382,45 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		c, err := s.c.Consumer(ctx, removed)
 		pre <- consumerRead{c, err}
 	}()
-	perr := s.publishOne(ctx, &p, removed)
+	pctx, pcancel := context.WithTimeout(ctx, s.deadline(s.cfg.SettleTimeout)/2)
+	o, perr := s.publishOne(pctx, &p, removed)
+	pcancel()
 	s.reached(perr)
 	var read *placementapi.Consumer
 	if r := <-pre; r.err == nil {
 		read = &r.c
 	}
+	var on []string
 	err = s.lockAlloc(ctx)
 	if err == nil {
 		// Under allocMu: a pass's write of this allocation is either
-		// wholly done (and removed here: a write after the read above
-		// makes a conflict, and the edit reads again) or sees the
-		// instance gone.
-		err = s.removeAllocationFrom(ctx, removed, read)
+		// wholly done (and removed here: the removal is written at the
+		// consumer generation read, so a write since makes a conflict
+		// and the edit reads again) or sees the instance gone.
+		on, err = s.removeAllocationFrom(ctx, removed, read)
 		s.unlockAlloc()
 	}
 	s.reached(err)
-	if err != nil {
-		// What the publish left cached counted the allocation as gone.
-		s.mu.Lock()
+	s.mu.Lock()
+	if c, ok := s.cache[p.uuid]; ok && perr == nil && c.gen == o.gen {
+		// What the publish cached counted the allocation as gone. The
+		// removal written here moved the provider's generation by one:
+		// at that generation (unless something else moved it too, and
+		// the next pass reads it) the provider holds the inventories
+		// published and what they counted.
 		delete(s.cache, p.uuid)
-		s.mu.Unlock()
+		if err == nil && slices.Contains(on, p.uuid) {
+			c.gen, c.empty = o.gen+1, o.empty
+			s.cache[p.uuid] = c
+		}
+	}
+	if err == nil {
+		s.settled[removed] = s.now()
+	}
+	s.mu.Unlock()
+	if err != nil {
 		return later("the allocation of destroyed instance "+removed, errors.Join(err, perr))
 	}
-	s.mu.Lock()
-	s.settled[removed] = s.now()
-	s.mu.Unlock()
 	if perr != nil {
 		removed = ""
 		return later("the inventory of "+p.name, perr)

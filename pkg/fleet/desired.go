@@ -113,7 +113,7 @@ func providerOf(host, top string, hg manager.FleetGPU, g gpuUnits) gpuProvider {
 	return p
 }
 
-// uncarvedOn is what the allocations have holds on p's provider beyond
+// uncarvedOn is what the allocations in have hold on p's provider beyond
 // the host's instances (resource class → units): claims Placement
 // accepted that the host has not carved yet (or never will: a claim
 // whose create went elsewhere, until it is removed).

@@ -261,8 +261,9 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 			if cur, gen, have, err = s.readHeld(ctx, p); err != nil {
 				return invOutcome{}, err
 			}
-			delete(have, ah.gone)
 		}
+		goneHeld := have[ah.gone]
+		delete(have, ah.gone)
 		now, err := s.fresh(p)
 		if err != nil {
 			return invOutcome{}, fmt.Errorf("read GPU %s: %w", p.gpu.PCI, err)
@@ -273,6 +274,14 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 			now.allocs = allocs
 		}
 		want := s.effectiveNow(&now, have)
+		for rc, n := range goneHeld {
+			// A class only the allocation about to go holds: Placement
+			// refuses to delete it while held (inventory in use); kept
+			// with nothing free, the next pass drops it.
+			if _, ok := want[rc]; !ok {
+				want[rc] = one(n, n, n)
+			}
+		}
 		if sameInventories(cur, want) {
 			return invOutcome{inv: want, gen: gen, read: gen, empty: len(have) == 0}, nil
 		}
@@ -464,23 +473,28 @@ func (s *Syncer) removeUnheld(ctx context.Context, consumer string, moved bool) 
 
 // removeAllocation drops what consumer holds on this host's providers.
 func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
-	return s.removeAllocationFrom(ctx, consumer, nil)
+	_, err := s.removeAllocationFrom(ctx, consumer, nil)
+	return err
 }
 
 // removeAllocationFrom is removeAllocation starting from read, the
-// consumer as read just before (nil: read it).
-func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read *placementapi.Consumer) error {
+// consumer as read just before (nil: read it). It returns the providers
+// the removal was written on: each one's generation moved by one.
+func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read *placementapi.Consumer) ([]string, error) {
+	var on []string
 	err := s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
+		on = nil
 		for pu := range a {
 			if s.ours(pu) {
 				delete(a, pu)
+				on = append(on, pu)
 			}
 		}
 	})
 	if errors.Is(err, placementapi.ErrNotFound) {
 		// Deleted meanwhile (a scheduler dropping its refused claim while
-		// the pass removes it): what the pass wanted.
-		err = nil
+		// the pass removes it): what the pass wanted, not written.
+		err, on = nil, nil
 	}
 	if err == nil {
 		s.mu.Lock()
@@ -489,7 +503,10 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 		delete(s.known, consumer)
 		s.mu.Unlock()
 	}
-	return err
+	if err != nil {
+		on = nil
+	}
+	return on, err
 }
 
 // editConsumer reads a consumer, edits its allocations and writes them at

@@ -230,11 +230,27 @@ func TestResyncWritesAllocationsTogether(t *testing.T) {
 	}
 }
 
+// destroySettled fails unless got are the requests of a destroy's settle
+// of consumer on provider: four, three one after another. The provider's
+// allocations, with the consumer read beside them; the inventories,
+// known at the generation the last pass left (not read), written; the
+// allocation removed at the consumer's generation.
+func destroySettled(t *testing.T, got []string, consumer, provider string) {
+	t.Helper()
+	read := "GET /allocations/" + consumer
+	i := slices.Index(got, read)
+	rest := slices.Delete(slices.Clone(got), max(i, 0), max(i, 0)+1)
+	want := []string{"GET /resource_providers/" + provider + "/allocations", "PUT /resource_providers/" + provider + "/inventories", "PUT /allocations/" + consumer}
+	if i < 0 || i == len(got)-1 || !slices.Equal(rest, want) {
+		t.Fatalf("the destroy's settle made %v, want %s beside %v", got, read, want)
+	}
+}
+
 // A destroy's settle writes its GPU's inventories from the generation the
-// last pass left, before it removes the allocation, and reads the
-// consumer beside the provider: the pass after it knows the provider
-// without reading it (it holds nothing now), where it read its
-// inventories, traits and allocations again.
+// last pass left, then removes the allocation: the pass after it knows
+// the provider without reading it (it holds nothing now, at the
+// generation the removal moved it to), where it read its inventories,
+// traits and allocations again.
 func TestPassAfterSettleReadsNothingSettled(t *testing.T) {
 	srv, c := startPlacement(t)
 	a, ra := recordedHost(t, "hosta", srv.URL())
@@ -251,17 +267,7 @@ func TestPassAfterSettleReadsNothingSettled(t *testing.T) {
 		t.Fatal(err)
 	}
 	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
-	// Four requests, three deep: the provider's allocations and the
-	// consumer read together, the inventories written (known at the
-	// generation the pass left, not read), the allocation removed.
-	got := ra.take()
-	read := "GET /allocations/" + rec.UUID
-	i := slices.Index(got, read)
-	publish := slices.Delete(slices.Clone(got), max(i, 0), max(i, 0)+1)
-	want := []string{"GET /resource_providers/" + l4 + "/allocations", "PUT /resource_providers/" + l4 + "/inventories", "DELETE /allocations/" + rec.UUID}
-	if i < 0 || i == len(got)-1 || !slices.Equal(publish, want) {
-		t.Fatalf("the destroy's settle made %v, want %s beside %v", got, read, want)
-	}
+	destroySettled(t, ra.take(), rec.UUID, l4)
 	a.pass(t)
 	if got := ra.take(); len(got) != 1 {
 		t.Fatalf("the pass after a settled destroy made %d requests, want the tree alone: %v", len(got), got)
@@ -296,10 +302,10 @@ func TestRemovalLeftBySettleGoesFirst(t *testing.T) {
 	ra.take()
 	a.pass(t)
 	got := ra.take()
-	if len(got) < 2 || got[0] != "GET /allocations/"+ids[0] || got[1] != "DELETE /allocations/"+ids[0] {
+	if len(got) < 2 || got[0] != "GET /allocations/"+ids[0] || got[1] != "PUT /allocations/"+ids[0] {
 		t.Fatalf("the pass did not remove the allocation first: %v", got)
 	}
-	if n := count(got, "DELETE /allocations/"); n != 1 {
+	if n := count(got, "PUT /allocations/"); n != 1 {
 		t.Fatalf("%d removals, want one: %v", n, got)
 	}
 	converged(t, c, a)

@@ -76,6 +76,9 @@ func TestDestroyPublishesBeforeRemoval(t *testing.T) {
 			d = r
 		}
 	}
+	// The second pass reads the generation the first one's allocation
+	// writes left, and knows the inventories at it.
+	a.pass(t)
 	a.pass(t)
 	var mu sync.Mutex
 	var atRemoval map[string]placementapi.Inventory
@@ -97,8 +100,13 @@ func TestDestroyPublishesBeforeRemoval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.h.Manager.Destroy(ctx, d.UUID, manager.DestroyOptions{}); err != nil {
+	rec.take()
+	octx, outcome := manager.WithPlacementOutcome(ctx)
+	if err := a.h.Manager.Destroy(octx, d.UUID, manager.DestroyOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	if got := outcome.Behind(); got != "" {
+		t.Fatalf("the destroy reports Placement behind: %q", got)
 	}
 	after, _, err := c.Inventories(ctx, h100)
 	if err != nil {
@@ -107,6 +115,7 @@ func TestDestroyPublishesBeforeRemoval(t *testing.T) {
 	if sameInventories(before, after) {
 		t.Fatalf("the destroy of a 2g.20gb changed nothing in the H100's inventories: %v", after)
 	}
+	destroySettled(t, rec.take(), d.UUID, h100)
 	mu.Lock()
 	defer mu.Unlock()
 	if atRemoval == nil {
@@ -118,6 +127,75 @@ func TestDestroyPublishesBeforeRemoval(t *testing.T) {
 	for _, p := range a.s.desired(mustView(t, a)) {
 		if p.uuid == h100 && !sameInventories(after, p.inv) {
 			t.Fatalf("after the destroy Placement holds %v; the host %v", after, p.inv)
+		}
+	}
+}
+
+// TestDestroyOfRoomNotOffered: the 7g.80gb is the H100's one instance;
+// once it is destroyed the carvable totals of the empty H100 hold no
+// 7g.80gb class. The destroy's settle publishes before it removes the
+// allocation, which still holds that class, and Placement refuses to
+// delete a class in use: the settle keeps it, with nothing free, the
+// destroy reports nothing behind, and the next pass drops the class.
+func TestDestroyOfRoomNotOffered(t *testing.T) {
+	srv, c := startPlacement(t)
+	a := startHost(t, "hosta", srv.URL(), nil, Config{})
+	ctx := context.Background()
+	h100 := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	r := mustCreate(t, a.h, "7g.80gb", sim.DefaultH100MIG)
+	a.pass(t)
+	octx, outcome := manager.WithPlacementOutcome(ctx)
+	if err := a.h.Manager.Destroy(octx, r.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome.Behind(); got != "" {
+		t.Fatalf("the destroy of the H100's 7g.80gb reports Placement behind: %q", got)
+	}
+	if cons, err := c.Consumer(ctx, r.UUID); err != nil || len(cons.Allocations) != 0 {
+		t.Fatalf("allocation right after the destroy returned: %+v, %v", cons, err)
+	}
+	inv, _, err := c.Inventories(ctx, h100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i, ok := inv["CUSTOM_VGPUD_MIG_7G_80GB"]; ok && i.Total-i.Reserved > 0 {
+		t.Fatalf("after the destroy Placement offers a 7g.80gb on the empty H100: %+v", i)
+	}
+	a.pass(t)
+	if inv, _, err = c.Inventories(ctx, h100); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := inv["CUSTOM_VGPUD_MIG_7G_80GB"]; ok {
+		t.Fatalf("the pass after the destroy keeps the 7g.80gb class: %v", inv)
+	}
+	converged(t, c, a)
+}
+
+// TestLocalCreateOfRoomNotOfferedBesideAClaim: a local create of a
+// profile fleet.offer leaves out, on an H100 where a scheduler's claim
+// is still in flight. The claim's write counts the new instance as the
+// host's while the carvable totals are searched with the claim in
+// flight; the create is carved, reports nothing behind, and both
+// allocations stand.
+func TestLocalCreateOfRoomNotOfferedBesideAClaim(t *testing.T) {
+	srv, c := startPlacement(t)
+	offer := map[string][]string{"H100-SXM5-80GB": {"3g.40gb", "1g.10gb"}}
+	a := startHost(t, "hosta", srv.URL(), nil, Config{Offer: offer})
+	a.pass(t)
+	ctx := context.Background()
+	h100 := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	claim := schedulerClaims(t, c, "CUSTOM_VGPUD_MIG_3G_40GB:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_MIG_SLICE:4")
+	octx, outcome := manager.WithPlacementOutcome(ctx)
+	rec, err := a.h.Manager.Create(octx, manager.CreateRequest{Tenant: "acme", Profile: "2g.20gb", GPU: sim.DefaultH100MIG})
+	if err != nil {
+		t.Fatalf("a local 2g.20gb (not offered) beside a scheduler's 3g.40gb in flight: %v", err)
+	}
+	if got := outcome.Behind(); got != "" {
+		t.Fatalf("the create reports Placement behind: %q", got)
+	}
+	for _, id := range []string{claim, rec.UUID} {
+		if cons, err := c.Consumer(ctx, id); err != nil || len(cons.Allocations[h100].Resources) == 0 {
+			t.Fatalf("allocation of %s on the H100: %+v, %v", id, cons.Allocations, err)
 		}
 	}
 }

@@ -593,6 +593,9 @@ func (s *Syncer) effectiveNow(p *gpuProvider, have map[string]map[string]int) ma
 		return effective(p, have)
 	}
 	q := providerOf(s.cfg.Host, s.top(), p.host, unitsWith(p.host, s.shapes, s.cfg.Inventories, s.carves, uncarved))
+	// p's allocations, not only the host's instances: a claim about to
+	// be written (claimUnoffered) is counted as the host's.
+	q.allocs = p.allocs
 	return effective(&q, have)
 }
 

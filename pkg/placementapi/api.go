@@ -310,10 +310,16 @@ func (c *Client) Consumer(ctx context.Context, id string) (Consumer, error) {
 
 // PutConsumer replaces a consumer's allocations. cons.Generation must be
 // what Consumer returned (nil for a new consumer); a change in between is
-// ErrConflict. Empty allocations delete the consumer.
+// ErrConflict. Empty allocations delete the consumer: at cons.Generation
+// where it is set (a PUT of no allocations, microversion 1.28), so a
+// change since the read is ErrConflict too; whatever it holds where it is
+// nil (a DELETE).
 func (c *Client) PutConsumer(ctx context.Context, id string, cons Consumer) error {
 	if len(cons.Allocations) == 0 {
-		return c.Do(ctx, "DELETE", "/allocations/"+url.PathEscape(id), nil, nil)
+		if cons.Generation == nil {
+			return c.Do(ctx, "DELETE", "/allocations/"+url.PathEscape(id), nil, nil)
+		}
+		cons.Allocations = map[string]Allocation{}
 	}
 	return c.Do(ctx, "PUT", "/allocations/"+url.PathEscape(id), cons, nil)
 }
