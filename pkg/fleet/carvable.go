@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -101,7 +102,10 @@ func carvable(u *gpuUnits, g manager.FleetGPU, cache *carveCache, uncarved map[s
 	}
 	// The slices claims in flight hold are not held back.
 	least = min(free, max(least, uncarved[SliceClass]))
-	key := cacheKey(pg, rooms, free) + "|" + strconv.Itoa(least) + "|" + fmt.Sprint(c.floors)
+	key := cacheKey(pg, rooms, free) + "|" + strconv.Itoa(least)
+	if slices.ContainsFunc(c.floors, func(n int) bool { return n > 0 }) {
+		key += "|" + fmt.Sprint(c.floors)
+	}
 	res, ok := cache.get(key)
 	if !ok {
 		res = c.search(rooms, free, least)

@@ -110,11 +110,12 @@ func (s *Syncer) reached(err error) {
 // publishOne re-publishes one GPU's inventory now, the allocation of
 // consumer gone (if not "") not counted: its removal comes next. Where
 // the provider's generation it read is the one the last pass left it at,
-// nothing else changed there since (a destroy's removal bumps none): what
+// nothing else changed there since (a DELETE of an allocation, which
+// moves no generation, is read by the pass as usual): what
 // the pass knew of it, with the inventories written now, holds at the
 // generation the write gave it, and the next pass need not read it again.
 // With gone the provider is not known empty until the removal lands
-// (Settle).
+// (Settle, which knows the generation that moves it to).
 func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (invOutcome, error) {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
 		return invOutcome{}, err
@@ -341,7 +342,8 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		s.met.settles.WithLabelValues(outcome).Inc()
 		s.met.settleTime.Observe(s.now().Sub(start).Seconds())
 	}()
-	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.SettleTimeout))
+	limit := s.deadline(s.cfg.SettleTimeout)
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	later := func(what string, err error) error {
 		outcome = "failed"
@@ -373,6 +375,8 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 	// held, and logs it): it offers less than the host has, never more.
 	// The publish has half the settle's time, so that the removal, which
 	// frees the room, still has the rest; the consumer is read beside it.
+	// A publish that fails still leaves the removal to go (the room is
+	// the host's again), and the pass the failure asks for publishes.
 	type consumerRead struct {
 		c   placementapi.Consumer
 		err error
@@ -382,10 +386,16 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		c, err := s.c.Consumer(ctx, removed)
 		pre <- consumerRead{c, err}
 	}()
-	pctx, pcancel := context.WithTimeout(ctx, s.deadline(s.cfg.SettleTimeout)/2)
+	pctx, pcancel := context.WithTimeout(ctx, limit/2)
 	o, perr := s.publishOne(pctx, &p, removed)
+	if ctx.Err() != nil || pctx.Err() == nil {
+		// Not the publish's own half running out: Placement slow, not
+		// unreachable, is no reason for the short deadlines.
+		s.reached(perr)
+	} else if perr != nil {
+		s.Kick()
+	}
 	pcancel()
-	s.reached(perr)
 	var read *placementapi.Consumer
 	if r := <-pre; r.err == nil {
 		read = &r.c

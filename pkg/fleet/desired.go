@@ -113,21 +113,34 @@ func providerOf(host, top string, hg manager.FleetGPU, g gpuUnits) gpuProvider {
 	return p
 }
 
-// uncarvedOn is what the allocations in have hold on p's provider beyond
-// the host's instances (resource class → units): claims Placement
-// accepted that the host has not carved yet (or never will: a claim
-// whose create went elsewhere, until it is removed).
+// uncarvedOn is what p's provider holds, or is about to hold, beyond the
+// host's instances (resource class → units): the allocations in have
+// whose consumer the host has not carved (claims Placement accepted, or
+// a claim whose create went elsewhere, until it is removed), and p's
+// allocations that are no instance's (a claim about to be written,
+// claimUnoffered).
 func uncarvedOn(p *gpuProvider, have map[string]map[string]int) map[string]int {
+	carved := make(map[string]bool, len(p.gpu.Instances))
+	for _, c := range p.gpu.Instances {
+		carved[c.Instance] = true
+	}
 	var out map[string]int
-	for c, r := range have {
-		if _, ok := p.allocs[c]; ok {
-			continue
-		}
+	add := func(r map[string]int) {
 		if out == nil {
 			out = map[string]int{}
 		}
 		for rc, n := range r {
 			out[rc] += n
+		}
+	}
+	for c, r := range have {
+		if !carved[c] {
+			add(r)
+		}
+	}
+	for c, r := range p.allocs {
+		if _, ok := have[c]; !ok && !carved[c] {
+			add(r)
 		}
 	}
 	return out

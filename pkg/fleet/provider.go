@@ -54,8 +54,8 @@ func (s *Syncer) fail(ps *passState, provider, subject, write string, err error)
 // provider's inventories, together where there are several (fresh.go). The inventories and
 // traits of a provider whose generation and wishes did not change since
 // the last pass are not read again. Allocations are read on every pass
-// (Placement bumps no provider's generation when an allocation is
-// deleted, so a lost one shows nowhere else), except where none can be:
+// (a DELETE of a consumer's allocations bumps no provider's generation,
+// so a lost one shows nowhere else), except where none can be:
 // on a provider this pass made, and on one that held none at the
 // generation it still has (every allocation written bumps the generation
 // of the providers it lands on), so an idle host's empty GPUs cost
@@ -285,6 +285,11 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 		if sameInventories(cur, want) {
 			return invOutcome{inv: want, gen: gen, read: gen, empty: len(have) == 0}, nil
 		}
+		// Totals searched with claims in flight may hold a class no
+		// pass has published yet (held back from the occupancy alone).
+		if err := s.ensureList(ctx, sortedKeys(want), false); err != nil {
+			return invOutcome{}, err
+		}
 		read := gen
 		gen, err = s.c.SetInventories(ctx, p.uuid, gen, want)
 		// A capacity refusal (a class in use deleted) means an allocation
@@ -479,10 +484,11 @@ func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
 
 // removeAllocationFrom is removeAllocation starting from read, the
 // consumer as read just before (nil: read it). It returns the providers
-// the removal was written on: each one's generation moved by one.
+// whose generation the removal moved by exactly one: those it removed the
+// consumer from when that left the consumer nothing (editConsumerFrom).
 func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read *placementapi.Consumer) ([]string, error) {
 	var on []string
-	err := s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
+	emptied, err := s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
 		on = nil
 		for pu := range a {
 			if s.ours(pu) {
@@ -503,7 +509,7 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 		delete(s.known, consumer)
 		s.mu.Unlock()
 	}
-	if err != nil {
+	if err != nil || !emptied {
 		on = nil
 	}
 	return on, err
@@ -512,21 +518,24 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 // editConsumer reads a consumer, edits its allocations and writes them at
 // the generation read, re-reading after a conflict.
 func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(map[string]placementapi.Allocation)) error {
-	return s.editConsumerFrom(ctx, consumer, nil, edit)
+	_, err := s.editConsumerFrom(ctx, consumer, nil, edit)
+	return err
 }
 
 // editConsumerFrom is editConsumer starting from read, the consumer as
 // read just before (nil: read it). A read that holds nothing is read
-// again: what was written since is this edit's too.
-func (s *Syncer) editConsumerFrom(ctx context.Context, consumer string, read *placementapi.Consumer, edit func(map[string]placementapi.Allocation)) error {
+// again: what was written since is this edit's too. emptied reports that
+// the write left the consumer nothing, at the generation read: Placement
+// then moved the generation of every provider it held by one (a write
+// that leaves some moves only those it still holds; a DELETE, none).
+func (s *Syncer) editConsumerFrom(ctx context.Context, consumer string, read *placementapi.Consumer, edit func(map[string]placementapi.Allocation)) (emptied bool, err error) {
 	var learnt *int
 	for try := 0; ; try++ {
 		var cur placementapi.Consumer
-		var err error
 		if try == 0 && read != nil && len(read.Allocations) > 0 {
 			cur = *read
 		} else if cur, err = s.c.Consumer(ctx, consumer); err != nil {
-			return err
+			return false, err
 		}
 		if cur.Generation == nil && learnt != nil {
 			cur.Generation = learnt
@@ -535,7 +544,7 @@ func (s *Syncer) editConsumerFrom(ctx context.Context, consumer string, read *pl
 		before := len(cur.Allocations)
 		edit(cur.Allocations)
 		if before == 0 && len(cur.Allocations) == 0 {
-			return nil
+			return false, nil
 		}
 		cur.ConsumerType = s.consumerType(consumer)
 		if cur.ProjectID == "" {
@@ -549,7 +558,7 @@ func (s *Syncer) editConsumerFrom(ctx context.Context, consumer string, read *pl
 			}
 			continue
 		}
-		return err
+		return err == nil && len(cur.Allocations) == 0 && cur.Generation != nil, err
 	}
 }
 

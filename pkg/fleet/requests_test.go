@@ -194,16 +194,7 @@ func TestResyncWritesAllocationsTogether(t *testing.T) {
 	// something of another provider: the batch is refused as a whole,
 	// and each is written alone with what it holds elsewhere kept.
 	ids := mustInstances(t, a)
-	other := uuid.NewString()
-	if err := c.CreateProvider(ctx, other, "elsewhere", ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.EnsureResourceClass(ctx, "CUSTOM_ELSEWHERE"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.SetInventories(ctx, other, 0, map[string]placementapi.Inventory{"CUSTOM_ELSEWHERE": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1}}); err != nil {
-		t.Fatal(err)
-	}
+	other := elsewhere(t, c)
 	for i, id := range ids[:2] {
 		cons := placementapi.Consumer{Allocations: map[string]placementapi.Allocation{}, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}
 		if i == 0 {
@@ -239,9 +230,8 @@ func destroySettled(t *testing.T, got []string, consumer, provider string) {
 	t.Helper()
 	read := "GET /allocations/" + consumer
 	i := slices.Index(got, read)
-	rest := slices.Delete(slices.Clone(got), max(i, 0), max(i, 0)+1)
 	want := []string{"GET /resource_providers/" + provider + "/allocations", "PUT /resource_providers/" + provider + "/inventories", "PUT /allocations/" + consumer}
-	if i < 0 || i == len(got)-1 || !slices.Equal(rest, want) {
+	if i < 0 || i == len(got)-1 || !slices.Equal(slices.Delete(slices.Clone(got), i, i+1), want) {
 		t.Fatalf("the destroy's settle made %v, want %s beside %v", got, read, want)
 	}
 }
@@ -341,4 +331,77 @@ func TestNamesDefinedMeanwhileListedAgain(t *testing.T) {
 	if n := count(got, "GET /resource_classes"); n != 1 {
 		t.Fatalf("the host listed the classes %d times, want once again: %v", n, got)
 	}
+}
+
+// A destroy whose consumer also holds something of another provider
+// (an instance nova-compute placed, with its VCPUs elsewhere): the
+// removal writes the consumer with what it holds elsewhere, which moves
+// no generation of the GPU's provider. The settle must not take the
+// provider for empty at the next generation: a scheduler's claim landing
+// there next is read by the next pass.
+func TestDestroyHeldElsewhereKeepsProviderRead(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "1g.10gb", GPU: sim.DefaultH100MIG})
+	if err != nil {
+		t.Fatal(err)
+	}
+	converged(t, c, a)
+	other := elsewhere(t, c)
+	cons, err := c.Consumer(ctx, rec.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons.Allocations[other] = placementapi.Allocation{Resources: map[string]int{"CUSTOM_ELSEWHERE": 1}}
+	if err := c.PutConsumer(ctx, rec.UUID, cons); err != nil {
+		t.Fatal(err)
+	}
+	a.pass(t)
+	a.pass(t)
+	if err := a.h.Manager.Destroy(ctx, rec.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 1 || cons.Allocations[other].Resources["CUSTOM_ELSEWHERE"] != 1 {
+		t.Fatalf("after the destroy the consumer holds %+v, %v; want what it holds elsewhere alone", cons.Allocations, err)
+	}
+	claim := schedulerClaims(t, c, "CUSTOM_VGPUD_MIG_1G_10GB:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_MIG_SLICE:1")
+	h100 := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	if cons, err := c.Consumer(ctx, claim); err != nil || cons.Allocations[h100].Resources == nil {
+		t.Fatalf("the scheduler's claim landed on %+v, %v; want the H100", cons.Allocations, err)
+	}
+	ra.take()
+	a.pass(t)
+	if got := ra.take(); count(got, "GET /resource_providers/"+h100+"/allocations") == 0 {
+		t.Fatalf("the pass after the destroy and a scheduler's claim did not read the H100's allocations: %v", got)
+	}
+	if st, err := a.s.Status(ctx); err != nil || st.Providers == nil {
+		t.Fatalf("fleet status: %+v, %v", st, err)
+	} else {
+		for _, p := range st.Providers {
+			if p.UUID == h100 && p.PlacementAllocations != 1 {
+				t.Fatalf("fleet status shows %d allocations on the H100, want the scheduler's claim", p.PlacementAllocations)
+			}
+		}
+	}
+}
+
+// elsewhere makes a provider outside every host's tree, with 4 of
+// CUSTOM_ELSEWHERE: what a consumer may hold beside a GPU (a compute
+// node's VCPUs, say).
+func elsewhere(t *testing.T, c *placementapi.Client) string {
+	t.Helper()
+	ctx := context.Background()
+	other := uuid.NewString()
+	if err := c.CreateProvider(ctx, other, "elsewhere", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureResourceClass(ctx, "CUSTOM_ELSEWHERE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetInventories(ctx, other, 0, map[string]placementapi.Inventory{"CUSTOM_ELSEWHERE": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	return other
 }

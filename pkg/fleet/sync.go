@@ -580,10 +580,10 @@ func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
 }
 
 // effectiveNow is effective for p with have on its provider, the
-// carvable totals searched again with what have holds there beyond the
-// host's instances (uncarvedOn): those claims count in Placement's usage,
-// so totals searched from the occupancy alone would let Placement accept,
-// beside them, a mix the host cannot carve.
+// carvable totals searched again with what the provider holds, or is
+// about to hold, beyond the host's instances (uncarvedOn): those claims
+// count in Placement's usage, so totals searched from the occupancy alone
+// would let Placement accept, beside them, a mix the host cannot carve.
 func (s *Syncer) effectiveNow(p *gpuProvider, have map[string]map[string]int) map[string]placementapi.Inventory {
 	if s.cfg.Inventories != InventoriesCarvable || !p.gpu.MIG {
 		return effective(p, have)
