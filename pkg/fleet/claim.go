@@ -376,7 +376,7 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 	// The publish has half the settle's time, so that the removal, which
 	// frees the room, still has the rest; the consumer is read beside it.
 	// A publish that fails still leaves the removal to go (the room is
-	// the host's again), and the pass the failure asks for publishes.
+	// the host's again), and is tried again after it.
 	type consumerRead struct {
 		c   placementapi.Consumer
 		err error
@@ -430,6 +430,13 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 	s.mu.Unlock()
 	if err != nil {
 		return later("the allocation of destroyed instance "+removed, errors.Join(err, perr))
+	}
+	if perr != nil {
+		// The removal went without the publish before it: publish now,
+		// with the time left, so that the freed room stands beside
+		// totals searched without the instance as soon as may be.
+		_, perr = s.publishOne(ctx, &p, "")
+		s.reached(perr)
 	}
 	if perr != nil {
 		removed = ""

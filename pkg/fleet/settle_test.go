@@ -3,8 +3,13 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -258,5 +263,68 @@ func TestLocalCreateOfRoomNotOffered(t *testing.T) {
 	}
 	if inv, _, err = c.Inventories(ctx, h100); err != nil || inv["CUSTOM_VGPUD_MIG_7G_80GB"].Total != 1 {
 		t.Fatalf("the H100's 7g.80gb inventory after the create: %+v, %v", inv["CUSTOM_VGPUD_MIG_7G_80GB"], err)
+	}
+}
+
+// refuseOnce stands in front of a real Placement and answers the first
+// request that match picks with a 400, as Placement refuses a write it
+// cannot take; every other request goes through.
+func refuseOnce(t *testing.T, target string, match func(*http.Request) bool) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	var done atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if match(r) && done.CompareAndSwap(false, true) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"errors": [{"status": 400, "title": "Bad Request", "detail": "refused for this test", "code": "placement.undefined_code"}]}`)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestDestroyPublishesAgainAfterAFailedPublish: a destroy's publish
+// before the removal is refused; the removal still goes, and the settle
+// publishes again after it, so that the destroy returns with Placement
+// up to date and reports nothing behind.
+func TestDestroyPublishesAgainAfterAFailedPublish(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	var h100 string
+	armed := atomic.Bool{}
+	front := refuseOnce(t, srv.URL(), func(r *http.Request) bool {
+		return armed.Load() && r.Method == http.MethodPut && r.URL.Path == "/resource_providers/"+h100+"/inventories"
+	})
+	a := startHost(t, "hosta", front, nil, Config{})
+	h100 = GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	d := mustCreate(t, a.h, "2g.20gb", sim.DefaultH100MIG)
+	mustCreate(t, a.h, "1g.10gb", sim.DefaultH100MIG)
+	a.pass(t)
+	armed.Store(true)
+	octx, outcome := manager.WithPlacementOutcome(ctx)
+	if err := a.h.Manager.Destroy(octx, d.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome.Behind(); got != "" {
+		t.Fatalf("the destroy whose first publish was refused reports Placement behind: %q", got)
+	}
+	if cons, err := c.Consumer(ctx, d.UUID); err != nil || len(cons.Allocations) != 0 {
+		t.Fatalf("allocation right after the destroy returned: %+v, %v", cons, err)
+	}
+	inv, _, err := c.Inventories(ctx, h100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range a.s.desired(mustView(t, a)) {
+		if p.uuid == h100 && !sameInventories(inv, p.inv) {
+			t.Fatalf("after the destroy Placement holds %v; the host %v", inv, p.inv)
+		}
 	}
 }
