@@ -106,13 +106,7 @@ func TestDestroyPublishesBeforeRemoval(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.take()
-	octx, outcome := manager.WithPlacementOutcome(ctx)
-	if err := a.h.Manager.Destroy(octx, d.UUID, manager.DestroyOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if got := outcome.Behind(); got != "" {
-		t.Fatalf("the destroy reports Placement behind: %q", got)
-	}
+	destroyUpToDate(t, a, c, d.UUID)
 	after, _, err := c.Inventories(ctx, h100)
 	if err != nil {
 		t.Fatal(err)
@@ -149,16 +143,7 @@ func TestDestroyOfRoomNotOffered(t *testing.T) {
 	h100 := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
 	r := mustCreate(t, a.h, "7g.80gb", sim.DefaultH100MIG)
 	a.pass(t)
-	octx, outcome := manager.WithPlacementOutcome(ctx)
-	if err := a.h.Manager.Destroy(octx, r.UUID, manager.DestroyOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if got := outcome.Behind(); got != "" {
-		t.Fatalf("the destroy of the H100's 7g.80gb reports Placement behind: %q", got)
-	}
-	if cons, err := c.Consumer(ctx, r.UUID); err != nil || len(cons.Allocations) != 0 {
-		t.Fatalf("allocation right after the destroy returned: %+v, %v", cons, err)
-	}
+	destroyUpToDate(t, a, c, r.UUID)
 	inv, _, err := c.Inventories(ctx, h100)
 	if err != nil {
 		t.Fatal(err)
@@ -308,16 +293,7 @@ func TestDestroyPublishesAgainAfterAFailedPublish(t *testing.T) {
 	mustCreate(t, a.h, "1g.10gb", sim.DefaultH100MIG)
 	a.pass(t)
 	armed.Store(true)
-	octx, outcome := manager.WithPlacementOutcome(ctx)
-	if err := a.h.Manager.Destroy(octx, d.UUID, manager.DestroyOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if got := outcome.Behind(); got != "" {
-		t.Fatalf("the destroy whose first publish was refused reports Placement behind: %q", got)
-	}
-	if cons, err := c.Consumer(ctx, d.UUID); err != nil || len(cons.Allocations) != 0 {
-		t.Fatalf("allocation right after the destroy returned: %+v, %v", cons, err)
-	}
+	destroyUpToDate(t, a, c, d.UUID)
 	inv, _, err := c.Inventories(ctx, h100)
 	if err != nil {
 		t.Fatal(err)
@@ -326,5 +302,22 @@ func TestDestroyPublishesAgainAfterAFailedPublish(t *testing.T) {
 		if p.uuid == h100 && !sameInventories(inv, p.inv) {
 			t.Fatalf("after the destroy Placement holds %v; the host %v", inv, p.inv)
 		}
+	}
+}
+
+// destroyUpToDate destroys id on a and fails unless the destroy reports
+// Placement up to date and returns with its allocation gone.
+func destroyUpToDate(t *testing.T, a *host, c *placementapi.Client, id string) {
+	t.Helper()
+	ctx := context.Background()
+	octx, outcome := manager.WithPlacementOutcome(ctx)
+	if err := a.h.Manager.Destroy(octx, id, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome.Behind(); got != "" {
+		t.Fatalf("the destroy of %s reports Placement behind: %q", id, got)
+	}
+	if cons, err := c.Consumer(ctx, id); err != nil || len(cons.Allocations) != 0 {
+		t.Fatalf("allocation right after the destroy of %s returned: %+v, %v", id, cons, err)
 	}
 }
