@@ -124,23 +124,19 @@ func uncarvedOn(p *gpuProvider, have map[string]map[string]int) map[string]int {
 	for _, c := range p.gpu.Instances {
 		carved[c.Instance] = true
 	}
-	var out map[string]int
-	add := func(r map[string]int) {
-		if out == nil {
-			out = map[string]int{}
-		}
-		for rc, n := range r {
-			out[rc] += n
-		}
-	}
+	out := map[string]int{}
 	for c, r := range have {
 		if !carved[c] {
-			add(r)
+			for rc, n := range r {
+				out[rc] += n
+			}
 		}
 	}
 	for c, r := range p.allocs {
 		if _, ok := have[c]; !ok && !carved[c] {
-			add(r)
+			for rc, n := range r {
+				out[rc] += n
+			}
 		}
 	}
 	return out
