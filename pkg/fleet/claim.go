@@ -342,6 +342,13 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		s.met.settles.WithLabelValues(outcome).Inc()
 		s.met.settleTime.Observe(s.now().Sub(start).Seconds())
 	}()
+	if removed != "" {
+		// The destroy's event has marked the allocation and started a
+		// pass: that pass leaves it to this settle, or it would remove
+		// it beside the settle, before the settle's publish.
+		token := s.markSettling(removed)
+		defer s.endSettling(removed, token)
+	}
 	limit := s.deadline(s.cfg.SettleTimeout)
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
@@ -443,4 +450,35 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		return later("the inventory of "+p.name, perr)
 	}
 	return nil
+}
+
+// markSettling notes that a destroy's settle removes consumer's
+// allocation now and returns the token of that settle: the passes leave
+// the allocation to it (a pass's removal, which does not publish first,
+// would offer the room beside inventories that still counted it).
+func (s *Syncer) markSettling(consumer string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.settleSeq++
+	s.settling[consumer] = s.settleSeq
+	return s.settleSeq
+}
+
+// endSettling drops the mark of the settle with token, unless a later
+// settle of the same consumer holds it now.
+func (s *Syncer) endSettling(consumer string, token uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.settling[consumer] == token {
+		delete(s.settling, consumer)
+	}
+}
+
+// isSettling reports whether a destroy's settle removes consumer's
+// allocation now.
+func (s *Syncer) isSettling(consumer string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.settling[consumer]
+	return ok
 }

@@ -93,7 +93,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// Removals first: a class's total falls only once what held it is gone.
 	now := s.now()
 	for _, consumer := range sortedKeys(have) {
-		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || (!ps.moved[consumer] && !s.expired(consumer, now)) {
+		if _, ok := p.allocs[consumer]; ok || ps.instances[consumer] || s.isSettling(consumer) || (!ps.moved[consumer] && !s.expired(consumer, now)) {
 			continue
 		}
 		removed, err := s.removeUnheld(ctx, consumer, ps.moved[consumer])

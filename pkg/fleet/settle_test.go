@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -303,6 +304,75 @@ func TestDestroyPublishesAgainAfterAFailedPublish(t *testing.T) {
 			t.Fatalf("after the destroy Placement holds %v; the host %v", inv, p.inv)
 		}
 	}
+}
+
+// TestPassLeavesSettlingRemoval: the destroy's event marks its
+// allocation and starts a pass while the destroy's settle is still
+// publishing the GPU's inventories. The pass leaves the allocation to the
+// settle: it neither reads the consumer nor removes it, which would offer
+// the freed room beside inventories that still counted the instance
+// before the settle's publish lands. The settle then publishes and
+// removes, and the destroy reports nothing behind.
+func TestPassLeavesSettlingRemoval(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	rec := startRecorder(t, srv.URL())
+	var h100 string
+	var hold atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	u, err := url.Parse(rec.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut && r.URL.Path == "/resource_providers/"+h100+"/inventories" && hold.CompareAndSwap(true, false) {
+			close(held)
+			<-release
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	t.Cleanup(let) // before front.Close: a held request ends
+	a := startHost(t, "hosta", front.URL, nil, Config{})
+	h100 = GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	d := mustCreate(t, a.h, "2g.20gb", sim.DefaultH100MIG)
+	mustCreate(t, a.h, "1g.10gb", sim.DefaultH100MIG)
+	a.pass(t)
+	hold.Store(true)
+	done := make(chan error, 1)
+	octx, outcome := manager.WithPlacementOutcome(ctx)
+	go func() { done <- a.h.Manager.Destroy(octx, d.UUID, manager.DestroyOptions{}) }()
+	select {
+	case <-held:
+	case <-time.After(time.Minute):
+		t.Fatal("the destroy's settle published nothing")
+	}
+	a.s.take(manager.Event{Kind: manager.EventInstanceRemoved, ID: d.UUID})
+	rec.take()
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := a.s.Pass(pctx); err != nil {
+		t.Fatalf("a pass during the settle: %v", err)
+	}
+	for _, r := range rec.take() {
+		if r == "GET /allocations/"+d.UUID || r == "PUT /allocations/"+d.UUID || r == "DELETE /allocations/"+d.UUID {
+			t.Fatalf("a pass during the destroy's settle made %s", r)
+		}
+	}
+	let()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome.Behind(); got != "" {
+		t.Fatalf("the destroy reports Placement behind: %q", got)
+	}
+	if cons, err := c.Consumer(ctx, d.UUID); err != nil || len(cons.Allocations) != 0 {
+		t.Fatalf("allocation after the destroy returned: %+v, %v", cons.Allocations, err)
+	}
+	converged(t, c, a)
 }
 
 // destroyUpToDate destroys id on a and fails unless the destroy reports

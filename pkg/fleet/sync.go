@@ -112,6 +112,11 @@ type Syncer struct {
 	// settled are instances whose destroy removed their allocation itself:
 	// their InstanceRemoved event, taken later, marks nothing.
 	settled map[string]time.Time
+	// settling are destroyed instances whose settle runs now, each with
+	// its settle's token (from settleSeq): the passes leave their
+	// allocation to it (markSettling).
+	settling  map[string]uint64
+	settleSeq uint64
 	// offer is Config.Offer as sets of names, by model (nil: all).
 	offer map[string]map[string]bool
 	// (A successful pass prunes entries of seen, gone and settled marked
@@ -199,7 +204,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
+		settled: map[string]time.Time{}, settling: map[string]uint64{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -427,13 +432,14 @@ func (s *Syncer) pass(ctx context.Context, start time.Time) error {
 // for no provider's reads, and a destroy's room is back after the
 // settle's deadline and two requests, whatever the host's size. Under
 // allocMu, as a settle removes: one in flight finishes first, and what it
-// removed is not removed again. One that fails is left to the provider's
-// sync, which names it.
+// removed is not removed again; one whose settle runs now is left to it
+// (markSettling). One that fails is left to the provider's sync, which
+// names it.
 func (s *Syncer) removeGone(ctx context.Context, ps *passState) {
 	s.mu.Lock()
 	var gone []string
 	for c := range s.gone {
-		if !ps.instances[c] {
+		if _, settling := s.settling[c]; !ps.instances[c] && !settling {
 			gone = append(gone, c)
 		}
 	}
@@ -445,6 +451,8 @@ func (s *Syncer) removeGone(ctx context.Context, ps *passState) {
 		}
 		s.mu.Lock()
 		_, still := s.gone[c]
+		_, settling := s.settling[c]
+		still = still && !settling
 		s.mu.Unlock()
 		var err error
 		if still {
