@@ -257,20 +257,32 @@ func TestLocalCreateOfRoomNotOffered(t *testing.T) {
 // cannot take; every other request goes through.
 func refuseOnce(t *testing.T, target string, match func(*http.Request) bool) string {
 	t.Helper()
+	var done atomic.Bool
+	return interpose(t, target, func(w http.ResponseWriter, r *http.Request) bool {
+		if !match(r) || !done.CompareAndSwap(false, true) {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"errors": [{"status": 400, "title": "Bad Request", "detail": "refused for this test", "code": "placement.undefined_code"}]}`)
+		return true
+	})
+}
+
+// interpose stands in front of target (a real Placement, or a proxy in
+// front of it) and passes every request through once answer, given it
+// first, has not answered it itself (false).
+func interpose(t *testing.T, target string, answer func(http.ResponseWriter, *http.Request) bool) string {
+	t.Helper()
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy := httputil.NewSingleHostReverseProxy(u)
-	var done atomic.Bool
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if match(r) && done.CompareAndSwap(false, true) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusBadRequest)
-			fmt.Fprint(w, `{"errors": [{"status": 400, "title": "Bad Request", "detail": "refused for this test", "code": "placement.undefined_code"}]}`)
-			return
+		if !answer(w, r) {
+			proxy.ServeHTTP(w, r)
 		}
-		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
@@ -322,21 +334,15 @@ func TestPassLeavesSettlingRemoval(t *testing.T) {
 	held, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	let := func() { once.Do(func() { close(release) }) }
-	u, err := url.Parse(rec.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	front := interpose(t, rec.url, func(_ http.ResponseWriter, r *http.Request) bool {
 		if r.Method == http.MethodPut && r.URL.Path == "/resource_providers/"+h100+"/inventories" && hold.CompareAndSwap(true, false) {
 			close(held)
 			<-release
 		}
-		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
-	t.Cleanup(let) // before front.Close: a held request ends
-	a := startHost(t, "hosta", front.URL, nil, Config{})
+		return false
+	})
+	t.Cleanup(let) // before the front's Close: a held request ends
+	a := startHost(t, "hosta", front, nil, Config{})
 	h100 = GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
 	d := mustCreate(t, a.h, "2g.20gb", sim.DefaultH100MIG)
 	mustCreate(t, a.h, "1g.10gb", sim.DefaultH100MIG)
