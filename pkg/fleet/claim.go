@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
@@ -114,7 +115,7 @@ func (s *Syncer) reached(err error) {
 // moves no generation, is read by the pass as usual): what
 // the pass knew of it, with the inventories written now, holds at the
 // generation the write gave it, and the next pass need not read it again.
-// With gone the provider is not known empty until the removal lands
+// With gone what the provider holds is not known until the removal lands
 // (Settle, which knows the generation that moves it to).
 func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (invOutcome, error) {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
@@ -127,7 +128,11 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (i
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.cache[p.uuid]; ok && c.gen == o.read {
-		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, empty: o.empty && gone == ""}
+		held := o.held
+		if gone != "" {
+			held = nil
+		}
+		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held}
 	}
 	return o, nil
 }
@@ -336,6 +341,8 @@ func (s *Syncer) owner(ctx context.Context, consumer string) string {
 // unreachable); what it cannot do the next pass does, the removal at once,
 // and the error says what was left (the operation stands).
 func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
+	s.beginSettle()
+	defer s.endSettle()
 	start := s.now()
 	outcome := "done"
 	defer func() {
@@ -427,7 +434,7 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		// published and what they counted.
 		delete(s.cache, p.uuid)
 		if err == nil && slices.Contains(on, p.uuid) {
-			c.gen, c.empty = o.gen+1, o.empty
+			c.gen, c.held = o.gen+1, o.held
 			s.cache[p.uuid] = c
 		}
 	}
@@ -471,6 +478,43 @@ func (s *Syncer) endSettling(consumer string, token uint64) {
 	defer s.mu.Unlock()
 	if s.settling[consumer] == token {
 		delete(s.settling, consumer)
+	}
+}
+
+// beginSettle and endSettle count a settle running (waitSettles).
+func (s *Syncer) beginSettle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running == 0 {
+		s.idle = make(chan struct{})
+	}
+	s.running++
+}
+
+func (s *Syncer) endSettle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.running--
+	if s.running == 0 {
+		close(s.idle)
+	}
+}
+
+// waitSettles waits, at most d, until no settle runs.
+func (s *Syncer) waitSettles(ctx context.Context, d time.Duration) {
+	s.mu.Lock()
+	idle := s.idle
+	running := s.running > 0
+	s.mu.Unlock()
+	if !running {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 

@@ -28,6 +28,9 @@ type passState struct {
 	held map[string]bool
 	// complete is false when a provider's allocations could not be read.
 	complete bool
+	// readAll: read the allocations of every provider that held any, not
+	// only of those whose generation moved (syncProvider).
+	readAll bool
 	// failures are the writes Placement refused or did not answer.
 	failures []Difference
 	// fresh are the instances' allocations Placement does not hold on
@@ -53,13 +56,20 @@ func (s *Syncer) fail(ps *passState, provider, subject, write string, err error)
 // instances Placement does not hold here at all are written after every
 // provider's inventories, together where there are several (fresh.go). The inventories and
 // traits of a provider whose generation and wishes did not change since
-// the last pass are not read again. Allocations are read on every pass
-// (a DELETE of a consumer's allocations bumps no provider's generation,
-// so a lost one shows nowhere else), except where none can be:
-// on a provider this pass made, and on one that held none at the
-// generation it still has (every allocation written bumps the generation
-// of the providers it lands on), so an idle host's empty GPUs cost
-// Placement nothing.
+// the last pass are not read again. Its allocations are read where they
+// may have changed: on a provider whose generation moved (every
+// allocation written bumps the generation of the providers it lands on,
+// and so does a removal that leaves its consumer nothing), and on a
+// periodic pass (readAll) on every provider that held any, since a
+// DELETE of a consumer's allocations, or a consumer rewritten to hold
+// another provider's alone, moves no generation of the provider it left:
+// a lost allocation shows nowhere else. A pass an event started takes
+// what the last pass or settle left at the generation the provider still
+// has, so under churn it reads the providers that changed and no other;
+// what a generation did not show is found within an Interval, as on an
+// idle host. Nothing is read on a provider this pass made, or on one that
+// held none at the generation it still has, so an idle host's empty GPUs
+// cost Placement nothing.
 func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[string]int, names map[string]string, ps *passState) error {
 	gen, exists := gens[p.uuid]
 	if exists && names[p.uuid] != p.name {
@@ -79,16 +89,25 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	s.mu.Lock()
 	c, hit := s.cache[p.uuid]
 	s.mu.Unlock()
-	have := map[string]map[string]int{}
-	if exists && !(hit && c.empty && c.gen == gen) {
-		var err error
-		if have, err = s.c.ProviderAllocations(ctx, p.uuid); err != nil {
+	// known is what the provider holds, and its inventories, at a
+	// generation: the inventories' sync starts from it instead of
+	// reading the provider again.
+	known := &invState{gen: 0, have: map[string]map[string]int{}}
+	switch {
+	case !exists:
+		// Just made: no inventories, traits or allocations at 0.
+	case hit && c.gen == gen && c.held != nil && (len(c.held) == 0 || !ps.readAll):
+		known = &invState{gen: gen, inv: c.inv, have: c.held}
+	default:
+		cur, at, have, err := s.readHeld(ctx, p)
+		if err != nil {
 			ps.complete = false
-			err = fmt.Errorf("allocations of %s: %w", p.name, err)
 			s.fail(ps, p.name, p.uuid, "read", err)
 			return err
 		}
+		known = &invState{gen: at, inv: cur, have: have}
 	}
+	have := maps.Clone(known.have)
 	var errs []error
 	// Removals first: a class's total falls only once what held it is gone.
 	now := s.now()
@@ -107,6 +126,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			continue
 		}
 		delete(have, consumer)
+		known = nil // the removal may have moved the generation
 		s.log.Info("placement allocation without an instance removed", "consumer", consumer, "provider", p.name)
 		s.met.orphans.Inc()
 		s.crash(CrashUnalloc)
@@ -114,30 +134,31 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	for consumer := range have {
 		ps.held[consumer] = true
 	}
-	// empty: the provider held no allocation at invGen.
-	written, invGen, empty := s.effectiveNow(p, have), gen, len(have) == 0
+	// held: what the provider held at invGen.
+	written, invGen, held := s.effectiveNow(p, have), gen, have
 	skip := hit && exists && c.gen == gen && sameInventories(c.inv, written) && sameSet(c.traits, p.traits)
 	if !skip {
-		// A provider this pass made has no inventories, traits or
-		// allocations at generation 0: they are written, not read.
-		var made *invState
-		if !exists {
-			made = &invState{gen: 0}
-		}
-		o, err := s.syncInventoryFrom(ctx, p, made, ahead{})
+		o, err := s.syncInventoryFrom(ctx, p, known, ahead{})
 		if err != nil {
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
 		}
-		written, invGen, empty = o.inv, o.gen, o.empty
+		written, invGen, held = o.inv, o.gen, o.held
 		s.crash(CrashInventory)
 		var traits *traitState
 		if !exists && err == nil {
 			traits = &traitState{gen: o.gen}
 		}
-		if err := s.syncTraitsFrom(ctx, p, traits); err != nil {
-			s.fail(ps, p.name, "traits", "traits", err)
-			errs = append(errs, err)
+		// An event's pass takes the traits the last pass left where the
+		// host's did not change, as it takes the allocations: another
+		// writer's change moved a generation as a claim does, and the
+		// periodic pass sets them back.
+		trusted := exists && !ps.readAll && hit && sameSet(c.traits, p.traits)
+		if !trusted {
+			if err := s.syncTraitsFrom(ctx, p, traits); err != nil {
+				s.fail(ps, p.name, "traits", "traits", err)
+				errs = append(errs, err)
+			}
 		}
 	}
 	again := false
@@ -185,7 +206,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			s.fail(ps, p.name, "inventories", "inventory", err)
 			errs = append(errs, err)
 		}
-		written, invGen, empty = o.inv, o.gen, o.empty
+		written, invGen, held = o.inv, o.gen, o.held
 	}
 	if len(errs) > 0 {
 		s.mu.Lock()
@@ -198,7 +219,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// from an older view) makes the next pass read them again; a quiet
 	// provider is skipped.
 	s.mu.Lock()
-	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits, empty: empty}
+	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits, held: held}
 	s.mu.Unlock()
 	return nil
 }
@@ -220,18 +241,21 @@ func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]
 
 // invOutcome is what syncInventoryFrom left: the inventories Placement
 // holds and the provider's generation then; read, the generation it read
-// them at (gen too when nothing was written); empty, whether the provider
-// held no allocation at gen.
+// them at (gen too when nothing was written); held, what the provider
+// held at gen (gone not counted).
 type invOutcome struct {
 	inv       map[string]placementapi.Inventory
 	gen, read int
-	empty     bool
+	held      map[string]map[string]int
 }
 
-// invState is a provider's inventories and generation known without a
-// read: one just made has none, at generation 0, and holds nothing.
+// invState is a provider's inventories and allocations known without a
+// read, at generation gen: one just made has none at 0; one the pass read
+// (or knows from the last) has what it read.
 type invState struct {
-	gen int
+	gen  int
+	inv  map[string]placementapi.Inventory
+	have map[string]map[string]int
 }
 
 // ahead is what an inventory write counts ahead of Placement's
@@ -247,16 +271,14 @@ type ahead struct {
 // syncInventoryFrom is syncInventory starting, when known is not nil,
 // from what is known instead of reading it (a conflict reads as usual),
 // with the allocations ahead of Placement's counted as they will be.
-// empty reports whether the provider held no allocation at the
-// generation returned (gone not counted).
 func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *invState, ah ahead) (invOutcome, error) {
 	for try := 0; ; try++ {
 		var cur map[string]placementapi.Inventory
 		var gen int
 		var err error
-		have := map[string]map[string]int{}
+		var have map[string]map[string]int
 		if try == 0 && known != nil {
-			gen = known.gen
+			cur, gen, have = known.inv, known.gen, maps.Clone(known.have)
 		} else {
 			if cur, gen, have, err = s.readHeld(ctx, p); err != nil {
 				return invOutcome{}, err
@@ -283,7 +305,7 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 			}
 		}
 		if sameInventories(cur, want) {
-			return invOutcome{inv: want, gen: gen, read: gen, empty: len(have) == 0}, nil
+			return invOutcome{inv: want, gen: gen, read: gen, held: have}, nil
 		}
 		// Totals searched with claims in flight may hold a class no
 		// pass has published yet (held back from the occupancy alone).
@@ -307,7 +329,7 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 		}
 		// Written at the generation read before the allocations: none
 		// landed since, or the write would have been a conflict.
-		return invOutcome{inv: want, gen: gen, read: read, empty: len(have) == 0}, nil
+		return invOutcome{inv: want, gen: gen, read: read, held: have}, nil
 	}
 }
 
@@ -507,12 +529,27 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 		delete(s.seen, consumer)
 		delete(s.gone, consumer)
 		delete(s.known, consumer)
+		s.forgetHeld(consumer)
 		s.mu.Unlock()
 	}
 	if err != nil || !emptied {
 		on = nil
 	}
 	return on, err
+}
+
+// forgetHeld drops consumer from what the cache says each provider
+// holds: it holds nothing of this host's now, and a removal that left it
+// something elsewhere (or a DELETE before it) moved no generation that
+// would tell the next pass. Under s.mu.
+func (s *Syncer) forgetHeld(consumer string) {
+	for pu, c := range s.cache {
+		if _, ok := c.held[consumer]; ok {
+			c.held = maps.Clone(c.held)
+			delete(c.held, consumer)
+			s.cache[pu] = c
+		}
+	}
 }
 
 // editConsumer reads a consumer, edits its allocations and writes them at

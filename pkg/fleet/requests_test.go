@@ -9,7 +9,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -154,6 +156,131 @@ func TestIdlePassReadsOnlyTheTree(t *testing.T) {
 	if st, err := a.s.Status(ctx); err != nil || len(st.Differences) != 0 {
 		t.Fatalf("status: %+v, %v", st.Differences, err)
 	}
+}
+
+// A pass an event started reads the allocations of the providers whose
+// generation moved and of no other; what a DELETE took without moving
+// a generation is the periodic pass's to find: it reads every provider
+// that holds anything, and writes back an instance's allocation lost so.
+func TestEventPassReadsChangedProvidersAlone(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	var l4Inst string
+	for _, r := range []manager.CreateRequest{
+		{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4},
+		{Tenant: "acme", Profile: "1g.10gb", GPU: sim.DefaultH100MIG},
+	} {
+		rec, err := a.h.Manager.Create(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GPU == sim.DefaultL4 {
+			l4Inst = rec.UUID
+		}
+	}
+	converged(t, c, a)
+	a.pass(t)
+	a.pass(t)
+	event := func() []string {
+		t.Helper()
+		ra.take()
+		if err := a.s.passWith(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+		return ra.take()
+	}
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	mig := GPUProviderUUID(a.s.top(), sim.DefaultH100MIG)
+	if got := event(); len(got) != 1 {
+		t.Fatalf("an event's pass on a host nothing changed made %d requests, want the tree alone: %v", len(got), got)
+	}
+	stray := uuid.NewString()
+	if err := claim(c, stray, mig, map[string]int{"CUSTOM_VGPUD_MIG_1G_10GB": 1, SliceClass: 1}); err != nil {
+		t.Fatal(err)
+	}
+	got := event()
+	if count(got, "GET /resource_providers/"+mig+"/allocations") != 1 || count(got, "GET /resource_providers/"+l4+"/allocations") != 0 {
+		t.Fatalf("the event's pass after a claim on the H100 read the allocations of: %v; want the H100's once", got)
+	}
+	// A DELETE moves no generation: the events' passes do not see it,
+	// the periodic one does (the stray claim gone, the instance's
+	// allocation lost).
+	for _, id := range []string{stray, l4Inst} {
+		if err := c.PutConsumer(ctx, id, placementapi.Consumer{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := event(); len(got) != 1 {
+		t.Fatalf("an event's pass after a DELETE made %d requests, want the tree alone: %v", len(got), got)
+	}
+	ra.take()
+	a.pass(t)
+	got = ra.take()
+	if count(got, "GET /resource_providers/"+l4+"/allocations") != 1 || count(got, "GET /resource_providers/"+mig+"/allocations") != 1 {
+		t.Fatalf("the periodic pass did not read every occupied provider's allocations: %v", got)
+	}
+	if cons, err := c.Consumer(ctx, l4Inst); err != nil || cons.Allocations[l4].Resources == nil {
+		t.Fatalf("the periodic pass left the L4 instance's allocation lost: %+v, %v", cons.Allocations, err)
+	}
+	if st, err := a.s.Status(ctx); err != nil || len(st.Differences) != 0 {
+		t.Fatalf("status: %+v, %v", st.Differences, err)
+	}
+}
+
+// The pass a create's events start waits for the create's settle, which
+// publishes the GPU: it then finds the inventories written and writes
+// none, where a pass beside the settle would write them too (and one of
+// the two writes be a conflict, read and sent again).
+func TestEventPassWaitsForSettle(t *testing.T) {
+	srv, c := startPlacement(t)
+	rec := startRecorder(t, srv.URL())
+	a := startHost(t, "hosta", rec.url, nil, Config{})
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	var hold atomic.Bool
+	rec.before = func(r *http.Request) {
+		// The settle's inventory write, held long enough for a pass
+		// started by the create's events to run beside it.
+		if r.Method == "PUT" && r.URL.Path == "/resource_providers/"+l4+"/inventories" && hold.CompareAndSwap(true, false) {
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	ctx := context.Background()
+	lastOK := func() time.Time {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		return a.s.lastOK
+	}
+	passAfter := func(before time.Time) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !lastOK().After(before) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !lastOK().After(before) {
+			t.Fatal("no pass ran")
+		}
+	}
+	a.pass(t)
+	a.pass(t)
+	before := lastOK()
+	a.run(t)
+	passAfter(before) // the loop's first pass
+	before = lastOK()
+	rec.take()
+	hold.Store(true)
+	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4}); err != nil {
+		t.Fatal(err)
+	}
+	passAfter(before)
+	if hold.Load() {
+		t.Fatal("the settle wrote no inventories")
+	}
+	if got := rec.take(); count(got, "PUT /resource_providers/"+l4+"/inventories") != 1 {
+		t.Fatalf("the L4's inventories were written %d times, want once (the settle's): %v", count(got, "PUT /resource_providers/"+l4+"/inventories"), got)
+	}
+	converged(t, c, a)
 }
 
 // After Placement lost its database a host writes its instances'

@@ -117,6 +117,10 @@ type Syncer struct {
 	// allocation to it (markSettling).
 	settling  map[string]uint64
 	settleSeq uint64
+	// running counts the settles running now; idle is closed when it
+	// falls back to 0 (waitSettles).
+	running int
+	idle    chan struct{}
 	// offer is Config.Offer as sets of names, by model (nil: all).
 	offer map[string]map[string]bool
 	// (A successful pass prunes entries of seen, gone and settled marked
@@ -154,8 +158,9 @@ type cached struct {
 	gen    int
 	inv    map[string]placementapi.Inventory
 	traits []string
-	// empty: the provider held no allocation at gen.
-	empty bool
+	// held is what the provider held at gen (consumer → resources), nil
+	// when not known.
+	held map[string]map[string]int
 }
 
 // New returns a syncer; Run starts it.
@@ -228,6 +233,10 @@ func (s *Syncer) Run(ctx context.Context) {
 	retry := newBackoff(s.cfg.Interval, s.cfg.Rand)
 	var retryC <-chan time.Time
 	for {
+		// An event's pass reads only the providers whose generation
+		// moved; the periodic one (and a retry) every one that holds
+		// anything (syncProvider).
+		readAll := true
 		select {
 		case <-ctx.Done():
 			return
@@ -242,6 +251,13 @@ func (s *Syncer) Run(ctx context.Context) {
 		case <-s.kick:
 			// Batch a burst: the events of one operation arrive together.
 			time.Sleep(20 * time.Millisecond)
+			// The operation's settle publishes its GPU now: the pass
+			// after it finds that done and reads nothing of it, where a
+			// pass beside it would read and write the same provider
+			// (an inventory write of the two then a conflict, read and
+			// sent again).
+			s.waitSettles(ctx, s.cfg.SettleTimeout)
+			readAll = false
 		}
 		// Take in every event already there before the pass: a pass
 		// takes long enough under load for many to queue, and one left
@@ -250,7 +266,7 @@ func (s *Syncer) Run(ctx context.Context) {
 		if !s.drain(events) {
 			return
 		}
-		if err := s.Pass(ctx); err != nil {
+		if err := s.passWith(ctx, readAll); err != nil {
 			wait := retry.next()
 			retryC = time.After(wait)
 			s.log.Warn("placement sync failed; retrying", "err", err, "kind", placementapi.Kind(err), "in", wait)
@@ -348,6 +364,12 @@ func (s *Syncer) Healthy() bool {
 // does not answer fails the pass (retried with backoff) but no other
 // write of it: each provider and consumer goes on on its own.
 func (s *Syncer) Pass(ctx context.Context) error {
+	return s.passWith(ctx, true)
+}
+
+// passWith is Pass; readAll false (a pass an event started) reads the
+// allocations of the providers whose generation moved alone.
+func (s *Syncer) passWith(ctx context.Context, readAll bool) error {
 	s.passMu.Lock()
 	defer s.passMu.Unlock()
 	s.mu.Lock()
@@ -355,7 +377,7 @@ func (s *Syncer) Pass(ctx context.Context) error {
 	s.changed = time.Time{}
 	s.mu.Unlock()
 	start := s.now()
-	err := s.pass(ctx, start)
+	err := s.pass(ctx, start, readAll)
 	s.met.pass(err, s.now().Sub(start))
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -373,13 +395,13 @@ func (s *Syncer) Pass(ctx context.Context) error {
 	return nil
 }
 
-func (s *Syncer) pass(ctx context.Context, start time.Time) error {
+func (s *Syncer) pass(ctx context.Context, start time.Time, readAll bool) error {
 	view, err := s.src.FleetView()
 	if err != nil {
 		return fmt.Errorf("read the host: %w", err)
 	}
 	want := s.desired(view)
-	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true}
+	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true, readAll: readAll}
 	migrations := map[string]bool{}
 	for _, p := range want {
 		for c := range p.allocs {
