@@ -112,7 +112,7 @@ func (s *Syncer) reached(err error) {
 // consumer gone (if not "") not counted: its removal comes next. Where
 // the provider's generation it read is the one the last pass left it at,
 // nothing else changed there since (a DELETE of an allocation, which
-// moves no generation, is read by the pass as usual): what
+// moves no generation, is read by the periodic pass): what
 // the pass knew of it, with the inventories written now, holds at the
 // generation the write gave it, and the next pass need not read it again.
 // With gone what the provider holds is not known until the removal lands
@@ -132,7 +132,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (i
 		if gone != "" {
 			held = nil
 		}
-		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held}
+		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held, unchecked: c.unchecked}
 	}
 	return o, nil
 }

@@ -136,7 +136,8 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	}
 	// held: what the provider held at invGen.
 	written, invGen, held := s.effectiveNow(p, have), gen, have
-	skip := hit && exists && c.gen == gen && sameInventories(c.inv, written) && sameSet(c.traits, p.traits)
+	skip := hit && exists && c.gen == gen && sameInventories(c.inv, written) && sameSet(c.traits, p.traits) && !(ps.readAll && c.unchecked)
+	unchecked := skip && c.unchecked
 	if !skip {
 		o, err := s.syncInventoryFrom(ctx, p, known, ahead{})
 		if err != nil {
@@ -150,11 +151,11 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			traits = &traitState{gen: o.gen}
 		}
 		// An event's pass takes the traits the last pass left where the
-		// host's did not change, as it takes the allocations: another
-		// writer's change moved a generation as a claim does, and the
-		// periodic pass sets them back.
-		trusted := exists && !ps.readAll && hit && sameSet(c.traits, p.traits)
-		if !trusted {
+		// host's did not change, as it takes the allocations, and notes
+		// them unchecked: another writer's change moved the generation
+		// as a claim does, and the periodic pass reads them again.
+		unchecked = exists && !ps.readAll && hit && sameSet(c.traits, p.traits)
+		if !unchecked {
 			if err := s.syncTraitsFrom(ctx, p, traits); err != nil {
 				s.fail(ps, p.name, "traits", "traits", err)
 				errs = append(errs, err)
@@ -219,7 +220,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// from an older view) makes the next pass read them again; a quiet
 	// provider is skipped.
 	s.mu.Lock()
-	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits, held: held}
+	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits, held: held, unchecked: unchecked}
 	s.mu.Unlock()
 	return nil
 }
@@ -437,7 +438,8 @@ func (s *Syncer) ours(provider string) bool {
 // on this host's providers; what it holds elsewhere (nova's VCPU, another
 // host) is kept as it is.
 func (s *Syncer) writeAllocation(ctx context.Context, consumer, provider string, want map[string]int) error {
-	return s.editConsumer(ctx, consumer, func(a map[string]placementapi.Allocation) {
+	held := s.heldGens(consumer)
+	err := s.editConsumer(ctx, consumer, func(a map[string]placementapi.Allocation) {
 		for pu := range a {
 			if s.ours(pu) {
 				delete(a, pu)
@@ -445,6 +447,12 @@ func (s *Syncer) writeAllocation(ctx context.Context, consumer, provider string,
 		}
 		a[provider] = placementapi.Allocation{Resources: want}
 	})
+	if err == nil {
+		// Moved off another of the host's providers, if it held one:
+		// that moved no generation of it.
+		s.forgetHeld(consumer, held, provider)
+	}
+	return err
 }
 
 // writeHeld writes the allocation of an instance the host still holds.
@@ -509,6 +517,7 @@ func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
 // whose generation the removal moved by exactly one: those it removed the
 // consumer from when that left the consumer nothing (editConsumerFrom).
 func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read *placementapi.Consumer) ([]string, error) {
+	held := s.heldGens(consumer)
 	var on []string
 	emptied, err := s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
 		on = nil
@@ -529,8 +538,8 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 		delete(s.seen, consumer)
 		delete(s.gone, consumer)
 		delete(s.known, consumer)
-		s.forgetHeld(consumer)
 		s.mu.Unlock()
+		s.forgetHeld(consumer, held, "")
 	}
 	if err != nil || !emptied {
 		on = nil
@@ -538,17 +547,38 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 	return on, err
 }
 
-// forgetHeld drops consumer from what the cache says each provider
-// holds: it holds nothing of this host's now, and a removal that left it
-// something elsewhere (or a DELETE before it) moved no generation that
-// would tell the next pass. Under s.mu.
-func (s *Syncer) forgetHeld(consumer string) {
+// heldGens is, for each provider the cache says consumer holds
+// something of, the cached generation: what forgetHeld may change after
+// a write of the consumer.
+func (s *Syncer) heldGens(consumer string) map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	gens := map[string]int{}
 	for pu, c := range s.cache {
 		if _, ok := c.held[consumer]; ok {
-			c.held = maps.Clone(c.held)
-			delete(c.held, consumer)
-			s.cache[pu] = c
+			gens[pu] = c.gen
 		}
+	}
+	return gens
+}
+
+// forgetHeld drops consumer from what the cache says the providers of
+// gens (but keep) hold, after a write that left it nothing of theirs: a
+// removal that left it something elsewhere, a move to another of the
+// host's providers, or a DELETE before either moved no generation that
+// would tell the next pass. An entry written at another generation since
+// (a pass that read the consumer claimed there again) is left as it is.
+func (s *Syncer) forgetHeld(consumer string, gens map[string]int, keep string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for pu, gen := range gens {
+		c, ok := s.cache[pu]
+		if _, held := c.held[consumer]; !ok || !held || c.gen != gen || pu == keep {
+			continue
+		}
+		c.held = maps.Clone(c.held)
+		delete(c.held, consumer)
+		s.cache[pu] = c
 	}
 }
 

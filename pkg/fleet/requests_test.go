@@ -229,6 +229,31 @@ func TestEventPassReadsChangedProvidersAlone(t *testing.T) {
 	}
 }
 
+// Traits another writer changed are set back by the periodic pass, even
+// after an event's pass took them as the last pass left them.
+func TestPeriodicPassChecksTraitsEventPassTook(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, _ := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	a.pass(t)
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	want, gen, err := c.Traits(ctx, l4)
+	if err != nil || len(want) < 2 {
+		t.Fatalf("the L4's traits: %v, %v", want, err)
+	}
+	if _, err := c.SetTraits(ctx, l4, gen, want[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.s.passWith(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	a.pass(t)
+	if got, _, err := c.Traits(ctx, l4); err != nil || !sameSet(got, want) {
+		t.Fatalf("after the periodic pass the L4 has traits %v, %v; want %v", got, err, want)
+	}
+}
+
 // The pass a create's events start waits for the create's settle, which
 // publishes the GPU: it then finds the inventories written and writes
 // none, where a pass beside the settle would write them too (and one of

@@ -161,6 +161,10 @@ type cached struct {
 	// held is what the provider held at gen (consumer → resources), nil
 	// when not known.
 	held map[string]map[string]int
+	// unchecked: traits taken as the last pass left them by an event's
+	// pass, not read since the generation moved; the periodic pass reads
+	// them.
+	unchecked bool
 }
 
 // New returns a syncer; Run starts it.
@@ -252,10 +256,9 @@ func (s *Syncer) Run(ctx context.Context) {
 			// Batch a burst: the events of one operation arrive together.
 			time.Sleep(20 * time.Millisecond)
 			// The operation's settle publishes its GPU now: the pass
-			// after it finds that done and reads nothing of it, where a
-			// pass beside it would read and write the same provider
-			// (an inventory write of the two then a conflict, read and
-			// sent again).
+			// after it finds that written, where a pass beside it would
+			// read and write the same provider too (one inventory write
+			// of the two then a conflict, read and sent again).
 			s.waitSettles(ctx, s.cfg.SettleTimeout)
 			readAll = false
 		}
@@ -452,7 +455,9 @@ func (s *Syncer) pass(ctx context.Context, start time.Time, readAll bool) error 
 // not remove them (its deadline ran out under a loaded Placement, say),
 // and claims a failed create dropped. A scheduler looking for room waits
 // for no provider's reads, and a destroy's room is back after the
-// settle's deadline and two requests, whatever the host's size. Under
+// settle's deadline (and the other settles running then: the pass waits
+// for them, at most as long) and two requests, whatever the host's
+// size. Under
 // allocMu, as a settle removes: one in flight finishes first, and what it
 // removed is not removed again; one whose settle runs now is left to it
 // (markSettling). One that fails is left to the provider's sync, which
