@@ -162,7 +162,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			}
 		}
 	}
-	again := false
+	again, stale := false, false
 	for _, consumer := range sortedKeys(p.allocs) {
 		want := p.allocs[consumer]
 		if sameResources(have[consumer], want) || schedulersToWrite(p, consumer, have) {
@@ -176,7 +176,15 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			ps.fresh = append(ps.fresh, freshAlloc{consumer: consumer, p: p, want: want})
 			continue
 		}
-		wrote, err := s.writeHeld(ctx, consumer, p.uuid, want)
+		wrote, err := s.rewriteHeld(ctx, consumer, p.uuid, want)
+		if errors.Is(err, errNotHeld) {
+			// The cache said it held what a DELETE took since: the
+			// provider is read again by the next pass, asked for now
+			// (a scheduler's claim it was is not written back).
+			stale = true
+			s.Kick()
+			continue
+		}
 		if err != nil {
 			err = fmt.Errorf("allocation of %s: %w", consumer, err)
 			s.fail(ps, p.name, consumer, "allocation", err)
@@ -209,7 +217,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		}
 		written, invGen, held = o.inv, o.gen, o.held
 	}
-	if len(errs) > 0 {
+	if len(errs) > 0 || stale {
 		s.mu.Lock()
 		delete(s.cache, p.uuid)
 		s.mu.Unlock()
@@ -438,8 +446,14 @@ func (s *Syncer) ours(provider string) bool {
 // on this host's providers; what it holds elsewhere (nova's VCPU, another
 // host) is kept as it is.
 func (s *Syncer) writeAllocation(ctx context.Context, consumer, provider string, want map[string]int) error {
+	return s.writeAllocationFrom(ctx, consumer, provider, want, nil)
+}
+
+// writeAllocationFrom is writeAllocation starting from read, the consumer
+// as read just before (nil: read it).
+func (s *Syncer) writeAllocationFrom(ctx context.Context, consumer, provider string, want map[string]int, read *placementapi.Consumer) error {
 	held := s.heldGens(consumer)
-	err := s.editConsumer(ctx, consumer, func(a map[string]placementapi.Allocation) {
+	_, err := s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
 		for pu := range a {
 			if s.ours(pu) {
 				delete(a, pu)
@@ -462,6 +476,19 @@ func (s *Syncer) writeAllocation(ctx context.Context, consumer, provider string,
 // after its reply by a pass that read the host before the destroy. false:
 // the instance is gone, nothing written.
 func (s *Syncer) writeHeld(ctx context.Context, consumer, provider string, want map[string]int) (bool, error) {
+	return s.writeInstance(ctx, consumer, provider, want, false)
+}
+
+// rewriteHeld is writeHeld for an allocation the pass took to be held on
+// provider already (changed). errNotHeld: it is not, nothing written:
+// the pass took it from its cache and a DELETE took it since, which
+// moved no generation; an unconfirmed create's allocation deleted so is
+// the scheduler's (schedulersToWrite), never written back here.
+func (s *Syncer) rewriteHeld(ctx context.Context, consumer, provider string, want map[string]int) (bool, error) {
+	return s.writeInstance(ctx, consumer, provider, want, true)
+}
+
+func (s *Syncer) writeInstance(ctx context.Context, consumer, provider string, want map[string]int, held bool) (bool, error) {
 	if err := s.lockAlloc(ctx); err != nil {
 		return false, err
 	}
@@ -469,8 +496,22 @@ func (s *Syncer) writeHeld(ctx context.Context, consumer, provider string, want 
 	if !s.src.HasConsumer(consumer) {
 		return false, nil
 	}
-	return true, s.writeAllocation(ctx, consumer, provider, want)
+	var read *placementapi.Consumer
+	if held {
+		cur, err := s.c.Consumer(ctx, consumer)
+		if err != nil {
+			return false, err
+		}
+		if _, ok := cur.Allocations[provider]; !ok {
+			return false, errNotHeld
+		}
+		read = &cur
+	}
+	return true, s.writeAllocationFrom(ctx, consumer, provider, want, read)
 }
+
+// errNotHeld: a consumer no longer holds the provider a pass took it to.
+var errNotHeld = errors.New("the allocation is no longer held on the provider")
 
 // lockAlloc takes allocMu, or gives up when ctx ends (a pass's write
 // holds it for one request at most, bounded by the client's timeout).

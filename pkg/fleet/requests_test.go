@@ -229,11 +229,54 @@ func TestEventPassReadsChangedProvidersAlone(t *testing.T) {
 	}
 }
 
+// An allocation an event's pass took from its cache but a DELETE took
+// since (no generation moved) is not written back by that pass: it may
+// be a scheduler's claim it gave up on. The provider is read again by the
+// next pass, which writes back an instance's allocation lost so.
+func TestEventPassRewritesNothingDeleted(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, _ := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	converged(t, c, a)
+	a.pass(t)
+	a.pass(t)
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	// The cache says the instance holds something else there (as a
+	// scheduler's claim of another size would): the pass rewrites it.
+	a.s.mu.Lock()
+	e := a.s.cache[l4]
+	if _, ok := e.held[rec.UUID]; !ok {
+		a.s.mu.Unlock()
+		t.Fatalf("the cache does not hold the instance: %+v", e.held)
+	}
+	e.held = map[string]map[string]int{rec.UUID: {"CUSTOM_OTHER": 1}}
+	a.s.cache[l4] = e
+	a.s.mu.Unlock()
+	if err := c.PutConsumer(ctx, rec.UUID, placementapi.Consumer{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.s.passWith(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
+		t.Fatalf("the event's pass wrote back a deleted allocation: %+v, %v", cons.Allocations, err)
+	}
+	a.pass(t)
+	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || cons.Allocations[l4].Resources == nil {
+		t.Fatalf("the next pass left the instance's allocation lost: %+v, %v", cons.Allocations, err)
+	}
+}
+
 // Traits another writer changed are set back by the periodic pass, even
 // after an event's pass took them as the last pass left them.
 func TestPeriodicPassChecksTraitsEventPassTook(t *testing.T) {
 	srv, c := startPlacement(t)
-	a, _ := recordedHost(t, "hosta", srv.URL())
+	a, ra := recordedHost(t, "hosta", srv.URL())
 	ctx := context.Background()
 	a.pass(t)
 	a.pass(t)
@@ -245,8 +288,27 @@ func TestPeriodicPassChecksTraitsEventPassTook(t *testing.T) {
 	if _, err := c.SetTraits(ctx, l4, gen, want[1:]); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.s.passWith(ctx, false); err != nil {
+	// Two events' passes (the second finds the provider as the first
+	// left it) and a settle of the GPU: none reads the traits.
+	ra.take()
+	for range 2 {
+		if err := a.s.passWith(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	view, err := a.h.Manager.FleetView()
+	if err != nil {
 		t.Fatal(err)
+	}
+	for _, g := range view {
+		if g.PCI == sim.DefaultL4 {
+			if err := a.s.Settle(ctx, g.UUID, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := ra.take(); count(got, "GET /resource_providers/"+l4+"/traits") != 0 {
+		t.Fatalf("an event's pass or the settle read the traits: %v", got)
 	}
 	a.pass(t)
 	if got, _, err := c.Traits(ctx, l4); err != nil || !sameSet(got, want) {
