@@ -560,15 +560,30 @@ func (s *Syncer) removeAllocation(ctx context.Context, consumer string) error {
 func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read *placementapi.Consumer) ([]string, error) {
 	held := s.heldGens(consumer)
 	var on []string
-	emptied, err := s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
-		on = nil
-		for pu := range a {
-			if s.ours(pu) {
-				delete(a, pu)
-				on = append(on, pu)
-			}
+	var emptied bool
+	var err error
+	if read == nil || !s.holdsOurs(read) {
+		// Read now (one read before may miss what was written since):
+		// a consumer holding nothing of this host's is left as it is. A
+		// write of it would move the generations of the providers it
+		// holds elsewhere and rewrite its type (a pass took it from its
+		// cache, and it was moved away since).
+		var cur placementapi.Consumer
+		if cur, err = s.c.Consumer(ctx, consumer); err == nil {
+			read = &cur
 		}
-	})
+	}
+	if err == nil && s.holdsOurs(read) {
+		emptied, err = s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
+			on = nil
+			for pu := range a {
+				if s.ours(pu) {
+					delete(a, pu)
+					on = append(on, pu)
+				}
+			}
+		})
+	}
 	if errors.Is(err, placementapi.ErrNotFound) {
 		// Deleted meanwhile (a scheduler dropping its refused claim while
 		// the pass removes it): what the pass wanted, not written.
@@ -586,6 +601,16 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 		on = nil
 	}
 	return on, err
+}
+
+// holdsOurs reports whether c holds something of this host's providers.
+func (s *Syncer) holdsOurs(c *placementapi.Consumer) bool {
+	for pu := range c.Allocations {
+		if s.ours(pu) {
+			return true
+		}
+	}
+	return false
 }
 
 // heldGens is, for each provider the cache says consumer holds
