@@ -268,12 +268,13 @@ func (s *Syncer) Complete(ctx context.Context, c manager.FleetClaim) error {
 	want := resourcesOf(p.claim(c))
 	write := func() error {
 		gone := false
-		err := s.editConsumer(ctx, c.Instance, func(a map[string]placementapi.Allocation) {
-			if _, ok := a[p.uuid]; !ok {
-				gone = true
-				return
+		err := s.editConsumer(ctx, c.Instance, func(a map[string]placementapi.Allocation) bool {
+			_, held := a[p.uuid]
+			gone = !held
+			if held {
+				a[p.uuid] = placementapi.Allocation{Resources: want}
 			}
-			a[p.uuid] = placementapi.Allocation{Resources: want}
+			return held
 		})
 		if err == nil && gone {
 			return fmt.Errorf("the allocation of consumer %s on %s was deleted meanwhile: %w", c.Instance, p.name, manager.ErrNotFound)

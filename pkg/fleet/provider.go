@@ -446,25 +446,36 @@ func (s *Syncer) ours(provider string) bool {
 // on this host's providers; what it holds elsewhere (nova's VCPU, another
 // host) is kept as it is.
 func (s *Syncer) writeAllocation(ctx context.Context, consumer, provider string, want map[string]int) error {
-	return s.writeAllocationFrom(ctx, consumer, provider, want, nil)
+	return s.writeAllocationIf(ctx, consumer, provider, want, false)
 }
 
-// writeAllocationFrom is writeAllocation starting from read, the consumer
-// as read just before (nil: read it).
-func (s *Syncer) writeAllocationFrom(ctx context.Context, consumer, provider string, want map[string]int, read *placementapi.Consumer) error {
-	held := s.heldGens(consumer)
-	_, err := s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
+// writeAllocationIf is writeAllocation, which with held writes nothing
+// unless the consumer holds provider when read (each read, a conflict's
+// included): errNotHeld.
+func (s *Syncer) writeAllocationIf(ctx context.Context, consumer, provider string, want map[string]int, held bool) error {
+	gens := s.heldGens(consumer)
+	notHeld := false
+	_, err := s.editConsumerFrom(ctx, consumer, nil, func(a map[string]placementapi.Allocation) bool {
+		if _, ok := a[provider]; held && !ok {
+			notHeld = true
+			return false
+		}
+		notHeld = false
 		for pu := range a {
 			if s.ours(pu) {
 				delete(a, pu)
 			}
 		}
 		a[provider] = placementapi.Allocation{Resources: want}
+		return true
 	})
+	if err == nil && notHeld {
+		return errNotHeld
+	}
 	if err == nil {
 		// Moved off another of the host's providers, if it held one:
 		// that moved no generation of it.
-		s.forgetHeld(consumer, held, provider)
+		s.forgetHeld(consumer, gens, provider)
 	}
 	return err
 }
@@ -496,18 +507,10 @@ func (s *Syncer) writeInstance(ctx context.Context, consumer, provider string, w
 	if !s.src.HasConsumer(consumer) {
 		return false, nil
 	}
-	var read *placementapi.Consumer
-	if held {
-		cur, err := s.c.Consumer(ctx, consumer)
-		if err != nil {
-			return false, err
-		}
-		if _, ok := cur.Allocations[provider]; !ok {
-			return false, errNotHeld
-		}
-		read = &cur
+	if err := s.writeAllocationIf(ctx, consumer, provider, want, held); err != nil {
+		return false, err
 	}
-	return true, s.writeAllocationFrom(ctx, consumer, provider, want, read)
+	return true, nil
 }
 
 // errNotHeld: a consumer no longer holds the provider a pass took it to.
@@ -574,7 +577,7 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 		}
 	}
 	if err == nil && s.holdsOurs(read) {
-		emptied, err = s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) {
+		emptied, err = s.editConsumerFrom(ctx, consumer, read, func(a map[string]placementapi.Allocation) bool {
 			on = nil
 			for pu := range a {
 				if s.ours(pu) {
@@ -582,6 +585,7 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 					on = append(on, pu)
 				}
 			}
+			return len(on) > 0
 		})
 	}
 	if errors.Is(err, placementapi.ErrNotFound) {
@@ -650,18 +654,21 @@ func (s *Syncer) forgetHeld(consumer string, gens map[string]int, keep string) {
 
 // editConsumer reads a consumer, edits its allocations and writes them at
 // the generation read, re-reading after a conflict.
-func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(map[string]placementapi.Allocation)) error {
+func (s *Syncer) editConsumer(ctx context.Context, consumer string, edit func(map[string]placementapi.Allocation) bool) error {
 	_, err := s.editConsumerFrom(ctx, consumer, nil, edit)
 	return err
 }
 
 // editConsumerFrom is editConsumer starting from read, the consumer as
 // read just before (nil: read it). A read that holds nothing is read
-// again: what was written since is this edit's too. emptied reports that
+// again: what was written since is this edit's too. An edit that returns
+// false writes nothing (a consumer that holds none of what it would
+// change: a write would still move the generations of the providers it
+// holds and rewrite its type). emptied reports that
 // the write left the consumer nothing, at the generation read: Placement
 // then moved the generation of every provider it held by one (a write
 // that leaves some moves only those it still holds; a DELETE, none).
-func (s *Syncer) editConsumerFrom(ctx context.Context, consumer string, read *placementapi.Consumer, edit func(map[string]placementapi.Allocation)) (emptied bool, err error) {
+func (s *Syncer) editConsumerFrom(ctx context.Context, consumer string, read *placementapi.Consumer, edit func(map[string]placementapi.Allocation) bool) (emptied bool, err error) {
 	var learnt *int
 	for try := 0; ; try++ {
 		var cur placementapi.Consumer
@@ -675,8 +682,7 @@ func (s *Syncer) editConsumerFrom(ctx context.Context, consumer string, read *pl
 		}
 		learnt = nil
 		before := len(cur.Allocations)
-		edit(cur.Allocations)
-		if before == 0 && len(cur.Allocations) == 0 {
+		if !edit(cur.Allocations) || (before == 0 && len(cur.Allocations) == 0) {
 			return false, nil
 		}
 		cur.ConsumerType = s.consumerType(consumer)

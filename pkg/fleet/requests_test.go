@@ -266,9 +266,44 @@ func TestEventPassRewritesNothingDeleted(t *testing.T) {
 	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
 		t.Fatalf("the event's pass wrote back a deleted allocation: %+v, %v", cons.Allocations, err)
 	}
-	a.pass(t)
+	// The next pass, an event's too, reads the provider again.
+	if err := a.s.passWith(ctx, false); err != nil {
+		t.Fatal(err)
+	}
 	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || cons.Allocations[l4].Resources == nil {
 		t.Fatalf("the next pass left the instance's allocation lost: %+v, %v", cons.Allocations, err)
+	}
+}
+
+// A removal of a consumer that holds none of the host's providers (moved
+// to another host since the pass read it) writes nothing: a write would
+// move the other provider's generation and rewrite the consumer's type.
+func TestRemovalOfConsumerHeldElsewhereWritesNothing(t *testing.T) {
+	srv, c := startPlacement(t)
+	a, ra := recordedHost(t, "hosta", srv.URL())
+	ctx := context.Background()
+	a.pass(t)
+	other := elsewhere(t, c)
+	id := uuid.NewString()
+	if err := c.PutConsumer(ctx, id, placementapi.Consumer{
+		Allocations: map[string]placementapi.Allocation{other: {Resources: map[string]int{"CUSTOM_ELSEWHERE": 1}}},
+		ProjectID:   "p", UserID: "u", ConsumerType: "MIGRATION"}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := c.Consumer(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra.take()
+	if err := a.s.removeAllocation(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := ra.take(); count(got, "PUT /allocations/") != 0 {
+		t.Fatalf("the removal wrote a consumer holding nothing of the host's: %v", got)
+	}
+	after, err := c.Consumer(ctx, id)
+	if err != nil || *after.Generation != *before.Generation || after.ConsumerType != "MIGRATION" {
+		t.Fatalf("the consumer is now %+v, %v; want it as it was (%+v)", after, err, before)
 	}
 }
 
