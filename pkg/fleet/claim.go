@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/vgpud/vgpud/pkg/manager"
@@ -127,12 +128,18 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (i
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c, ok := s.cache[p.uuid]; ok && c.gen == o.read {
+	if c, ok := s.cache[p.uuid]; ok && c.gen <= o.read {
 		held := o.held
 		if gone != "" {
 			held = nil
 		}
-		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held, unchecked: c.unchecked}
+		// Read at a generation past the cache's (a claim moved it): the
+		// inventories and allocations are as read, the traits as the
+		// last pass left them, unchecked (as an event's pass takes
+		// them), so that the pass after this settle reads the provider
+		// again only if something moved it since. A cache already past
+		// the read is newer than this and stays.
+		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held, unchecked: c.unchecked || c.gen != o.read}
 	}
 	return o, nil
 }
@@ -480,6 +487,17 @@ func (s *Syncer) endSettling(consumer string, token uint64) {
 	if s.settling[consumer] == token {
 		delete(s.settling, consumer)
 	}
+}
+
+// Expect tells the syncer that an operation about to emit its events
+// settles its GPU before it returns: the pass those events start waits
+// for that settle (at most SettleTimeout, as for a settle running)
+// instead of running beside it, and then finds the GPU published. done
+// ends the expectation; calling it again does nothing.
+func (s *Syncer) Expect() (done func()) {
+	s.beginSettle()
+	var once sync.Once
+	return func() { once.Do(s.endSettle) }
 }
 
 // beginSettle and endSettle count a settle running (waitSettles).

@@ -405,6 +405,80 @@ func TestEventPassWaitsForSettle(t *testing.T) {
 	converged(t, c, a)
 }
 
+// A scheduler's create reads Placement again (its allocation confirmed)
+// after the admission's event has started a pass: that pass waits for the
+// create's settle (the manager expects it before the first event) and
+// finds the GPU as the settle published and read it, at the generation
+// the claim moved. The GPU's allocations are read once, by the settle.
+func TestSchedulerCreateSettlesBeforeItsPass(t *testing.T) {
+	srv, c := startPlacement(t)
+	rec := startRecorder(t, srv.URL())
+	a := startHost(t, "hosta", rec.url, nil, Config{})
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	id := uuid.NewString()
+	var completed, held atomic.Bool
+	rec.before = func(r *http.Request) {
+		// The create's confirmation (its read of the consumer after the
+		// adoption completed the claim), held long enough for a pass the
+		// admission's event started to run beside the create.
+		switch {
+		case r.URL.Path != "/allocations/"+id:
+		case r.Method == "PUT":
+			completed.Store(true)
+		case r.Method == "GET" && completed.Load() && held.CompareAndSwap(false, true):
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	ctx := context.Background()
+	lastOK := func() time.Time {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		return a.s.lastOK
+	}
+	passAfter := func(before time.Time) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !lastOK().After(before) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !lastOK().After(before) {
+			t.Fatal("no pass ran")
+		}
+	}
+	a.pass(t)
+	a.pass(t)
+	before := time.Now()
+	a.run(t)
+	passAfter(before) // the loop's first pass
+	if err := claim(c, id, l4, map[string]int{"CUSTOM_VGPUD_L4_4Q": 1}); err != nil {
+		t.Fatal(err)
+	}
+	rec.take()
+	before = time.Now()
+	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", PlacementConsumer: id}); err != nil {
+		t.Fatal(err)
+	}
+	// Every pass the create's events started, run.
+	passAfter(before)
+	for last := lastOK(); ; last = lastOK() {
+		time.Sleep(300 * time.Millisecond)
+		if lastOK().Equal(last) {
+			break
+		}
+	}
+	got := rec.take()
+	if !held.Load() {
+		t.Fatalf("the create did not read its completed claim again (its confirmation): %v", got)
+	}
+	if n := count(got, "GET /resource_providers/"+l4+"/allocations"); n != 1 {
+		t.Fatalf("the L4's allocations were read %d times, want once (the settle's): %v", n, got)
+	}
+	if n := count(got, "PUT /resource_providers/"+l4+"/inventories"); n > 1 {
+		t.Fatalf("the L4's inventories were written %d times, want at most once (the settle's): %v", n, got)
+	}
+	converged(t, c, a)
+}
+
 // After Placement lost its database a host writes its instances'
 // allocations again in one POST /allocations, as consumers Placement does
 // not know; one it does know (held elsewhere) makes the batch fall back to

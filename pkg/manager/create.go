@@ -71,6 +71,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	started := m.now()
 	intent := uuid.NewString()
 	defer m.inflight.add(intent, req.UUID)()
+	// From the admission's event to the settle's end: the fleet's pass
+	// the events start finds the GPU published by the settle.
+	defer m.fleetExpect(ctx)()
 	rec, existing, err := m.admitCreate(ctx, req, offers, intent, claim.decided())
 	if err != nil || existing {
 		return rec, claim.end(err)

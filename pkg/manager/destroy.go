@@ -67,6 +67,7 @@ func (m *Manager) Destroy(ctx context.Context, id string, opts DestroyOptions) e
 		return classify(err, "destroy %s", id)
 	}
 	m.crash(CrashDestroyStart)
+	defer m.fleetExpect(ctx)()
 	err = m.finishDestroy(ctx, rec, intent, started)
 	switch {
 	case err == nil:

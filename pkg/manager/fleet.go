@@ -48,6 +48,11 @@ type Fleet interface {
 	// the error says what that is (the operation stands; its caller is
 	// told that Placement lags).
 	Settle(ctx context.Context, gpu, removed string) error
+	// Expect tells the fleet that the operation about to emit its events
+	// calls Settle before it returns, so that the fleet's own work those
+	// events start waits for the settle (bounded) instead of racing it;
+	// done ends that, and may be called more than once.
+	Expect() (done func())
 	// Move moves what consumer from holds on this host's providers to
 	// consumer to, in one write (as Nova moves an instance's allocation
 	// to its migration's consumer and back). It must not fail the
@@ -354,6 +359,17 @@ func (m *Manager) fleetSettle(ctx context.Context, gpu, removed string) {
 			notePlacementBehind(ctx, fmt.Sprintf("Placement not brought up to date before returning (%s); the sync's next pass does it", Message(err)))
 		}
 	}
+}
+
+// fleetExpect tells the fleet, if there is one, that the operation about
+// to emit its events settles (fleetSettle) before it returns; the returned
+// func ends that. Inside reconcile nothing settles, and nothing is told.
+func (m *Manager) fleetExpect(ctx context.Context) (done func()) {
+	f := m.fleetOf()
+	if f == nil || ctx.Value(settleLaterKey{}) != nil {
+		return func() {}
+	}
+	return f.Expect()
 }
 
 type settleLaterKey struct{}

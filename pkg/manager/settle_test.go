@@ -21,6 +21,24 @@ type recordingFleet struct {
 	// claim is not expected and fails).
 	claimErr, settleErr error
 	claimOK             bool
+	// open counts the expectations not ended (Expect); expected notes,
+	// for each Settle, whether one was open.
+	open     int
+	expected []bool
+}
+
+func (f *recordingFleet) Expect() func() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.open++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.open--
+		})
+	}
 }
 
 func (f *recordingFleet) Claim(context.Context, manager.FleetClaim) error {
@@ -51,6 +69,7 @@ func (f *recordingFleet) Settle(_ context.Context, _, removed string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.settled = append(f.settled, removed)
+	f.expected = append(f.expected, f.open > 0)
 	return f.settleErr
 }
 
@@ -58,7 +77,9 @@ func (f *recordingFleet) Settle(_ context.Context, _, removed string) error {
 // reconcile under the admission lock, does not wait on the fleet (Settle,
 // bounded by a Placement round trip, would hold every create and destroy
 // meanwhile): its allocation is handed to the fleet's next pass (Unclaim),
-// which never blocks. A destroy outside reconcile settles as before.
+// which never blocks. A destroy outside reconcile settles as before, and
+// so does a create, each inside the expectation it told the fleet of
+// before its first event (Expect), which ends with the operation.
 func TestReconcileLeavesSettleToTheFleet(t *testing.T) {
 	e := newEnv(t, nil)
 	e.tenant("acme", unlimited())
@@ -94,10 +115,16 @@ func TestReconcileLeavesSettleToTheFleet(t *testing.T) {
 	if err := e.m.Destroy(context.Background(), other.UUID, manager.DestroyOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := e.m.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "L4-4Q", GPU: sim.DefaultL4}); err != nil {
+		t.Fatal(err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !slices.Equal(f.settled, []string{other.UUID}) {
-		t.Fatalf("a destroy outside reconcile settled %v; want %s", f.settled, other.UUID)
+	if !slices.Equal(f.settled, []string{other.UUID, ""}) {
+		t.Fatalf("a destroy and a create outside reconcile settled %v; want %s, then the create's GPU alone", f.settled, other.UUID)
+	}
+	if !slices.Equal(f.expected, []bool{true, true}) || f.open != 0 {
+		t.Fatalf("settles inside an expectation: %v, expectations left open: %d; want every settle expected, none left open", f.expected, f.open)
 	}
 }
 
