@@ -110,14 +110,15 @@ func (s *Syncer) reached(err error) {
 }
 
 // publishOne re-publishes one GPU's inventory now, the allocation of
-// consumer gone (if not "") not counted: its removal comes next. Where
-// the provider's generation it read is the one the last pass left it at,
-// nothing else changed there since (a DELETE of an allocation, which
-// moves no generation, is read by the periodic pass): what
-// the pass knew of it, with the inventories written now, holds at the
-// generation the write gave it, and the next pass need not read it again.
-// With gone what the provider holds is not known until the removal lands
-// (Settle, which knows the generation that moves it to).
+// consumer gone (if not "") not counted: its removal comes next. What it
+// read and wrote is cached at the generation the write gave the
+// provider, so that the next pass need not read it again: its
+// inventories and allocations as read (a DELETE of an allocation, which
+// moves no generation, is read by the periodic pass), its traits as the
+// last pass left them, unchecked where the generation read is past the
+// cache's (a claim moved it). With gone what the provider holds is not
+// known until the removal lands (Settle, which knows the generation that
+// moves it to).
 func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (invOutcome, error) {
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
 		return invOutcome{}, err
@@ -519,7 +520,8 @@ func (s *Syncer) endSettle() {
 	}
 }
 
-// waitSettles waits, at most d, until no settle runs.
+// waitSettles waits, at most d, until no settle runs and none is
+// expected (Expect).
 func (s *Syncer) waitSettles(ctx context.Context, d time.Duration) {
 	s.mu.Lock()
 	idle := s.idle

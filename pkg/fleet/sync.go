@@ -117,8 +117,8 @@ type Syncer struct {
 	// allocation to it (markSettling).
 	settling  map[string]uint64
 	settleSeq uint64
-	// running counts the settles running now; idle is closed when it
-	// falls back to 0 (waitSettles).
+	// running counts the settles running now and those expected
+	// (Expect); idle is closed when it falls back to 0 (waitSettles).
 	running int
 	idle    chan struct{}
 	// offer is Config.Offer as sets of names, by model (nil: all).
@@ -455,13 +455,12 @@ func (s *Syncer) pass(ctx context.Context, start time.Time, readAll bool) error 
 // not remove them (its deadline ran out under a loaded Placement, say),
 // and claims a failed create dropped. A scheduler looking for room waits
 // for no provider's reads, and a destroy's room is back after the
-// settle's deadline (and the other settles running then: the pass waits
-// for them, at most as long) and two requests, whatever the host's
-// size. Under
-// allocMu, as a settle removes: one in flight finishes first, and what it
-// removed is not removed again; one whose settle runs now is left to it
-// (markSettling). One that fails is left to the provider's sync, which
-// names it.
+// settle's deadline (and the other settles running or expected then:
+// the pass waits for them, at most as long) and two requests, whatever
+// the host's size. Under allocMu, as a settle removes: one in flight
+// finishes first, and what it removed is not removed again; one whose
+// settle runs now is left to it (markSettling). One that fails is left
+// to the provider's sync, which names it.
 func (s *Syncer) removeGone(ctx context.Context, ps *passState) {
 	s.mu.Lock()
 	var gone []string
