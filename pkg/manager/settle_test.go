@@ -23,14 +23,15 @@ type recordingFleet struct {
 	claimOK             bool
 	// open counts the expectations not ended (Expect); expected notes,
 	// for each Settle, whether one was open.
-	open     int
-	expected []bool
+	open, expects int
+	expected      []bool
 }
 
 func (f *recordingFleet) Expect() func() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.open++
+	f.expects++
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -107,10 +108,13 @@ func TestReconcileLeavesSettleToTheFleet(t *testing.T) {
 		t.Fatalf("the destroy a crash left was not finished: %v", err)
 	}
 	f.mu.Lock()
-	settled, unclaims := slices.Clone(f.settled), slices.Clone(f.unclaims)
+	settled, unclaims, expects := slices.Clone(f.settled), slices.Clone(f.unclaims), f.expects
 	f.mu.Unlock()
 	if len(settled) != 0 || !slices.Equal(unclaims, []string{left.UUID}) {
 		t.Fatalf("reconcile asked the fleet to settle %v and to drop %v; want no settle and %s dropped", settled, unclaims, left.UUID)
+	}
+	if expects != 0 {
+		t.Fatalf("reconcile told the fleet %d times to expect a settle; want none (it settles nothing)", expects)
 	}
 	if err := e.m.Destroy(context.Background(), other.UUID, manager.DestroyOptions{}); err != nil {
 		t.Fatal(err)
