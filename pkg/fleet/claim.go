@@ -433,7 +433,13 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		on, err = s.removeAllocationFrom(ctx, removed, read)
 		s.unlockAlloc()
 	}
-	s.reached(err)
+	if err == nil || perr != nil || ctx.Err() == nil {
+		s.reached(err)
+	}
+	// Else Placement answered this settle's publish and the removal ran
+	// out of the settle's time: Placement slow, not unreachable, is no
+	// reason for the short deadlines (a scheduler's next create on this
+	// host would get a quarter of its time to read its allocation).
 	s.mu.Lock()
 	if c, ok := s.cache[p.uuid]; ok && perr == nil && c.gen == o.gen {
 		// What the publish cached counted the allocation as gone. The

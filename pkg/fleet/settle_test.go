@@ -397,3 +397,42 @@ func destroyUpToDate(t *testing.T, a *host, c *placementapi.Client, id string) {
 		t.Fatalf("allocation right after the destroy of %s returned: %+v, %v", id, cons, err)
 	}
 }
+
+// TestSlowRemovalIsNoOutage: Placement answers a destroy's publish but
+// not its removal within the settle's time. The settle fails and leaves
+// the removal to the pass, but Placement answered it: the syncer does not
+// take it for unreachable, and the next operations keep their whole
+// deadlines (a scheduler's create its time to read its allocation).
+func TestSlowRemovalIsNoOutage(t *testing.T) {
+	srv, c := startPlacement(t)
+	rec := startRecorder(t, srv.URL())
+	a := startHost(t, "hosta", rec.url, nil, withSettleTimeout(Config{}, 2*time.Second))
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	a.pass(t)
+	d := mustCreate(t, a.h, "NVIDIA L4-4Q", sim.DefaultL4)
+	a.pass(t)
+	var slow atomic.Bool
+	rec.before = func(r *http.Request) {
+		// Past the settle's 2 s (its publish has 1 s of it), within the
+		// client's own timeout.
+		if r.URL.Path == "/allocations/"+d.UUID && r.Method != http.MethodGet && slow.CompareAndSwap(true, false) {
+			time.Sleep(2500 * time.Millisecond)
+		}
+	}
+	failed := settlesOf(a.s, "failed")
+	before := counted(t, failed)
+	slow.Store(true)
+	if err := a.h.Manager.Destroy(context.Background(), d.UUID, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := counted(t, failed); got != before+1 {
+		t.Fatalf("vgpud_fleet_settles_total{outcome=failed} = %v, want %v", got, before+1)
+	}
+	if a.s.down() {
+		t.Fatal("a removal that ran out of the settle's time, after Placement answered its publish, made the syncer take Placement for unreachable")
+	}
+	a.pass(t)
+	if r := holds(t, c, d.UUID, l4); len(r) != 0 {
+		t.Fatalf("the pass after the failed settle left the allocation: %v", r)
+	}
+}
