@@ -369,33 +369,18 @@ func TestEventPassWaitsForSettle(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	lastOK := func() time.Time {
-		a.s.mu.Lock()
-		defer a.s.mu.Unlock()
-		return a.s.lastOK
-	}
-	passAfter := func(before time.Time) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !lastOK().After(before) && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if !lastOK().After(before) {
-			t.Fatal("no pass ran")
-		}
-	}
 	a.pass(t)
 	a.pass(t)
-	before := lastOK()
+	before := lastPass(a.s)
 	a.run(t)
-	passAfter(before) // the loop's first pass
-	before = lastOK()
+	passAfter(t, a.s, before) // the loop's first pass
+	before = lastPass(a.s)
 	rec.take()
 	hold.Store(true)
 	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4}); err != nil {
 		t.Fatal(err)
 	}
-	passAfter(before)
+	passAfter(t, a.s, before)
 	if hold.Load() {
 		t.Fatal("the settle wrote no inventories")
 	}
@@ -430,26 +415,11 @@ func TestSchedulerCreateSettlesBeforeItsPass(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	lastOK := func() time.Time {
-		a.s.mu.Lock()
-		defer a.s.mu.Unlock()
-		return a.s.lastOK
-	}
-	passAfter := func(before time.Time) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !lastOK().After(before) && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if !lastOK().After(before) {
-			t.Fatal("no pass ran")
-		}
-	}
 	a.pass(t)
 	a.pass(t)
 	before := time.Now()
 	a.run(t)
-	passAfter(before) // the loop's first pass
+	passAfter(t, a.s, before) // the loop's first pass
 	if err := claim(c, id, l4, map[string]int{"CUSTOM_VGPUD_L4_4Q": 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -459,10 +429,10 @@ func TestSchedulerCreateSettlesBeforeItsPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every pass the create's events started, run.
-	passAfter(before)
-	for last := lastOK(); ; last = lastOK() {
+	passAfter(t, a.s, before)
+	for last := lastPass(a.s); ; last = lastPass(a.s) {
 		time.Sleep(300 * time.Millisecond)
-		if lastOK().Equal(last) {
+		if lastPass(a.s).Equal(last) {
 			break
 		}
 	}
@@ -477,6 +447,26 @@ func TestSchedulerCreateSettlesBeforeItsPass(t *testing.T) {
 		t.Fatalf("the L4's inventories were written %d times, want at most once (the settle's): %v", n, got)
 	}
 	converged(t, c, a)
+}
+
+// lastPass is when s's last pass succeeded.
+func lastPass(s *Syncer) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastOK
+}
+
+// passAfter waits (10 s at most) for a pass of s that succeeded after
+// before.
+func passAfter(t *testing.T, s *Syncer, before time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !lastPass(s).After(before) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !lastPass(s).After(before) {
+		t.Fatal("no pass ran")
+	}
 }
 
 // After Placement lost its database a host writes its instances'
