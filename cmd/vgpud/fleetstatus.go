@@ -15,7 +15,7 @@ func fleetSettings(f *config.FleetConfig) *fleet.Settings {
 		return nil
 	}
 	return &fleet.Settings{Endpoint: f.Endpoint, TokenFile: f.TokenFile, Host: f.Host, RootUUID: f.RootUUID, ParentUUID: f.ParentUUID,
-		SyncInterval: f.SyncInterval.Duration, Grace: f.Grace.Duration, Timeout: f.Timeout.Duration, ClaimTimeout: f.ClaimTimeout.Duration,
+		SyncInterval: f.SyncInterval.Duration, AuditInterval: f.AuditInterval.Duration, Grace: f.Grace.Duration, Timeout: f.Timeout.Duration, ClaimTimeout: f.ClaimTimeout.Duration,
 		Inventories: f.Inventories, Offer: f.Offer}
 }
 

@@ -273,12 +273,12 @@ func TestMetricsAccessConfig(t *testing.T) {
 }
 
 func TestConfigFleetSection(t *testing.T) {
-	c, err := loadWith(t, "version: v1\nfleet:\n  endpoint: http://127.0.0.1:8778\n  host: gpu-7\n  syncInterval: 30s\n  grace: 90s\n  parentUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d2\n  inventories: exact\n  offer:\n    L4-24GB: [L4-4Q, NVIDIA L4-24Q, passthrough]\n")
+	c, err := loadWith(t, "version: v1\nfleet:\n  endpoint: http://127.0.0.1:8778\n  host: gpu-7\n  syncInterval: 30s\n  auditInterval: 10m\n  grace: 90s\n  parentUUID: 9a0e0c3c-0d6f-4a11-8b2e-6f1c2b9e51d2\n  inventories: exact\n  offer:\n    L4-24GB: [L4-4Q, NVIDIA L4-24Q, passthrough]\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := c.Fleet
-	if f == nil || len(f.Offer["L4-24GB"]) != 3 || f.Inventories != "exact" || f.Endpoint != "http://127.0.0.1:8778" || f.Host != "gpu-7" || f.SyncInterval.Duration != 30*time.Second || f.Grace.Duration != 90*time.Second || f.ParentUUID == "" {
+	if f == nil || len(f.Offer["L4-24GB"]) != 3 || f.Inventories != "exact" || f.Endpoint != "http://127.0.0.1:8778" || f.Host != "gpu-7" || f.SyncInterval.Duration != 30*time.Second || f.AuditInterval.Duration != 10*time.Minute || f.Grace.Duration != 90*time.Second || f.ParentUUID == "" {
 		t.Fatalf("fleet = %+v", f)
 	}
 	if _, err := loadWith(t, "version: v1\nfleet:\n  endpont: x\n"); err == nil {
@@ -290,6 +290,10 @@ func TestConfigFleetSection(t *testing.T) {
 		"fleet:\n  endpoint: http://p:99999\n",
 		"fleet:\n  endpoint: http://p:8778\n  parentUUID: nope\n",
 		"fleet:\n  endpoint: http://p:8778\n  grace: -1s\n",
+		"fleet:\n  endpoint: http://p:8778\n  auditInterval: -1s\n",
+		"fleet:\n  endpoint: http://p:8778\n  auditInterval: 25h\n",
+		"fleet:\n  endpoint: http://p:8778\n  auditInterval: ''\n",
+		"fleet:\n  endpoint: http://p:8778\n  auditInterval: often\n",
 		"fleet:\n  endpoint: http://p:8778\n  inventories: always\n",
 		"fleet:\n  endpoint: http://p:8778\n  offer:\n    L4-24GB: []\n",
 		"fleet:\n  endpoint: http://p:8778\n  offer:\n    L4-24GB:\n",

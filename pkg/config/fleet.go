@@ -30,6 +30,11 @@ type FleetConfig struct {
 	// SyncInterval is the periodic full pass (default 60s); changes are
 	// published as they happen.
 	SyncInterval Duration `json:"syncInterval,omitempty"`
+	// AuditInterval is how often the allocations of a GPU's provider that
+	// holds some are read again when nothing moved its generation, to
+	// find one deleted by someone else (default 5m, at least
+	// SyncInterval).
+	AuditInterval Duration `json:"auditInterval,omitempty"`
 	// Grace is how long an allocation without an instance may live on the
 	// host's providers (default 2m).
 	Grace Duration `json:"grace,omitempty"`
@@ -83,7 +88,7 @@ func (f *FleetConfig) validate() error {
 			}
 		}
 	}
-	for key, d := range map[string]time.Duration{"fleet.syncInterval": f.SyncInterval.Duration, "fleet.grace": f.Grace.Duration,
+	for key, d := range map[string]time.Duration{"fleet.syncInterval": f.SyncInterval.Duration, "fleet.auditInterval": f.AuditInterval.Duration, "fleet.grace": f.Grace.Duration,
 		"fleet.timeout": f.Timeout.Duration, "fleet.claimTimeout": f.ClaimTimeout.Duration} {
 		if d < 0 || d > 24*time.Hour {
 			return fmt.Errorf("%s: %s must be 0 (the default) to 24h", key, d)

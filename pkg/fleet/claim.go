@@ -140,7 +140,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (i
 		// them), so that the pass after this settle reads the provider
 		// again only if something moved it since. A cache already past
 		// the read is newer than this and stays.
-		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held, unchecked: c.unchecked || c.gen != o.read}
+		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held, unchecked: c.unchecked || c.gen != o.read, readAt: s.now()}
 	}
 	return o, nil
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 )
 
 // ensureNames makes sure every class and trait want names exists in
@@ -23,11 +24,19 @@ func (s *Syncer) ensureNames(ctx context.Context, want []gpuProvider) error {
 	return s.ensureList(ctx, traits, true)
 }
 
+// maxRelists bounds the lists one ensureList reads again (relisting).
+const maxRelists = 3
+
 // ensureList is ensureNames for classes or for traits. A name Placement
 // answers it had already (204, not 201) means another writer is defining
 // them now (every host of a fleet after Placement lost its database): the
-// list is read again, once, and only what is still missing is created,
-// instead of every host creating every name.
+// list is read again (up to maxRelists times) and only what is still
+// missing is created, instead of every host creating every name. Each
+// host creates the missing names in an order of its own: hosts in the
+// same order would each find one name made, list, and find only the next
+// made, in step; in different orders, what one host lists after its
+// first 204 holds what all the others made meanwhile (at 100 hosts after
+// a wiped database, 20 classes created per host in step).
 func (s *Syncer) ensureList(ctx context.Context, names []string, trait bool) error {
 	missing := s.unmade(names)
 	if len(missing) == 0 {
@@ -42,7 +51,8 @@ func (s *Syncer) ensureList(ctx context.Context, names []string, trait bool) err
 		}
 		missing = s.unmade(missing)
 	}
-	relisted := false
+	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
+	relists := 0
 	for i := 0; i < len(missing); i++ {
 		n := missing[i]
 		if s.unmade([]string{n}) == nil {
@@ -52,8 +62,8 @@ func (s *Syncer) ensureList(ctx context.Context, names []string, trait bool) err
 		if err != nil {
 			return fmt.Errorf("define %s: %w", n, err)
 		}
-		if !created && !relisted && i+1 < len(missing) {
-			relisted = true
+		if !created && relists < maxRelists && i+1 < len(missing) {
+			relists++
 			if err := s.list(ctx, trait); err != nil {
 				return err
 			}

@@ -88,15 +88,15 @@ func (s *Syncer) postFresh(ctx context.Context, fresh []freshAlloc) ([]freshAllo
 }
 
 // afterFresh finishes allocations just written: one whose instance was
-// destroyed while it was written is removed again (its destroy may have
-// removed it just before the write put it back), and its provider's
-// totals raised for it lowered.
+// destroyed while it was written is removed if its destroy marked it to
+// go (destroyedWhileWritten), and the totals its provider raised for it
+// lowered.
 func (s *Syncer) afterFresh(ctx context.Context, wrote []freshAlloc, ps *passState) []error {
 	var errs []error
 	for _, f := range wrote {
-		if !s.src.HasConsumer(f.consumer) {
+		if s.destroyedWhileWritten(f.consumer) {
 			s.forget(f.p.uuid)
-			if err := s.removeAllocation(ctx, f.consumer); err != nil {
+			if _, err := s.removeMarked(ctx, f.consumer); err != nil {
 				err = fmt.Errorf("GPU %s: remove allocation of %s, destroyed while it was written: %w", f.p.gpu.PCI, f.consumer, err)
 				s.fail(ps, f.p.name, f.consumer, "removal", err)
 				errs = append(errs, err)

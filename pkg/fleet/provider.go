@@ -29,8 +29,10 @@ type passState struct {
 	// complete is false when a provider's allocations could not be read.
 	complete bool
 	// readAll: read the allocations of every provider that held any, not
-	// only of those whose generation moved (syncProvider).
+	// only of those whose generation moved, where they were last read
+	// audit ago or more (syncProvider).
 	readAll bool
+	audit   time.Duration
 	// failures are the writes Placement refused or did not answer.
 	failures []Difference
 	// fresh are the instances' allocations Placement does not hold on
@@ -60,16 +62,20 @@ func (s *Syncer) fail(ps *passState, provider, subject, write string, err error)
 // may have changed: on a provider whose generation moved (every
 // allocation written bumps the generation of the providers it lands on,
 // and so does a removal that leaves its consumer nothing), and on a
-// periodic pass (readAll) on every provider that held any, since a
-// DELETE of a consumer's allocations, or a consumer rewritten to hold
-// another provider's alone, moves no generation of the provider it left:
-// a lost allocation shows nowhere else. A pass an event started takes
-// what the last pass or settle left at the generation the provider still
-// has, so under churn it reads the providers that changed and no other;
-// what a generation did not show is found within an Interval, as on an
-// idle host. Nothing is read on a provider this pass made, or on one that
-// held none at the generation it still has, so an idle host's empty GPUs
-// cost Placement nothing.
+// periodic pass (readAll) on every provider that held any and was last
+// read AuditInterval ago or more (Pass: whenever read), since a DELETE of
+// a consumer's allocations, or a consumer rewritten to hold another
+// provider's alone, moves no generation of the provider it left: a lost
+// allocation shows nowhere else. A pass an event started takes what the
+// last pass or settle left at the generation the provider still has, so
+// under churn it reads the providers that changed and no other; what a
+// generation did not show is found within an AuditInterval (and a
+// claim's, or a create's, write on the provider moves its generation and
+// has it read at once). Reading every occupied provider every Interval
+// was most of what a fleet of idle hosts asked of Placement: a thousand
+// hosts of eight occupied GPUs, 150 requests a second. Nothing is read on
+// a provider this pass made, or on one that held none at the generation
+// it still has, so an idle host's empty GPUs cost Placement nothing.
 func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[string]int, names map[string]string, ps *passState) error {
 	gen, exists := gens[p.uuid]
 	if exists && names[p.uuid] != p.name {
@@ -93,11 +99,15 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// generation: the inventories' sync starts from it instead of
 	// reading the provider again.
 	known := &invState{gen: 0, have: map[string]map[string]int{}}
+	// readAt is when what the provider holds (held below) was last read
+	// from Placement: a periodic pass reads it again after ps.audit.
+	readAt := s.now()
 	switch {
 	case !exists:
 		// Just made: no inventories, traits or allocations at 0.
-	case hit && c.gen == gen && c.held != nil && (len(c.held) == 0 || !ps.readAll):
+	case hit && c.gen == gen && c.held != nil && (len(c.held) == 0 || !ps.readAll || readAt.Sub(c.readAt) < ps.audit):
 		known = &invState{gen: gen, inv: c.inv, have: c.held}
+		readAt = c.readAt
 	default:
 		cur, at, have, err := s.readHeld(ctx, p)
 		if err != nil {
@@ -145,6 +155,9 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			errs = append(errs, err)
 		}
 		written, invGen, held = o.inv, o.gen, o.held
+		if o.heldRead {
+			readAt = s.now()
+		}
 		s.crash(CrashInventory)
 		var traits *traitState
 		if !exists && err == nil {
@@ -156,9 +169,18 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		// as a claim does, and the periodic pass reads them again.
 		unchecked = exists && !ps.readAll && hit && sameSet(c.traits, p.traits)
 		if !unchecked {
-			if err := s.syncTraitsFrom(ctx, p, traits); err != nil {
+			from, to, err := s.syncTraitsFrom(ctx, p, traits)
+			switch {
+			case err != nil:
 				s.fail(ps, p.name, "traits", "traits", err)
 				errs = append(errs, err)
+			case from >= 0 && from == invGen:
+				// Written at the generation the inventories left: nothing
+				// else moved the provider in between, so what it holds
+				// is still held at the generation the write gave it, and
+				// the next pass need not read it again (a just-made
+				// provider's, after every first publish).
+				invGen = to
 			}
 		}
 	}
@@ -195,11 +217,10 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			continue
 		}
 		again = again || have[consumer] != nil
-		if !s.src.HasConsumer(consumer) {
-			// Destroyed while it was written: its destroy may have
-			// removed it just before this write put it back.
+		if s.destroyedWhileWritten(consumer) {
+			// Its totals are lowered below.
 			again = true
-			if err := s.removeAllocation(ctx, consumer); err != nil {
+			if _, err := s.removeMarked(ctx, consumer); err != nil {
 				err = fmt.Errorf("remove allocation of %s, destroyed while it was written: %w", consumer, err)
 				s.fail(ps, p.name, consumer, "removal", err)
 				errs = append(errs, err)
@@ -216,6 +237,9 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 			errs = append(errs, err)
 		}
 		written, invGen, held = o.inv, o.gen, o.held
+		if o.heldRead {
+			readAt = s.now()
+		}
 	}
 	if len(errs) > 0 || stale {
 		s.mu.Lock()
@@ -228,7 +252,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// from an older view) makes the next pass read them again; a quiet
 	// provider is skipped.
 	s.mu.Lock()
-	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits, held: held, unchecked: unchecked}
+	s.cache[p.uuid] = cached{gen: invGen, inv: written, traits: p.traits, held: held, unchecked: unchecked, readAt: readAt}
 	s.mu.Unlock()
 	return nil
 }
@@ -251,11 +275,13 @@ func (s *Syncer) syncInventory(ctx context.Context, p *gpuProvider) (map[string]
 // invOutcome is what syncInventoryFrom left: the inventories Placement
 // holds and the provider's generation then; read, the generation it read
 // them at (gen too when nothing was written); held, what the provider
-// held at gen (gone not counted).
+// held at gen (gone not counted), and heldRead whether that was read from
+// Placement by this call (else it was known: invState).
 type invOutcome struct {
 	inv       map[string]placementapi.Inventory
 	gen, read int
 	held      map[string]map[string]int
+	heldRead  bool
 }
 
 // invState is a provider's inventories and allocations known without a
@@ -286,12 +312,13 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 		var gen int
 		var err error
 		var have map[string]map[string]int
-		if try == 0 && known != nil {
-			cur, gen, have = known.inv, known.gen, maps.Clone(known.have)
-		} else {
+		heldRead := try > 0 || known == nil
+		if heldRead {
 			if cur, gen, have, err = s.readHeld(ctx, p); err != nil {
 				return invOutcome{}, err
 			}
+		} else {
+			cur, gen, have = known.inv, known.gen, maps.Clone(known.have)
 		}
 		goneHeld := have[ah.gone]
 		delete(have, ah.gone)
@@ -314,7 +341,7 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 			}
 		}
 		if sameInventories(cur, want) {
-			return invOutcome{inv: want, gen: gen, read: gen, held: have}, nil
+			return invOutcome{inv: want, gen: gen, read: gen, held: have, heldRead: heldRead}, nil
 		}
 		// Totals searched with claims in flight may hold a class no
 		// pass has published yet (held back from the occupancy alone).
@@ -338,7 +365,7 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 		}
 		// Written at the generation read before the allocations: none
 		// landed since, or the write would have been a conflict.
-		return invOutcome{inv: want, gen: gen, read: read, held: have}, nil
+		return invOutcome{inv: want, gen: gen, read: read, held: have, heldRead: heldRead}, nil
 	}
 }
 
@@ -388,23 +415,24 @@ type traitState struct {
 
 // syncTraitsFrom is syncInventoryFrom for traits: it writes the
 // provider's traits where they differ, starting from what is known when
-// known is not nil.
-func (s *Syncer) syncTraitsFrom(ctx context.Context, p *gpuProvider, known *traitState) error {
+// known is not nil. A write returns the generation it was made at (from)
+// and the one Placement gave the provider for it (to); nothing written,
+// both are -1.
+func (s *Syncer) syncTraitsFrom(ctx context.Context, p *gpuProvider, known *traitState) (from, to int, err error) {
 	for try := 0; ; try++ {
 		var cur []string
 		var gen int
 		if try == 0 && known != nil {
 			gen = known.gen
 		} else {
-			var err error
 			if cur, gen, err = s.c.Traits(ctx, p.uuid); err != nil {
-				return err
+				return -1, -1, err
 			}
 		}
 		if sameSet(cur, p.traits) {
-			return nil
+			return -1, -1, nil
 		}
-		_, err := s.c.SetTraits(ctx, p.uuid, gen, p.traits)
+		to, err = s.c.SetTraits(ctx, p.uuid, gen, p.traits)
 		if errors.Is(err, placementapi.ErrConflict) && try < conflictRetries {
 			s.met.conflicts.Inc()
 			continue
@@ -413,9 +441,9 @@ func (s *Syncer) syncTraitsFrom(ctx context.Context, p *gpuProvider, known *trai
 			s.forgetNames() // an unknown trait, say
 		}
 		if err != nil {
-			return fmt.Errorf("traits of %s: %w", p.name, err)
+			return -1, -1, fmt.Errorf("traits of %s: %w", p.name, err)
 		}
-		return nil
+		return gen, to, nil
 	}
 }
 
@@ -516,6 +544,22 @@ func (s *Syncer) writeInstance(ctx context.Context, consumer, provider string, w
 // errNotHeld: a consumer no longer holds the provider a pass took it to.
 var errNotHeld = errors.New("the allocation is no longer held on the provider")
 
+// destroyedWhileWritten reports whether consumer, whose allocation a
+// pass just wrote, is no longer an instance: destroyed after the write's
+// check. Its removal is the destroy's: its settle removes under allocMu,
+// so after the write, reading the consumer again; a settle that gave up,
+// or a destroy without one, marked it to go (Unclaim, take), and the
+// pass removes it then (removeMarked). Removed on this check alone, it
+// could be a new claim under the same UUID (Nova reuses instance UUIDs)
+// that the destroy's removal came before: removed without grace.
+func (s *Syncer) destroyedWhileWritten(consumer string) bool {
+	if s.src.HasConsumer(consumer) {
+		return false
+	}
+	s.Kick() // what the totals still count goes at the next pass
+	return true
+}
+
 // lockAlloc takes allocMu, or gives up when ctx ends (a pass's write
 // holds it for one request at most, bounded by the client's timeout).
 func (s *Syncer) lockAlloc(ctx context.Context) error {
@@ -598,6 +642,10 @@ func (s *Syncer) removeAllocationFrom(ctx context.Context, consumer string, read
 		delete(s.seen, consumer)
 		delete(s.gone, consumer)
 		delete(s.known, consumer)
+		// Removed: a later claim under the UUID is not the instance a
+		// pass saw, to go at once (rememberInstances).
+		delete(s.instances, consumer)
+		s.noteReset(consumer)
 		s.mu.Unlock()
 		s.forgetHeld(consumer, held, "")
 	}
@@ -760,16 +808,29 @@ func (s *Syncer) removeStaleIn(ctx context.Context, tree []placementapi.Provider
 
 // rememberInstances notes the consumers that are instances now: when one
 // goes, its allocation goes at the next pass without waiting out Grace.
-func (s *Syncer) rememberInstances(want []gpuProvider) {
+// mark is the count of resets before the pass read the host (want): a
+// consumer reset since (a new claim under the UUID of an instance the
+// view still held, destroyed since) or whose allocation was removed since
+// (a scheduler may claim under the UUID again without telling the host)
+// is not noted, or the next pass would remove the new claim at once.
+func (s *Syncer) rememberInstances(want []gpuProvider, mark uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := map[string]bool{}
 	known := map[string]bool{}
 	for _, p := range want {
 		for c := range p.allocs {
+			if s.resetAt[c] > mark {
+				continue
+			}
 			now[c], known[c] = true, true
 			delete(s.seen, c)
 			delete(s.gone, c)
+		}
+	}
+	for c, at := range s.resetAt {
+		if at <= mark {
+			delete(s.resetAt, c) // every later pass's mark is past it
 		}
 	}
 	// An instance of the last pass that is gone stays known for one more

@@ -120,17 +120,19 @@ func TestFirstPublishCreatesOnlyMissingNames(t *testing.T) {
 
 // A pass with nothing to change reads the tree and, of the GPU providers,
 // only the allocations of those that hold some: one that held none at the
-// generation it still has cannot hold any now.
+// generation it still has cannot hold any now. That holds from the pass
+// after the first publish: the first publish's trait writes, which move
+// each generation past its inventories', are cached at the generation
+// they gave.
 func TestIdlePassReadsOnlyTheTree(t *testing.T) {
 	srv, c := startPlacement(t)
 	a, ra := recordedHost(t, "hosta", srv.URL())
 	ctx := context.Background()
 	a.pass(t)
-	a.pass(t) // the first pass's own writes moved the generations
 	ra.take()
 	a.pass(t)
 	if idle := ra.take(); len(idle) != 1 || !strings.HasPrefix(idle[0], "GET /resource_providers") {
-		t.Fatalf("an idle pass of an empty host made %d requests, want the tree alone: %v", len(idle), idle)
+		t.Fatalf("the pass after the first publish of an empty host made %d requests, want the tree alone: %v", len(idle), idle)
 	}
 	// A claim someone else writes bumps the provider's generation: the
 	// next pass reads that provider's allocations (and keeps the claim
@@ -186,7 +188,7 @@ func TestEventPassReadsChangedProvidersAlone(t *testing.T) {
 	event := func() []string {
 		t.Helper()
 		ra.take()
-		if err := a.s.passWith(ctx, false); err != nil {
+		if err := a.s.passWith(ctx, false, 0); err != nil {
 			t.Fatal(err)
 		}
 		return ra.take()
@@ -229,6 +231,61 @@ func TestEventPassReadsChangedProvidersAlone(t *testing.T) {
 	}
 }
 
+// The periodic pass reads an occupied provider whose generation did not
+// move once its allocations were last read AuditInterval ago, not every
+// Interval: a DELETE of an instance's allocation is written back within
+// AuditInterval, and the passes between read the tree alone.
+func TestPeriodicPassAuditsAfterAuditInterval(t *testing.T) {
+	srv, c := startPlacement(t)
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	ra := startRecorder(t, srv.URL())
+	a := startHost(t, "hosta", ra.url, nil, Config{Now: clock.now, Interval: time.Minute, AuditInterval: 5 * time.Minute})
+	ctx := context.Background()
+	a.pass(t)
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	converged(t, c, a)
+	a.pass(t) // reads the L4's allocations: the audit counts from here
+	if err := c.PutConsumer(ctx, rec.UUID, placementapi.Consumer{}); err != nil {
+		t.Fatal(err)
+	}
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	periodic := func() []string {
+		t.Helper()
+		ra.take()
+		if err := a.s.passWith(ctx, true, a.s.cfg.AuditInterval); err != nil {
+			t.Fatal(err)
+		}
+		return ra.take()
+	}
+	for range 4 {
+		clock.advance(time.Minute)
+		if got := periodic(); len(got) != 1 {
+			t.Fatalf("a periodic pass within the audit interval made %d requests, want the tree alone: %v", len(got), got)
+		}
+	}
+	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
+		t.Fatalf("written back before its audit: %+v, %v", cons.Allocations, err)
+	}
+	clock.advance(time.Minute)
+	if got := periodic(); count(got, "GET /resource_providers/"+l4+"/allocations") != 1 {
+		t.Fatalf("the periodic pass an audit interval after the last read did not read the L4's allocations: %v", got)
+	}
+	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || cons.Allocations[l4].Resources == nil {
+		t.Fatalf("the audit left the instance's allocation lost: %+v, %v", cons.Allocations, err)
+	}
+	// The rewrite moved the generation: the next pass reads the L4 once
+	// more, the one after it the tree alone.
+	clock.advance(time.Minute)
+	periodic()
+	clock.advance(time.Minute)
+	if got := periodic(); len(got) != 1 {
+		t.Fatalf("the second periodic pass after the audit made %d requests, want the tree alone: %v", len(got), got)
+	}
+}
+
 // An allocation an event's pass took from its cache but a DELETE took
 // since (no generation moved) is not written back by that pass: it may
 // be a scheduler's claim it gave up on. The provider is read again by the
@@ -260,14 +317,14 @@ func TestEventPassRewritesNothingDeleted(t *testing.T) {
 	if err := c.PutConsumer(ctx, rec.UUID, placementapi.Consumer{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.s.passWith(ctx, false); err != nil {
+	if err := a.s.passWith(ctx, false, 0); err != nil {
 		t.Fatal(err)
 	}
 	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
 		t.Fatalf("the event's pass wrote back a deleted allocation: %+v, %v", cons.Allocations, err)
 	}
 	// The next pass, an event's too, reads the provider again.
-	if err := a.s.passWith(ctx, false); err != nil {
+	if err := a.s.passWith(ctx, false, 0); err != nil {
 		t.Fatal(err)
 	}
 	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || cons.Allocations[l4].Resources == nil {
@@ -327,7 +384,7 @@ func TestPeriodicPassChecksTraitsEventPassTook(t *testing.T) {
 	// left it) and a settle of the GPU: none reads the traits.
 	ra.take()
 	for range 2 {
-		if err := a.s.passWith(ctx, false); err != nil {
+		if err := a.s.passWith(ctx, false, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

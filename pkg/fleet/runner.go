@@ -26,11 +26,11 @@ type Settings struct {
 	// Host names the providers ("": the host name); RootUUID and
 	// ParentUUID as in Config.
 	Host, RootUUID, ParentUUID string
-	// SyncInterval, Grace and ClaimTimeout are Config's Interval, Grace
-	// and ClaimTimeout; Timeout bounds each Placement request, and twice
-	// it is Config's AdoptTimeout (a scheduler's create reads its
-	// allocation and may write it once).
-	SyncInterval, Grace, Timeout, ClaimTimeout time.Duration
+	// SyncInterval, AuditInterval, Grace and ClaimTimeout are Config's
+	// Interval, AuditInterval, Grace and ClaimTimeout; Timeout bounds each
+	// Placement request, and twice it is Config's AdoptTimeout (a
+	// scheduler's create reads its allocation and may write it once).
+	SyncInterval, AuditInterval, Grace, Timeout, ClaimTimeout time.Duration
 	// Inventories is Config's ("": the default); Offer Config's, checked
 	// against the host's catalog (CheckOffer) when the settings are
 	// applied.
@@ -142,7 +142,7 @@ func (r *Runner) build(cfg *Settings) (*builtFleet, error) {
 		}
 	}
 	s, err := New(Config{Host: host, RootUUID: cfg.RootUUID, ParentUUID: cfg.ParentUUID,
-		Interval: cfg.SyncInterval, Grace: cfg.Grace, ClaimTimeout: cfg.ClaimTimeout, AdoptTimeout: 2 * cfg.Timeout,
+		Interval: cfg.SyncInterval, AuditInterval: cfg.AuditInterval, Grace: cfg.Grace, ClaimTimeout: cfg.ClaimTimeout, AdoptTimeout: 2 * cfg.Timeout,
 		Inventories: cfg.Inventories, Offer: cfg.Offer, Crash: r.crash},
 		c, r.host, r.log.With("component", "fleet"), r.metrics)
 	if err != nil {

@@ -30,7 +30,10 @@ func (s hookedSource) HasConsumer(id string) bool {
 // TestDestroyNotUndoneByAPass: a pass that read the host before a destroy
 // and writes the destroyed instance's allocation (missing in Placement)
 // while the destroy runs must not leave it in Placement once the destroy
-// returned; the destroy's reply promises its allocation is gone.
+// returned; the destroy's reply promises its allocation is gone. A
+// scheduler that then claims under the same UUID (Nova reuses instance
+// UUIDs), before the pass has finished, keeps its claim through that pass
+// and the next: neither takes it for the destroyed instance's leftover.
 func TestDestroyNotUndoneByAPass(t *testing.T) {
 	srv, c := startPlacement(t)
 	ctx := context.Background()
@@ -44,7 +47,9 @@ func TestDestroyNotUndoneByAPass(t *testing.T) {
 		behind    string
 		destroyed = make(chan error, 1)
 		checked   = make(chan string, 1)
+		claimed   bool
 	)
+	const reclaim = "CUSTOM_VGPUD_L4_4Q:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_VGPU_FB_MIB:4096"
 	src := hookedSource{Manager: h.Manager}
 	src.hook = func(id string) {
 		mu.Lock()
@@ -94,6 +99,13 @@ func TestDestroyNotUndoneByAPass(t *testing.T) {
 			case len(cons.Allocations) != 0:
 				checked <- "the allocation is in Placement after the destroy returned: a pass put it back"
 			default:
+				if err := schedulerClaimsAs(c, reclaim, id); err != nil {
+					checked <- "claim again: " + err.Error()
+					return
+				}
+				mu.Lock()
+				claimed = true
+				mu.Unlock()
 				checked <- ""
 			}
 		}
@@ -131,8 +143,24 @@ func TestDestroyNotUndoneByAPass(t *testing.T) {
 	default:
 		// The pass saw the instance gone at once: nothing was written.
 	}
-	if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
-		t.Fatalf("after the pass: %+v, %v", cons, err)
+	mu.Lock()
+	again := claimed
+	mu.Unlock()
+	if !again {
+		if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) != 0 {
+			t.Fatalf("after the pass: %+v, %v", cons, err)
+		}
+		return
+	}
+	for i, what := range []string{"the pass that wrote the destroyed instance's allocation", "the pass after it"} {
+		if i > 0 {
+			if err := s.Pass(ctx); err != nil {
+				t.Fatalf("pass: %v", err)
+			}
+		}
+		if cons, err := c.Consumer(ctx, rec.UUID); err != nil || len(cons.Allocations) == 0 {
+			t.Fatalf("the scheduler's new claim under the destroyed instance's UUID after %s: %+v, %v", what, cons, err)
+		}
 	}
 }
 

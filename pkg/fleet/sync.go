@@ -25,6 +25,11 @@ type Config struct {
 	// Interval is the periodic pass (default 60 s); Grace how long an
 	// allocation whose consumer has no instance may live (default 2 min).
 	Interval, Grace time.Duration
+	// AuditInterval is how often a periodic pass reads the allocations of
+	// a GPU's provider that holds some when its generation has not moved
+	// (default 5 min, never less than Interval): a DELETE of one, which
+	// moves no generation, shows nowhere else (syncProvider).
+	AuditInterval time.Duration
 	// ClaimTimeout bounds a create's claim (default 2 s); SettleTimeout
 	// what a create or destroy waits for its GPU's provider to be brought
 	// up to date before it returns (Settle; default 1 s, never more than
@@ -112,6 +117,11 @@ type Syncer struct {
 	// settled are instances whose destroy removed their allocation itself:
 	// their InstanceRemoved event, taken later, marks nothing.
 	settled map[string]time.Time
+	// resetAt is, for each consumer reset (a new claim) or removed since
+	// the last pass began, the count of resets then (resets): a pass's
+	// view read before it is older than that (rememberInstances).
+	resetAt map[string]uint64
+	resets  uint64
 	// settling are destroyed instances whose settle runs now, each with
 	// its settle's token (from settleSeq): the passes leave their
 	// allocation to it (markSettling).
@@ -165,6 +175,9 @@ type cached struct {
 	// pass, not read since the generation moved; the periodic pass reads
 	// them.
 	unchecked bool
+	// readAt is when held was last read from Placement (zero: never):
+	// the periodic pass reads it again after AuditInterval.
+	readAt time.Time
 }
 
 // New returns a syncer; Run starts it.
@@ -181,6 +194,10 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	if cfg.Grace <= 0 {
 		cfg.Grace = 2 * time.Minute
 	}
+	if cfg.AuditInterval <= 0 {
+		cfg.AuditInterval = 5 * time.Minute
+	}
+	cfg.AuditInterval = max(cfg.AuditInterval, cfg.Interval)
 	if cfg.ClaimTimeout <= 0 {
 		cfg.ClaimTimeout = 2 * time.Second
 	}
@@ -213,7 +230,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, settling: map[string]uint64{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
+		settled: map[string]time.Time{}, settling: map[string]uint64{}, resetAt: map[string]uint64{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -238,8 +255,8 @@ func (s *Syncer) Run(ctx context.Context) {
 	var retryC <-chan time.Time
 	for {
 		// An event's pass reads only the providers whose generation
-		// moved; the periodic one (and a retry) every one that holds
-		// anything (syncProvider).
+		// moved; the periodic one (and a retry) also those that hold
+		// anything and were not read for AuditInterval (syncProvider).
 		readAll := true
 		select {
 		case <-ctx.Done():
@@ -269,7 +286,7 @@ func (s *Syncer) Run(ctx context.Context) {
 		if !s.drain(events) {
 			return
 		}
-		if err := s.passWith(ctx, readAll); err != nil {
+		if err := s.passWith(ctx, readAll, s.cfg.AuditInterval); err != nil {
 			wait := retry.next()
 			retryC = time.After(wait)
 			s.log.Warn("placement sync failed; retrying", "err", err, "kind", placementapi.Kind(err), "in", wait)
@@ -287,10 +304,13 @@ func (s *Syncer) take(e manager.Event) {
 		// instance, unless its destroy removed it already: a mark left
 		// then would sweep a scheduler's later claim under the same UUID
 		// (Nova reuses instance UUIDs) without grace.
+		// Nor while its settle runs: the settle removes it, or marks it
+		// when it gives up (Unclaim).
 		s.mu.Lock()
+		_, settling := s.settling[e.ID]
 		if _, ok := s.settled[e.ID]; ok {
 			delete(s.settled, e.ID)
-		} else {
+		} else if !settling {
 			s.gone[e.ID] = s.now()
 		}
 		s.mu.Unlock()
@@ -367,12 +387,14 @@ func (s *Syncer) Healthy() bool {
 // does not answer fails the pass (retried with backoff) but no other
 // write of it: each provider and consumer goes on on its own.
 func (s *Syncer) Pass(ctx context.Context) error {
-	return s.passWith(ctx, true)
+	return s.passWith(ctx, true, 0)
 }
 
 // passWith is Pass; readAll false (a pass an event started) reads the
-// allocations of the providers whose generation moved alone.
-func (s *Syncer) passWith(ctx context.Context, readAll bool) error {
+// allocations of the providers whose generation moved alone; true, also
+// those of each provider that holds any and whose allocations were last
+// read audit ago or more (0: every one).
+func (s *Syncer) passWith(ctx context.Context, readAll bool, audit time.Duration) error {
 	s.passMu.Lock()
 	defer s.passMu.Unlock()
 	s.mu.Lock()
@@ -380,7 +402,7 @@ func (s *Syncer) passWith(ctx context.Context, readAll bool) error {
 	s.changed = time.Time{}
 	s.mu.Unlock()
 	start := s.now()
-	err := s.pass(ctx, start, readAll)
+	err := s.pass(ctx, start, readAll, audit)
 	s.met.pass(err, s.now().Sub(start))
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -398,13 +420,16 @@ func (s *Syncer) passWith(ctx context.Context, readAll bool) error {
 	return nil
 }
 
-func (s *Syncer) pass(ctx context.Context, start time.Time, readAll bool) error {
+func (s *Syncer) pass(ctx context.Context, start time.Time, readAll bool, audit time.Duration) error {
+	s.mu.Lock()
+	mark := s.resets
+	s.mu.Unlock()
 	view, err := s.src.FleetView()
 	if err != nil {
 		return fmt.Errorf("read the host: %w", err)
 	}
 	want := s.desired(view)
-	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true, readAll: readAll}
+	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true, readAll: readAll, audit: audit}
 	migrations := map[string]bool{}
 	for _, p := range want {
 		for c := range p.allocs {
@@ -442,7 +467,7 @@ func (s *Syncer) pass(ctx context.Context, start time.Time, readAll bool) error 
 	if err := s.removeStaleIn(ctx, tree, want, ps); err != nil {
 		errs = append(errs, err)
 	}
-	s.rememberInstances(want)
+	s.rememberInstances(want, mark)
 	s.setFailures(ps.failures)
 	if ps.complete {
 		s.prune(ps.held, start)
@@ -472,27 +497,35 @@ func (s *Syncer) removeGone(ctx context.Context, ps *passState) {
 	s.mu.Unlock()
 	sort.Strings(gone)
 	for _, c := range gone {
-		if err := s.lockAlloc(ctx); err != nil {
-			return
-		}
-		s.mu.Lock()
-		_, still := s.gone[c]
-		_, settling := s.settling[c]
-		still = still && !settling
-		s.mu.Unlock()
-		var err error
-		if still {
-			err = s.removeAllocation(ctx, c)
-		}
-		s.unlockAlloc()
+		removed, err := s.removeMarked(ctx, c)
 		if err != nil {
 			s.log.Debug("allocation to remove left for its provider's sync", "consumer", c, "err", err)
 			return // Placement in trouble: the providers' sync reports it
 		}
-		if still {
+		if removed {
 			s.crash(CrashUnalloc)
 		}
 	}
+}
+
+// removeMarked removes what consumer holds if it is still marked to go
+// (a new claim under its UUID clears the mark: reset) and no settle runs
+// for it, under allocMu as a settle removes: one in flight finishes
+// first, and what it removed is not removed again. removed: a removal
+// was made.
+func (s *Syncer) removeMarked(ctx context.Context, consumer string) (removed bool, err error) {
+	if err := s.lockAlloc(ctx); err != nil {
+		return false, err
+	}
+	defer s.unlockAlloc()
+	s.mu.Lock()
+	_, still := s.gone[consumer]
+	_, settling := s.settling[consumer]
+	s.mu.Unlock()
+	if !still || settling {
+		return false, nil
+	}
+	return true, s.removeAllocation(ctx, consumer)
 }
 
 // prepare reads the tree and makes sure the top provider, the classes
@@ -595,11 +628,20 @@ func (s *Syncer) deadline(d time.Duration) time.Duration {
 func (s *Syncer) reset(consumer string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.noteReset(consumer)
 	s.seen[consumer] = s.now()
 	delete(s.gone, consumer)
 	delete(s.known, consumer)
 	delete(s.instances, consumer)
 	delete(s.settled, consumer)
+}
+
+// noteReset counts a new claim of consumer, or the removal of what it
+// held, for the pass that read the host before it (rememberInstances).
+// The caller holds mu.
+func (s *Syncer) noteReset(consumer string) {
+	s.resets++
+	s.resetAt[consumer] = s.resets
 }
 
 // desired turns a view into providers and notes them as this host's.
