@@ -123,6 +123,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (i
 	if err := s.ensureNames(ctx, []gpuProvider{*p}); err != nil {
 		return invOutcome{}, err
 	}
+	at := s.now()
 	o, err := s.syncInventoryFrom(ctx, p, nil, ahead{gone: gone})
 	if err != nil {
 		return invOutcome{}, err
@@ -140,7 +141,7 @@ func (s *Syncer) publishOne(ctx context.Context, p *gpuProvider, gone string) (i
 		// them), so that the pass after this settle reads the provider
 		// again only if something moved it since. A cache already past
 		// the read is newer than this and stays.
-		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held, unchecked: c.unchecked || c.gen != o.read, readAt: s.now()}
+		s.cache[p.uuid] = cached{gen: o.gen, inv: o.inv, traits: c.traits, held: held, unchecked: c.unchecked || c.gen != o.read, readAt: at}
 	}
 	return o, nil
 }
@@ -359,8 +360,9 @@ func (s *Syncer) Settle(ctx context.Context, gpuUUID, removed string) error {
 		s.met.settleTime.Observe(s.now().Sub(start).Seconds())
 	}()
 	if removed != "" {
-		// The destroy's event has marked the allocation and started a
-		// pass: that pass leaves it to this settle, or it would remove
+		// The destroy's event may have marked the allocation (an event
+		// taken while this settle runs marks nothing: take) and started
+		// a pass: that pass leaves it to this settle, or it would remove
 		// it beside the settle, before the settle's publish.
 		token := s.markSettling(removed)
 		defer s.endSettling(removed, token)

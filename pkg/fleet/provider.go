@@ -33,6 +33,8 @@ type passState struct {
 	// audit ago or more (syncProvider).
 	readAll bool
 	audit   time.Duration
+	// start is when the pass began.
+	start time.Time
 	// failures are the writes Placement refused or did not answer.
 	failures []Difference
 	// fresh are the instances' allocations Placement does not hold on
@@ -100,12 +102,17 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// reading the provider again.
 	known := &invState{gen: 0, have: map[string]map[string]int{}}
 	// readAt is when what the provider holds (held below) was last read
-	// from Placement: a periodic pass reads it again after ps.audit.
-	readAt := s.now()
+	// from Placement, stamped with the start of the pass (or settle) that
+	// read it: a periodic pass reads it again once it began ps.audit
+	// after that, less half an Interval, as the periodic passes fall on
+	// the ticks, each a little earlier or later into its pass than the
+	// last (without that slack, one that fell a millisecond early would
+	// leave the read to the pass after it).
+	readAt := ps.start
 	switch {
 	case !exists:
 		// Just made: no inventories, traits or allocations at 0.
-	case hit && c.gen == gen && c.held != nil && (len(c.held) == 0 || !ps.readAll || readAt.Sub(c.readAt) < ps.audit):
+	case hit && c.gen == gen && c.held != nil && (len(c.held) == 0 || !ps.readAll || ps.start.Sub(c.readAt) < ps.audit-s.cfg.Interval/2):
 		known = &invState{gen: gen, inv: c.inv, have: c.held}
 		readAt = c.readAt
 	default:
@@ -156,7 +163,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		}
 		written, invGen, held = o.inv, o.gen, o.held
 		if o.heldRead {
-			readAt = s.now()
+			readAt = ps.start
 		}
 		s.crash(CrashInventory)
 		var traits *traitState
@@ -238,7 +245,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 		}
 		written, invGen, held = o.inv, o.gen, o.held
 		if o.heldRead {
-			readAt = s.now()
+			readAt = ps.start
 		}
 	}
 	if len(errs) > 0 || stale {

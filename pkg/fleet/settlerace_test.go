@@ -241,3 +241,24 @@ func TestPassDoesNotTakeBackRoom(t *testing.T) {
 		}
 	}
 }
+
+// TestLateRemovalEventSparesNewClaim: a destroyed instance's removal
+// event taken late (queued behind a long pass) after a scheduler claimed
+// under the same UUID and the host took the claim (Adopt's reset) marks
+// nothing: the next pass keeps the new claim.
+func TestLateRemovalEventSparesNewClaim(t *testing.T) {
+	srv, c := startPlacement(t)
+	a := startHost(t, "hostl", srv.URL(), nil, Config{})
+	a.pass(t)
+	rec := create(t, a, "NVIDIA L4-4Q", sim.DefaultL4)
+	destroy(t, a, rec.UUID) // its settle removes the allocation
+	if err := schedulerClaimsAs(c, "CUSTOM_VGPUD_L4_4Q:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_VGPU_FB_MIB:4096", rec.UUID); err != nil {
+		t.Fatal(err)
+	}
+	a.s.reset(rec.UUID)
+	a.s.take(manager.Event{Kind: manager.EventInstanceRemoved, ID: rec.UUID})
+	a.pass(t)
+	if r := holds(t, c, rec.UUID, GPUProviderUUID(a.s.top(), sim.DefaultL4)); len(r) == 0 {
+		t.Fatal("the pass removed a new claim under a destroyed instance's UUID on the destroy's late event")
+	}
+}

@@ -305,12 +305,17 @@ func (s *Syncer) take(e manager.Event) {
 		// then would sweep a scheduler's later claim under the same UUID
 		// (Nova reuses instance UUIDs) without grace.
 		// Nor while its settle runs: the settle removes it, or marks it
-		// when it gives up (Unclaim).
+		// when it gives up (Unclaim). Nor where the consumer was claimed
+		// anew or its allocation removed since the last pass began
+		// (resetAt): an event queued behind a long pass is older than
+		// that claim, and what went since marks itself (a destroy's
+		// settle that gives up, a failed create: Unclaim).
 		s.mu.Lock()
 		_, settling := s.settling[e.ID]
+		_, since := s.resetAt[e.ID]
 		if _, ok := s.settled[e.ID]; ok {
 			delete(s.settled, e.ID)
-		} else if !settling {
+		} else if !settling && !since {
 			s.gone[e.ID] = s.now()
 		}
 		s.mu.Unlock()
@@ -429,7 +434,7 @@ func (s *Syncer) pass(ctx context.Context, start time.Time, readAll bool, audit 
 		return fmt.Errorf("read the host: %w", err)
 	}
 	want := s.desired(view)
-	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true, readAll: readAll, audit: audit}
+	ps := &passState{instances: map[string]bool{}, moved: map[string]bool{}, held: map[string]bool{}, complete: true, readAll: readAll, audit: audit, start: start}
 	migrations := map[string]bool{}
 	for _, p := range want {
 		for c := range p.allocs {
