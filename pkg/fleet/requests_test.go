@@ -18,6 +18,7 @@ import (
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
 	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/store"
 )
 
 // recorder stands between one syncer and Placement and notes each
@@ -79,6 +80,20 @@ func recordedHost(t *testing.T, name, url string) (*host, *recorder) {
 	t.Helper()
 	rec := startRecorder(t, url)
 	return startHost(t, name, rec.url, nil, Config{}), rec
+}
+
+// l4Instance publishes the host, creates an L4-4Q on its L4 and waits
+// until Placement holds the instance's allocation; it returns the
+// instance and the L4's provider.
+func l4Instance(t *testing.T, a *host, c *placementapi.Client) (store.Instance, string) {
+	t.Helper()
+	a.pass(t)
+	rec, err := a.h.Manager.Create(context.Background(), manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	converged(t, c, a)
+	return rec, GPUProviderUUID(a.s.top(), sim.DefaultL4)
 }
 
 // A host's first publish lists the classes and traits Placement defines
@@ -242,17 +257,11 @@ func TestPeriodicPassAuditsAfterAuditInterval(t *testing.T) {
 	ra := startRecorder(t, srv.URL())
 	a := startHost(t, "hosta", ra.url, nil, Config{Now: clock.now, Interval: time.Minute, AuditInterval: 5 * time.Minute})
 	ctx := context.Background()
-	a.pass(t)
-	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	converged(t, c, a)
+	rec, l4 := l4Instance(t, a, c)
 	a.pass(t) // reads the L4's allocations: the audit counts from here
 	if err := c.PutConsumer(ctx, rec.UUID, placementapi.Consumer{}); err != nil {
 		t.Fatal(err)
 	}
-	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
 	periodic := func() []string {
 		t.Helper()
 		ra.take()
@@ -295,15 +304,9 @@ func TestEventPassRewritesNothingDeleted(t *testing.T) {
 	srv, c := startPlacement(t)
 	a, _ := recordedHost(t, "hosta", srv.URL())
 	ctx := context.Background()
-	a.pass(t)
-	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "NVIDIA L4-4Q", GPU: sim.DefaultL4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	converged(t, c, a)
+	rec, l4 := l4Instance(t, a, c)
 	a.pass(t)
 	a.pass(t)
-	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
 	// The cache says the instance holds something else there (as a
 	// scheduler's claim of another size would): the pass rewrites it.
 	a.s.mu.Lock()
