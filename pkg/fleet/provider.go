@@ -107,12 +107,18 @@ func (s *Syncer) syncProvider(ctx context.Context, p *gpuProvider, gens map[stri
 	// after that, less half an Interval, as the periodic passes fall on
 	// the ticks, each a little earlier or later into its pass than the
 	// last (without that slack, one that fell a millisecond early would
-	// leave the read to the pass after it).
+	// leave the read to the pass after it). A provider that holds a claim
+	// that is no instance of the host is read by every periodic pass, as
+	// before the audit: a scheduler deletes such a claim (one the host
+	// refused as stale, one it gave up on) without moving the
+	// generation, and the totals kept for it (a class only it held)
+	// would offer what the host cannot carve until the audit.
 	readAt := ps.start
+	audited := ps.start.Sub(c.readAt) < ps.audit-s.cfg.Interval/2 && heldByInstances(c.held, ps.instances)
 	switch {
 	case !exists:
 		// Just made: no inventories, traits or allocations at 0.
-	case hit && c.gen == gen && c.held != nil && (len(c.held) == 0 || !ps.readAll || ps.start.Sub(c.readAt) < ps.audit-s.cfg.Interval/2):
+	case hit && c.gen == gen && c.held != nil && (len(c.held) == 0 || !ps.readAll || audited):
 		known = &invState{gen: gen, inv: c.inv, have: c.held}
 		readAt = c.readAt
 	default:
@@ -550,6 +556,17 @@ func (s *Syncer) writeInstance(ctx context.Context, consumer, provider string, w
 
 // errNotHeld: a consumer no longer holds the provider a pass took it to.
 var errNotHeld = errors.New("the allocation is no longer held on the provider")
+
+// heldByInstances reports whether every consumer of held is one of the
+// host's instances (or migrations).
+func heldByInstances(held map[string]map[string]int, instances map[string]bool) bool {
+	for consumer := range held {
+		if !instances[consumer] {
+			return false
+		}
+	}
+	return true
+}
 
 // destroyedWhileWritten reports whether consumer, whose allocation a
 // pass just wrote, is no longer an instance: destroyed after the write's

@@ -294,6 +294,28 @@ func TestPeriodicPassAuditsAfterAuditInterval(t *testing.T) {
 	if got := periodic(); len(got) != 1 {
 		t.Fatalf("the second periodic pass after the audit made %d requests, want the tree alone: %v", len(got), got)
 	}
+	// A scheduler's claim beside the instance (the claim moves the
+	// generation: read at once), then deleted: a provider that holds a
+	// claim that is no instance is read by every periodic pass, and the
+	// next finds it gone.
+	stray := uuid.NewString()
+	if err := claim(c, stray, l4, map[string]int{"CUSTOM_VGPUD_L4_4Q": 1, "CUSTOM_VGPUD_GPU": 1, "CUSTOM_VGPUD_VGPU_FB_MIB": 4096}); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Minute)
+	if got := periodic(); count(got, "GET /resource_providers/"+l4+"/allocations") != 1 {
+		t.Fatalf("the periodic pass after a claim did not read its provider: %v", got)
+	}
+	if err := c.PutConsumer(ctx, stray, placementapi.Consumer{}); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Minute)
+	if got := periodic(); count(got, "GET /resource_providers/"+l4+"/allocations") != 1 {
+		t.Fatalf("the periodic pass within the audit did not read a provider holding a claim: %v", got)
+	}
+	if st, err := a.s.Status(ctx); err != nil || len(st.Differences) != 0 {
+		t.Fatalf("status after the claim went: %+v, %v", st.Differences, err)
+	}
 }
 
 // An allocation an event's pass took from its cache but a DELETE took
