@@ -31,9 +31,10 @@ type FleetConfig struct {
 	// published as they happen.
 	SyncInterval Duration `json:"syncInterval,omitempty"`
 	// AuditInterval is how often the allocations of a GPU's provider that
-	// holds some are read again when nothing moved its generation, to
-	// find one deleted by someone else (default 5m, at least
-	// SyncInterval).
+	// holds only this host's instances' are read again when nothing moved
+	// its generation, to find one deleted by someone else (default 5m,
+	// at least SyncInterval; one holding a scheduler's claim not yet
+	// created is read every SyncInterval).
 	AuditInterval Duration `json:"auditInterval,omitempty"`
 	// Grace is how long an allocation without an instance may live on the
 	// host's providers (default 2m).

@@ -64,8 +64,9 @@ func (s *Syncer) fail(ps *passState, provider, subject, write string, err error)
 // may have changed: on a provider whose generation moved (every
 // allocation written bumps the generation of the providers it lands on,
 // and so does a removal that leaves its consumer nothing), and on a
-// periodic pass (readAll) on every provider that held any and was last
-// read AuditInterval ago or more (Pass: whenever read), since a DELETE of
+// periodic pass (readAll) on every provider that holds a claim that is no
+// instance, or held any and was last read AuditInterval ago or more
+// (Pass: whenever read), since a DELETE of
 // a consumer's allocations, or a consumer rewritten to hold another
 // provider's alone, moves no generation of the provider it left: a lost
 // allocation shows nowhere else. A pass an event started takes what the

@@ -26,9 +26,11 @@ type Config struct {
 	// allocation whose consumer has no instance may live (default 2 min).
 	Interval, Grace time.Duration
 	// AuditInterval is how often a periodic pass reads the allocations of
-	// a GPU's provider that holds some when its generation has not moved
-	// (default 5 min, never less than Interval): a DELETE of one, which
-	// moves no generation, shows nowhere else (syncProvider).
+	// a GPU's provider that holds only the host's instances' when its
+	// generation has not moved (default 5 min, never less than Interval):
+	// a DELETE of one, which moves no generation, shows nowhere else. One
+	// that holds a claim that is no instance is read by every periodic
+	// pass (syncProvider).
 	AuditInterval time.Duration
 	// ClaimTimeout bounds a create's claim (default 2 s); SettleTimeout
 	// what a create or destroy waits for its GPU's provider to be brought
