@@ -214,24 +214,15 @@ var _ = manager.ErrNoCapacity
 // new consumer, which it returns.
 func schedulerClaims(t testing.TB, c *placementapi.Client, resources string) string {
 	t.Helper()
-	id := uuid.NewString()
-	if err := schedulerClaimsAs(c, resources, id); err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
-
-// schedulerClaimsAs is schedulerClaims under a consumer the caller names
-// (Nova reuses an instance's UUID when it schedules it again).
-func schedulerClaimsAs(c *placementapi.Client, resources, id string) error {
 	ctx := context.Background()
 	q := url.Values{"resources1": {resources}, "limit": {"5"}}
 	cands, err := c.AllocationCandidates(ctx, q.Encode())
-	if err != nil {
-		return fmt.Errorf("candidates of %s: %w", resources, err)
+	if err != nil || len(cands) == 0 {
+		t.Fatalf("candidates of %s = %v, %v", resources, cands, err)
 	}
-	if len(cands) == 0 {
-		return fmt.Errorf("no candidates of %s", resources)
+	id := uuid.NewString()
+	if err := c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"}); err != nil {
+		t.Fatal(err)
 	}
-	return c.PutConsumer(ctx, id, placementapi.Consumer{Allocations: cands[0].Allocations, ProjectID: "p", UserID: "u", ConsumerType: "INSTANCE"})
+	return id
 }

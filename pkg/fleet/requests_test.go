@@ -299,7 +299,7 @@ func TestPeriodicPassAuditsAfterAuditInterval(t *testing.T) {
 	// claim that is no instance is read by every periodic pass, and the
 	// next finds it gone.
 	stray := uuid.NewString()
-	if err := claim(c, stray, l4, map[string]int{"CUSTOM_VGPUD_L4_4Q": 1, "CUSTOM_VGPUD_GPU": 1, "CUSTOM_VGPUD_VGPU_FB_MIB": 4096}); err != nil {
+	if err := claim(c, stray, l4, l4x4Q); err != nil {
 		t.Fatal(err)
 	}
 	clock.advance(time.Minute)

@@ -49,7 +49,6 @@ func TestDestroyNotUndoneByAPass(t *testing.T) {
 		checked   = make(chan string, 1)
 		claimed   bool
 	)
-	const reclaim = "CUSTOM_VGPUD_L4_4Q:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_VGPU_FB_MIB:4096"
 	src := hookedSource{Manager: h.Manager}
 	src.hook = func(id string) {
 		mu.Lock()
@@ -99,7 +98,7 @@ func TestDestroyNotUndoneByAPass(t *testing.T) {
 			case len(cons.Allocations) != 0:
 				checked <- "the allocation is in Placement after the destroy returned: a pass put it back"
 			default:
-				if err := schedulerClaimsAs(c, reclaim, id); err != nil {
+				if err := claim(c, id, GPUProviderUUID(RootUUID("race"), sim.DefaultL4), l4x4Q); err != nil {
 					checked <- "claim again: " + err.Error()
 					return
 				}
@@ -252,13 +251,14 @@ func TestLateRemovalEventSparesNewClaim(t *testing.T) {
 	a.pass(t)
 	rec := create(t, a, "NVIDIA L4-4Q", sim.DefaultL4)
 	destroy(t, a, rec.UUID) // its settle removes the allocation
-	if err := schedulerClaimsAs(c, "CUSTOM_VGPUD_L4_4Q:1,CUSTOM_VGPUD_GPU:1,CUSTOM_VGPUD_VGPU_FB_MIB:4096", rec.UUID); err != nil {
+	l4 := GPUProviderUUID(a.s.top(), sim.DefaultL4)
+	if err := claim(c, rec.UUID, l4, l4x4Q); err != nil {
 		t.Fatal(err)
 	}
 	a.s.reset(rec.UUID)
 	a.s.take(manager.Event{Kind: manager.EventInstanceRemoved, ID: rec.UUID})
 	a.pass(t)
-	if r := holds(t, c, rec.UUID, GPUProviderUUID(a.s.top(), sim.DefaultL4)); len(r) == 0 {
+	if r := holds(t, c, rec.UUID, l4); len(r) == 0 {
 		t.Fatal("the pass removed a new claim under a destroyed instance's UUID on the destroy's late event")
 	}
 }
