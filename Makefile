@@ -39,14 +39,19 @@ unit: ## unit tests (race detector on), fuzz seed corpora included
 
 # The crash test runs in a step of its own with -v, because go test drops the
 # output of a passing package: its summary line ("crash iterations: N, leaks:
-# 0, lost: 0") is printed, and everything it wrote when it fails.
+# 0, lost: 0") is printed, and everything it wrote when it fails, then its
+# seed and failure lines again, last, where a log's tail shows them (the
+# daemon's and libvirtd's logs come after them in the test's output).
 e2e: build ## end-to-end tests against the built binaries and real services; prints the crash test's summary
 	$(GO) test $(GOFLAGS_PAR) -count=1 -timeout 30m -skip '^TestCrashRecovery$$' ./e2e/
 	@out=$$(mktemp); \
 	if $(GO) test -count=1 -timeout 30m -run '^TestCrashRecovery$$' -v ./e2e/ >"$$out" 2>&1; then \
 		grep -E '^(crash iterations:|ok )' "$$out"; rm -f "$$out"; \
 	else \
-		cat "$$out"; rm -f "$$out"; exit 1; \
+		cat "$$out"; \
+		echo "--- TestCrashRecovery failed; its seed and failures, from the output above:"; \
+		grep -E '^    crash_test\.go:[0-9]+: ' "$$out" | grep -v -e 'daemon log (tail)' -e ': started ' | tail -n 20; \
+		rm -f "$$out"; exit 1; \
 	fi
 
 # The package installed into a booted Debian 12 container (systemd as PID 1,

@@ -280,10 +280,12 @@ func (e *Env) Pause(t testing.TB) (resume func()) {
 
 // Revive starts libvirtd again if it exited on its own, and reports
 // whether it had to; the exit and the log's tail are logged. libvirtd 9.0
-// (Debian 12) has been seen to segfault while tearing down the event
-// callbacks of a client that was killed, which a test that kills vgpud
-// hundreds of times meets now and then: vgpud reconnects to the new
-// libvirtd as it would on a real host.
+// (Debian 12) segfaults now and then while tearing down the event
+// callbacks of a client that was killed while it registered them (its log
+// says "unexpected incomplete domain callback", the kernel's "segfault in
+// libvirtd" in a prio-rpc thread), which a test that kills vgpud hundreds
+// of times meets: vgpud reconnects to the new libvirtd as it would on a
+// real host, where systemd restarts libvirtd.
 func (e *Env) Revive(t testing.TB) bool {
 	t.Helper()
 	e.mu.Lock()
@@ -303,6 +305,40 @@ func (e *Env) Revive(t testing.TB) bool {
 	e.mu.Unlock()
 	e.StartDaemon(t)
 	return true
+}
+
+// Exited reports whether the libvirtd this Env started has exited on its
+// own, waiting up to wait for an exit under way: a crash comes a moment
+// after the client whose teardown set it off went away.
+func (e *Env) Exited(wait time.Duration) bool {
+	e.mu.Lock()
+	p := e.libvirtd
+	e.mu.Unlock()
+	if !e.owned || p == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(wait):
+		return false
+	}
+}
+
+// Crash sends libvirtd SIGSEGV, as libvirtd 9.0 crashes (Revive), and
+// returns without waiting for it to exit.
+func (e *Env) Crash(t testing.TB) {
+	t.Helper()
+	e.requireOwned(t)
+	e.mu.Lock()
+	p := e.libvirtd
+	e.mu.Unlock()
+	if p == nil {
+		t.Fatal("libvirtd: Crash while it is stopped")
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGSEGV); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("libvirtd: crash: %v", err)
+	}
 }
 
 // StartDaemon starts libvirtd (after StopDaemon, or the first time) and waits

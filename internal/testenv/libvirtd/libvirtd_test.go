@@ -3,8 +3,8 @@ package libvirtd
 import (
 	"encoding/xml"
 	"strings"
-	"syscall"
 	"testing"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -30,13 +30,13 @@ func TestEnv(t *testing.T) {
 		if e.Revive(t) {
 			t.Fatal("Revive restarted a libvirtd that runs")
 		}
-		e.mu.Lock()
-		p := e.libvirtd
-		e.mu.Unlock()
-		if err := p.cmd.Process.Signal(syscall.SIGSEGV); err != nil {
-			t.Fatal(err)
+		if e.Exited(0) {
+			t.Fatal("Exited says a libvirtd that runs has exited")
 		}
-		<-p.done
+		e.Crash(t)
+		if !e.Exited(10 * time.Second) {
+			t.Fatal("libvirtd still runs 10s after Crash")
+		}
 		if !e.Revive(t) {
 			t.Fatal("Revive did not restart a libvirtd that crashed")
 		}
