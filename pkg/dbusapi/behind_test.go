@@ -35,6 +35,7 @@ func (f *laggingFleet) Adopt(context.Context, string) (manager.FleetClaim, error
 func (f *laggingFleet) Complete(context.Context, manager.FleetClaim) error { return nil }
 func (f *laggingFleet) Settle(context.Context, string, string) error       { return f.err() }
 func (f *laggingFleet) Move(context.Context, string, string) error         { return f.err() }
+func (f *laggingFleet) Stale(context.Context, string, string)              {}
 func (f *laggingFleet) Expect() func()                                     { return func() {} }
 
 // TestPlacementBehindReachesTheCaller: a create, a create-and-attach and a

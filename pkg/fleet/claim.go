@@ -157,10 +157,32 @@ func (s *Syncer) Unclaim(instance string) {
 	s.Kick()
 }
 
+// Stale notes that the host refused consumer's allocation on GPU gpuUUID
+// as stale, and publishes that GPU's inventories again without it
+// (effectiveNow), within the settle's bound: the scheduler deletes the
+// allocation once told, and the totals must not offer its room then.
+// What it cannot publish the next pass does.
+func (s *Syncer) Stale(ctx context.Context, consumer, gpuUUID string) {
+	p, ok, err := s.provider(gpuUUID)
+	if err != nil || !ok {
+		return
+	}
+	s.mu.Lock()
+	s.refused[consumer] = refusal{provider: p.uuid, at: s.now()}
+	s.mu.Unlock()
+	if err := s.Settle(ctx, gpuUUID, ""); err != nil {
+		s.log.Debug("publish after a stale refusal", "consumer", consumer, "gpu", gpuUUID, "err", err)
+	}
+}
+
 // Adopt reads the allocation a scheduler wrote for consumer and returns
 // what it names on this host: exactly one of this host's GPU providers,
-// one profile class published there and, on MIG GPUs, the slices.
+// one profile class published there and, on MIG GPUs, the slices. A
+// refusal of the consumer as stale (Stale) ends: this is a new create.
 func (s *Syncer) Adopt(ctx context.Context, consumer string) (manager.FleetClaim, error) {
+	s.mu.Lock()
+	delete(s.refused, consumer)
+	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, s.adoptDeadline())
 	defer cancel()
 	cons, err := s.c.Consumer(ctx, consumer)

@@ -11,6 +11,8 @@ import (
 	"github.com/vgpud/vgpud/internal/testenv/simhost"
 	"github.com/vgpud/vgpud/pkg/gpu/sim"
 	"github.com/vgpud/vgpud/pkg/manager"
+	"github.com/vgpud/vgpud/pkg/placementapi"
+	"github.com/vgpud/vgpud/pkg/store"
 )
 
 // TestStaleClaimNamed: a scheduler's claim the host no longer has room
@@ -72,4 +74,57 @@ func TestStaleClaimNamed(t *testing.T) {
 	if err != nil || rec.GPUPCI != sim.DefaultL4 {
 		t.Fatalf("placement consumer with its own GPU = %+v, %v", rec, err)
 	}
+}
+
+// TestStaleRefusalOffersNoRoomOnceDeleted: an allocation the host refused
+// as stale keeps no total up. The refusal publishes the GPU's totals
+// without it, so once the scheduler deletes it (a DELETE moves no
+// generation: only the next periodic pass sees it), Placement
+// offers none of the room it held, which the host cannot carve. Kept up
+// for it, the totals would offer that room to the next claim, stale too.
+func TestStaleRefusalOffersNoRoomOnceDeleted(t *testing.T) {
+	srv, c := startPlacement(t)
+	ctx := context.Background()
+	a := startHost(t, "hosts", srv.URL(), nil, Config{})
+	a.pass(t)
+	ts := GPUProviderUUID(a.s.top(), sim.DefaultH100TS)
+	whole := map[string]int{classWhole: 1, GPUClass: gpuUnitsOf(store.KindPassthrough)}
+
+	stale := uuid.NewString()
+	if err := claim(c, stale, ts, whole); err != nil {
+		t.Fatal(err)
+	}
+	// Carved meanwhile without the fleet: Placement's totals say the GPU
+	// is free, the host has a vGPU on it.
+	a.h.Manager.SetFleet(nil)
+	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "H100XM-20C", GPU: sim.DefaultH100TS}); err != nil {
+		t.Fatal(err)
+	}
+	a.h.Manager.SetFleet(a.s)
+	// A pass publishes the vGPU, the claim held beside it: its classes'
+	// totals are what is held, nothing free.
+	a.pass(t)
+	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: stale}); !errors.Is(err, manager.ErrStaleClaim) {
+		t.Fatalf("adopting the whole GPU the host carved a vGPU on = %v, want StaleClaim", err)
+	}
+	// The scheduler deletes its refused claim and another asks the same.
+	if err := c.PutConsumer(ctx, stale, placementapi.Consumer{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := claim(c, uuid.NewString(), ts, whole); !errors.Is(err, placementapi.ErrCapacity) {
+		inv, _, _ := c.Inventories(ctx, ts)
+		t.Fatalf("a whole-GPU claim after the stale one was deleted = %v, want ErrCapacity (the host has a vGPU there); inventories %v", err, inv)
+	}
+
+	// A new create of the consumer ends the refusal: its claim counts
+	// again (a pass keeps the totals up for it until it is carved).
+	if err := claim(c, stale, GPUProviderUUID(a.s.top(), sim.DefaultL4), map[string]int{classWhole: 1, GPUClass: gpuUnitsOf(store.KindPassthrough)}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: stale})
+	if err != nil || rec.GPUPCI != sim.DefaultL4 {
+		t.Fatalf("a new create of the refused consumer on a free GPU = %+v, %v", rec, err)
+	}
+	a.pass(t)
+	converged(t, c, a)
 }

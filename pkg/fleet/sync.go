@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"sync"
 	"time"
@@ -124,6 +125,12 @@ type Syncer struct {
 	// view read before it is older than that (rememberInstances).
 	resetAt map[string]uint64
 	resets  uint64
+	// refused are consumers whose create the host refused as stale
+	// (Stale): the provider their allocation is on, and when. Until the
+	// scheduler deletes it, that allocation keeps no total up
+	// (effectiveNow); a new create of the consumer, its removal or Grace
+	// ends that.
+	refused map[string]refusal
 	// settling are destroyed instances whose settle runs now, each with
 	// its settle's token (from settleSeq): the passes leave their
 	// allocation to it (markSettling).
@@ -232,7 +239,7 @@ func New(cfg Config, c *placementapi.Client, src Source, log *slog.Logger, met *
 	}
 	return &Syncer{cfg: cfg, c: c, src: src, log: log, met: met, kick: make(chan struct{}, 1), allocMu: make(chan struct{}, 1),
 		known: map[string]bool{}, instances: map[string]bool{}, owned: map[string]bool{}, seen: map[string]time.Time{}, gone: map[string]time.Time{},
-		settled: map[string]time.Time{}, settling: map[string]uint64{}, resetAt: map[string]uint64{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
+		settled: map[string]time.Time{}, settling: map[string]uint64{}, resetAt: map[string]uint64{}, refused: map[string]refusal{}, cache: map[string]cached{}, made: map[string]bool{}, listed: map[bool]bool{}, shapes: &shapeMemory{}, carves: &carveCache{}, offer: offerSets(cfg.Offer)}, nil
 }
 
 // top is the provider the GPU providers hang under.
@@ -649,6 +656,7 @@ func (s *Syncer) reset(consumer string) {
 func (s *Syncer) noteReset(consumer string) {
 	s.resets++
 	s.resetAt[consumer] = s.resets
+	delete(s.refused, consumer)
 }
 
 // desired turns a view into providers and notes them as this host's.
@@ -667,7 +675,26 @@ func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
 // about to hold, beyond the host's instances (uncarvedOn): those claims
 // count in Placement's usage, so totals searched from the occupancy alone
 // would let Placement accept, beside them, a mix the host cannot carve.
+//
+// An allocation the host refused as stale (refused) counts for neither:
+// the scheduler deletes it, and a total kept up for it would then offer
+// its room, which the host cannot carve (the refusal says so), to the
+// next claim. Until it is deleted Placement counts it against totals
+// below what is held (it takes them, and logs it): it offers less than
+// the host has, never more. A class only such allocations hold is kept
+// with nothing free (Placement refuses to delete a class in use).
 func (s *Syncer) effectiveNow(p *gpuProvider, have map[string]map[string]int) map[string]placementapi.Inventory {
+	counted, kept := s.withoutRefused(p.uuid, have)
+	want := s.effectiveOf(p, counted)
+	for rc, n := range kept {
+		if _, ok := want[rc]; !ok {
+			want[rc] = one(n, n, n)
+		}
+	}
+	return want
+}
+
+func (s *Syncer) effectiveOf(p *gpuProvider, have map[string]map[string]int) map[string]placementapi.Inventory {
 	if s.cfg.Inventories != InventoriesCarvable || !p.gpu.MIG {
 		return effective(p, have)
 	}
@@ -680,6 +707,45 @@ func (s *Syncer) effectiveNow(p *gpuProvider, have map[string]map[string]int) ma
 	// be written (claimUnoffered) is counted as the host's.
 	q.allocs = p.allocs
 	return effective(&q, have)
+}
+
+// refusal is where, and when, the host refused a consumer's allocation
+// as stale.
+type refusal struct {
+	provider string
+	at       time.Time
+}
+
+// withoutRefused is have without the allocations on provider that the
+// host refused as stale, and what those hold, by class. A refusal older
+// than Grace is forgotten: the pass removes such an allocation by then.
+func (s *Syncer) withoutRefused(provider string, have map[string]map[string]int) (map[string]map[string]int, map[string]int) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var counted map[string]map[string]int
+	var kept map[string]int
+	for c, r := range s.refused {
+		if now.Sub(r.at) > s.cfg.Grace {
+			delete(s.refused, c)
+			continue
+		}
+		held, ok := have[c]
+		if r.provider != provider || !ok {
+			continue
+		}
+		if counted == nil {
+			counted, kept = maps.Clone(have), map[string]int{}
+		}
+		delete(counted, c)
+		for rc, n := range held {
+			kept[rc] += n
+		}
+	}
+	if counted == nil {
+		return have, nil
+	}
+	return counted, kept
 }
 
 // ensureTop makes the root provider, which the tree just read lacks (or

@@ -76,7 +76,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 	defer m.fleetExpect(ctx)()
 	rec, existing, err := m.admitCreate(ctx, req, offers, intent, claim.decided())
 	if err != nil || existing {
-		return rec, claim.end(err)
+		return rec, claim.end(ctx, err)
 	}
 	m.crash(CrashCreateIntent)
 	rec, err = m.carve(ctx, rec, intent, started)
@@ -89,7 +89,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (store.Instance
 		// A scheduler's next look at the fleet sees the room this took.
 		m.fleetSettle(ctx, rec.GPUUUID, "")
 	}
-	return rec, claim.end(err)
+	return rec, claim.end(ctx, err)
 }
 
 // admitCreate admits req under the admission lock and records it with its

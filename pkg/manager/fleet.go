@@ -53,6 +53,13 @@ type Fleet interface {
 	// events start waits for the settle (bounded) instead of racing it;
 	// done ends that, and may be called more than once.
 	Expect() (done func())
+	// Stale tells the fleet that the host refused consumer's allocation on
+	// GPU gpu as stale, and has it publish the GPU again before the
+	// refusal returns: the scheduler deletes that allocation and tries
+	// its next candidate, and Placement must not then offer the room the
+	// allocation held beside totals the host cannot carve. It must not
+	// block for long (bounded as Settle).
+	Stale(ctx context.Context, consumer, gpu string)
 	// Move moves what consumer from holds on this host's providers to
 	// consumer to, in one write (as Nova moves an instance's allocation
 	// to its migration's consumer and back). It must not fail the
@@ -119,8 +126,9 @@ type fleetOp struct {
 
 // end drops a claim the failed create wrote and names a refused adopted
 // create as stale (ErrStaleClaim), with this host's GPU and what took the
-// room there. A nil op passes err through.
-func (op *fleetOp) end(err error) error {
+// room there, the fleet told first (Fleet.Stale). A nil op passes err
+// through.
+func (op *fleetOp) end(ctx context.Context, err error) error {
 	if op == nil || err == nil {
 		return err
 	}
@@ -128,6 +136,7 @@ func (op *fleetOp) end(err error) error {
 		op.f.Unclaim(op.instance)
 	}
 	if op.adopted && errors.Is(err, ErrNoCapacity) {
+		op.f.Stale(ctx, op.instance, op.gpu.UUID)
 		return fail(ErrStaleClaim, err, "the fleet's allocation for %s is stale: GPU %s (%s) no longer has room for %s: %s; delete the allocation and try another candidate",
 			op.instance, op.gpu.PCI, op.gpu.Model, op.profile, op.m.roomTaken(op.gpu.UUID, op.instance, err))
 	}
@@ -279,10 +288,10 @@ func (m *Manager) fleetAdopt(ctx context.Context, f Fleet, req *CreateRequest, o
 		return err
 	})
 	if err != nil {
-		return nil, op.end(classify(err, "create %s for tenant %s", req.Profile, req.Tenant))
+		return nil, op.end(ctx, classify(err, "create %s for tenant %s", req.Profile, req.Tenant))
 	}
 	if err := f.Complete(ctx, c); err != nil {
-		return nil, op.end(classify(err, "complete the allocation of consumer %s", req.UUID))
+		return nil, op.end(ctx, classify(err, "complete the allocation of consumer %s", req.UUID))
 	}
 	return op, nil
 }

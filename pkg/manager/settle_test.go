@@ -66,6 +66,8 @@ func (f *recordingFleet) Complete(context.Context, manager.FleetClaim) error { r
 
 func (f *recordingFleet) Move(context.Context, string, string) error { return nil }
 
+func (f *recordingFleet) Stale(context.Context, string, string) {}
+
 func (f *recordingFleet) Settle(_ context.Context, _, removed string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
