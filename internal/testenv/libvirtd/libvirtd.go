@@ -288,21 +288,14 @@ func (e *Env) Pause(t testing.TB) (resume func()) {
 // real host, where systemd restarts libvirtd.
 func (e *Env) Revive(t testing.TB) bool {
 	t.Helper()
+	if !e.Exited(0) {
+		return false
+	}
 	e.mu.Lock()
 	p := e.libvirtd
-	e.mu.Unlock()
-	if !e.owned || p == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-	default:
-		return false
-	}
-	t.Logf("libvirtd exited on its own (%v); starting it again; log:\n%s", p.err, tail(p.log))
-	e.mu.Lock()
 	e.libvirtd = nil
 	e.mu.Unlock()
+	t.Logf("libvirtd exited on its own (%v); starting it again; log:\n%s", p.err, tail(p.log))
 	e.StartDaemon(t)
 	return true
 }
@@ -320,7 +313,17 @@ func (e *Env) Exited(wait time.Duration) bool {
 	select {
 	case <-p.done:
 		return true
-	case <-time.After(wait):
+	default:
+	}
+	if wait <= 0 {
+		return false
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		return true
+	case <-timer.C:
 		return false
 	}
 }
