@@ -159,9 +159,10 @@ func (s *Syncer) Unclaim(instance string) {
 
 // Stale notes that the host refused consumer's allocation on GPU gpuUUID
 // as stale, and publishes that GPU's inventories again without it
-// (effectiveNow), within the settle's bound: the scheduler deletes the
-// allocation once told, and the totals must not offer its room then.
-// What it cannot publish the next pass does.
+// (effectiveNow), within a settle's bound (it is no operation's settle,
+// and is not counted as one): the scheduler deletes the allocation once
+// told, and the totals must not offer its room then. What it cannot
+// publish the next pass does.
 func (s *Syncer) Stale(ctx context.Context, consumer, gpuUUID string) {
 	p, ok, err := s.provider(gpuUUID)
 	if err != nil || !ok {
@@ -170,8 +171,13 @@ func (s *Syncer) Stale(ctx context.Context, consumer, gpuUUID string) {
 	s.mu.Lock()
 	s.refused[consumer] = refusal{provider: p.uuid, at: s.now()}
 	s.mu.Unlock()
-	if err := s.Settle(ctx, gpuUUID, ""); err != nil {
-		s.log.Debug("publish after a stale refusal", "consumer", consumer, "gpu", gpuUUID, "err", err)
+	ctx, cancel := context.WithTimeout(ctx, s.deadline(s.cfg.SettleTimeout))
+	defer cancel()
+	_, err = s.publishOne(ctx, &p, "")
+	s.reached(err)
+	if err != nil {
+		s.log.Debug("the inventory after a stale refusal left for the next pass", "consumer", consumer, "gpu", gpuUUID, "err", err)
+		s.Kick()
 	}
 }
 

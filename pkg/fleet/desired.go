@@ -172,6 +172,8 @@ func (p *gpuProvider) offers(want map[string]int) bool {
 // class with no room, and the claim as an allocation without an instance
 // until its create is refused as stale or the grace period ends. A class
 // the host no longer offers that is still held keeps exactly what is held.
+// (Syncer.effectiveNow leaves out of have the claims the host refused as
+// stale.)
 func effective(p *gpuProvider, have map[string]map[string]int) map[string]placementapi.Inventory {
 	used := map[string]int{}
 	count := func(h, w map[string]int) {

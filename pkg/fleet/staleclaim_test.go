@@ -79,52 +79,99 @@ func TestStaleClaimNamed(t *testing.T) {
 // TestStaleRefusalOffersNoRoomOnceDeleted: an allocation the host refused
 // as stale keeps no total up. The refusal publishes the GPU's totals
 // without it, so once the scheduler deletes it (a DELETE moves no
-// generation: only the next periodic pass sees it), Placement
-// offers none of the room it held, which the host cannot carve. Kept up
-// for it, the totals would offer that room to the next claim, stale too.
+// generation: only the next periodic pass sees it), Placement offers none
+// of the room it held, which the host cannot carve. Kept up for it, the
+// totals would offer that room to the next claim, stale too. A new create
+// of the consumer ends that.
 func TestStaleRefusalOffersNoRoomOnceDeleted(t *testing.T) {
+	st := refuseStale(t, true)
+	st.deleted(t)
+	if err := claim(st.c, uuid.NewString(), st.ts, st.whole); !errors.Is(err, placementapi.ErrCapacity) {
+		inv, _, _ := st.c.Inventories(context.Background(), st.ts)
+		t.Fatalf("a whole-GPU claim after the stale one was deleted = %v, want ErrCapacity (the host has a vGPU there); inventories %v", err, inv)
+	}
+
+	// The vGPU gone, the scheduler places the consumer there again.
+	ctx := context.Background()
+	if err := st.a.h.Manager.Destroy(ctx, st.vgpu, manager.DestroyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st.a.pass(t)
+	if err := claim(st.c, st.consumer, st.ts, st.whole); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := st.a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: st.consumer})
+	if err != nil || rec.GPUPCI != sim.DefaultH100TS {
+		t.Fatalf("a new create of the refused consumer on its GPU, free again = %+v, %v", rec, err)
+	}
+	st.a.s.mu.Lock()
+	_, marked := st.a.s.refused[st.consumer]
+	st.a.s.mu.Unlock()
+	if marked {
+		t.Error("the consumer is still marked refused after a new create of it")
+	}
+	st.a.pass(t)
+	converged(t, st.c, st.a)
+}
+
+// TestStaleRefusalLeavesTheHostsWrites: while the host has an allocation
+// of its own to write on the GPU (a vGPU carved while the fleet was not
+// told), the refused allocation still counts in the totals, so that
+// Placement takes that write; the pass after it lowers them.
+func TestStaleRefusalLeavesTheHostsWrites(t *testing.T) {
+	st := refuseStale(t, false)
+	st.a.pass(t) // writes the vGPU's allocation beside the refused one
+	st.a.pass(t) // reads the provider it moved: the refused one left out
+	st.deleted(t)
+	if err := claim(st.c, uuid.NewString(), st.ts, st.whole); !errors.Is(err, placementapi.ErrCapacity) {
+		t.Fatalf("a whole-GPU claim after the stale one was deleted = %v, want ErrCapacity", err)
+	}
+	converged(t, st.c, st.a)
+}
+
+// staleRefused is a whole-GPU claim on the time-sliced H100 that the host
+// refused as stale: it carved a vGPU there without the fleet.
+type staleRefused struct {
+	a              *host
+	c              *placementapi.Client
+	ts             string
+	whole          map[string]int
+	consumer, vgpu string
+}
+
+// refuseStale makes a staleRefused; published, a pass publishes the vGPU
+// (the claim held beside it) before the refusal.
+func refuseStale(t *testing.T, published bool) staleRefused {
+	t.Helper()
 	srv, c := startPlacement(t)
 	ctx := context.Background()
 	a := startHost(t, "hosts", srv.URL(), nil, Config{})
 	a.pass(t)
-	ts := GPUProviderUUID(a.s.top(), sim.DefaultH100TS)
-	whole := map[string]int{classWhole: 1, GPUClass: gpuUnitsOf(store.KindPassthrough)}
-
-	stale := uuid.NewString()
-	if err := claim(c, stale, ts, whole); err != nil {
+	st := staleRefused{a: a, c: c, ts: GPUProviderUUID(a.s.top(), sim.DefaultH100TS),
+		whole: map[string]int{classWhole: 1, GPUClass: gpuUnitsOf(store.KindPassthrough)}, consumer: uuid.NewString()}
+	if err := claim(c, st.consumer, st.ts, st.whole); err != nil {
 		t.Fatal(err)
 	}
-	// Carved meanwhile without the fleet: Placement's totals say the GPU
-	// is free, the host has a vGPU on it.
 	a.h.Manager.SetFleet(nil)
-	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "H100XM-20C", GPU: sim.DefaultH100TS}); err != nil {
+	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: "H100XM-20C", GPU: sim.DefaultH100TS})
+	if err != nil {
 		t.Fatal(err)
 	}
+	st.vgpu = rec.UUID
 	a.h.Manager.SetFleet(a.s)
-	// A pass publishes the vGPU, the claim held beside it: its classes'
-	// totals are what is held, nothing free.
-	a.pass(t)
-	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: stale}); !errors.Is(err, manager.ErrStaleClaim) {
+	if published {
+		a.pass(t)
+	}
+	if _, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: st.consumer}); !errors.Is(err, manager.ErrStaleClaim) {
 		t.Fatalf("adopting the whole GPU the host carved a vGPU on = %v, want StaleClaim", err)
 	}
-	// The scheduler deletes its refused claim and another asks the same.
-	if err := c.PutConsumer(ctx, stale, placementapi.Consumer{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := claim(c, uuid.NewString(), ts, whole); !errors.Is(err, placementapi.ErrCapacity) {
-		inv, _, _ := c.Inventories(ctx, ts)
-		t.Fatalf("a whole-GPU claim after the stale one was deleted = %v, want ErrCapacity (the host has a vGPU there); inventories %v", err, inv)
-	}
+	return st
+}
 
-	// A new create of the consumer ends the refusal: its claim counts
-	// again (a pass keeps the totals up for it until it is carved).
-	if err := claim(c, stale, GPUProviderUUID(a.s.top(), sim.DefaultL4), map[string]int{classWhole: 1, GPUClass: gpuUnitsOf(store.KindPassthrough)}); err != nil {
+// deleted deletes the refused allocation, as its scheduler does.
+func (st staleRefused) deleted(t *testing.T) {
+	t.Helper()
+	if err := st.c.PutConsumer(context.Background(), st.consumer, placementapi.Consumer{}); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := a.h.Manager.Create(ctx, manager.CreateRequest{Tenant: "acme", Profile: profileWhole, PlacementConsumer: stale})
-	if err != nil || rec.GPUPCI != sim.DefaultL4 {
-		t.Fatalf("a new create of the refused consumer on a free GPU = %+v, %v", rec, err)
-	}
-	a.pass(t)
-	converged(t, c, a)
 }

@@ -682,9 +682,15 @@ func (s *Syncer) desired(view []manager.FleetGPU) []gpuProvider {
 // next claim. Until it is deleted Placement counts it against totals
 // below what is held (it takes them, and logs it): it offers less than
 // the host has, never more. A class only such allocations hold is kept
-// with nothing free (Placement refuses to delete a class in use).
+// with nothing free (Placement refuses to delete a class in use). While
+// the host has an allocation of its own to write on the provider, they
+// count as before: Placement would refuse that write against totals
+// below what it holds.
 func (s *Syncer) effectiveNow(p *gpuProvider, have map[string]map[string]int) map[string]placementapi.Inventory {
-	counted, kept := s.withoutRefused(p.uuid, have)
+	counted, kept := have, map[string]int(nil)
+	if !writesPending(p, have) {
+		counted, kept = s.withoutRefused(p.uuid, have)
+	}
 	want := s.effectiveOf(p, counted)
 	for rc, n := range kept {
 		if _, ok := want[rc]; !ok {
@@ -707,6 +713,17 @@ func (s *Syncer) effectiveOf(p *gpuProvider, have map[string]map[string]int) map
 	// be written (claimUnoffered) is counted as the host's.
 	q.allocs = p.allocs
 	return effective(&q, have)
+}
+
+// writesPending reports whether the host wants an allocation on p's
+// provider that have (what it holds) lacks or holds otherwise.
+func writesPending(p *gpuProvider, have map[string]map[string]int) bool {
+	for c, want := range p.allocs {
+		if !sameResources(have[c], want) {
+			return true
+		}
+	}
+	return false
 }
 
 // refusal is where, and when, the host refused a consumer's allocation
