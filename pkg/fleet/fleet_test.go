@@ -14,10 +14,10 @@ import (
 	"github.com/vgpud/vgpud/pkg/placementapi"
 )
 
-// claim writes a scheduler's allocation for consumer on provider.
 // l4x4Q is what an L4-4Q's claim asks of its L4.
 var l4x4Q = map[string]int{"CUSTOM_VGPUD_L4_4Q": 1, "CUSTOM_VGPUD_GPU": 1, "CUSTOM_VGPUD_VGPU_FB_MIB": 4096}
 
+// claim writes a scheduler's allocation for consumer on provider.
 func claim(c *placementapi.Client, consumer, provider string, res map[string]int) error {
 	return c.PutConsumer(context.Background(), consumer, placementapi.Consumer{
 		Allocations: map[string]placementapi.Allocation{provider: {Resources: res}},

@@ -346,14 +346,9 @@ func (s *Syncer) syncInventoryFrom(ctx context.Context, p *gpuProvider, known *i
 			now.allocs = allocs
 		}
 		want := s.effectiveNow(&now, have)
-		for rc, n := range goneHeld {
-			// A class only the allocation about to go holds: Placement
-			// refuses to delete it while held (inventory in use); kept
-			// with nothing free, the next pass drops it.
-			if _, ok := want[rc]; !ok {
-				want[rc] = one(n, n, n)
-			}
-		}
+		// A class only the allocation about to go holds is kept with
+		// nothing free; the next pass drops it.
+		keepInUse(want, goneHeld)
 		if sameInventories(cur, want) {
 			return invOutcome{inv: want, gen: gen, read: gen, held: have, heldRead: heldRead}, nil
 		}

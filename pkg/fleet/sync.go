@@ -692,12 +692,19 @@ func (s *Syncer) effectiveNow(p *gpuProvider, have map[string]map[string]int) ma
 		counted, kept = s.withoutRefused(p.uuid, have)
 	}
 	want := s.effectiveOf(p, counted)
-	for rc, n := range kept {
+	keepInUse(want, kept)
+	return want
+}
+
+// keepInUse adds to want, with nothing free, each class of held (class →
+// units held by allocations want leaves out) that want lacks: Placement
+// refuses to delete a class in use.
+func keepInUse(want map[string]placementapi.Inventory, held map[string]int) {
+	for rc, n := range held {
 		if _, ok := want[rc]; !ok {
 			want[rc] = one(n, n, n)
 		}
 	}
-	return want
 }
 
 func (s *Syncer) effectiveOf(p *gpuProvider, have map[string]map[string]int) map[string]placementapi.Inventory {
